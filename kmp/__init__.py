@@ -1,0 +1,27 @@
+"""kmp: mixed-precision training for Keras 3 that a week-long run can trust.
+
+The whole public API is imported here, name by name.
+"""
+
+from kmp import callbacks
+from kmp.loss_scale_optimizer import LossScaleOptimizer
+from kmp.loss_scale_optimizer import wrap
+from kmp.policy import Recommendation
+from kmp.policy import disable
+from kmp.policy import enable
+from kmp.policy import policy_scope
+from kmp.policy import recommend_policy
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "LossScaleOptimizer",
+    "Recommendation",
+    "__version__",
+    "callbacks",
+    "disable",
+    "enable",
+    "policy_scope",
+    "recommend_policy",
+    "wrap",
+]

@@ -1,0 +1,205 @@
+"""The one place where kmp's code differs between Keras backends.
+
+Everything else in kmp is written against `keras.ops` and the public Keras
+API. What cannot be, lives here, and each function branches exactly once:
+
+- which accelerators are attached (`list_devices`), since Keras has no
+  backend-neutral way to ask for a GPU's compute capability;
+- the framework's name and version (`framework_versions`);
+- how a model's train step exposes the optimizer state it just produced
+  (`add_train_step_logs`): TensorFlow's step is stateful, JAX's is a pure
+  function of `(state, data)`.
+
+TensorFlow is imported only inside the TensorFlow branches, so kmp imports
+and trains with `KERAS_BACKEND=jax` on a machine that has no TensorFlow.
+"""
+
+import importlib.metadata
+import platform
+from typing import Callable
+from typing import NamedTuple
+
+import keras
+from keras import ops
+
+
+class Device(NamedTuple):
+    """An accelerator or host device as kmp sees it.
+
+    Attributes:
+        platform: `"gpu"`, `"tpu"` or `"cpu"`.
+        name: The framework's name for the device model, e.g.
+            `"NVIDIA H100 80GB HBM3"`.
+        compute_capability: `(major, minor)` for NVIDIA GPUs, else `None`.
+    """
+
+    platform: str
+    name: str
+    compute_capability: tuple[int, int] | None = None
+
+
+def name() -> str:
+    """Returns the Keras backend name (`"tensorflow"`, `"jax"`, ...)."""
+    return keras.backend.backend()
+
+
+def is_stateless() -> bool:
+    """Whether `fit` runs the optimizer through `stateless_apply`."""
+    return name() == "jax"
+
+
+def list_devices() -> list[Device]:
+    """Lists the devices the current Keras backend will compute on."""
+    if name() == "jax":
+        return _jax_devices()
+    if name() == "tensorflow":
+        return _tf_devices()
+    # Other backends (torch, numpy): kmp does not probe them; report the
+    # host so that the policy choice falls back to float32 with a reason.
+    return [Device("cpu", host_cpu())]
+
+
+def host_cpu() -> str:
+    """The host CPU's model name, for reports."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "host CPU"
+
+
+def _parse_capability(value) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        major, _, minor = value.partition(".")
+        return int(major), int(minor or 0)
+    major, minor = tuple(value)[:2]
+    return int(major), int(minor)
+
+
+def _jax_devices() -> list[Device]:
+    import jax
+
+    devices = []
+    for device in jax.devices():
+        capability = _parse_capability(
+            getattr(device, "compute_capability", None)
+        )
+        devices.append(
+            Device(device.platform, str(device.device_kind), capability)
+        )
+    return devices
+
+
+def _tf_devices() -> list[Device]:
+    import tensorflow as tf
+
+    devices = []
+    for gpu in tf.config.list_physical_devices("GPU"):
+        details = tf.config.experimental.get_device_details(gpu)
+        devices.append(
+            Device(
+                "gpu",
+                details.get("device_name", gpu.name),
+                _parse_capability(details.get("compute_capability")),
+            )
+        )
+    for tpu in tf.config.list_logical_devices("TPU"):
+        devices.append(Device("tpu", tpu.name))
+    if not devices:
+        devices.append(Device("cpu", host_cpu()))
+    return devices
+
+
+def framework_versions() -> dict[str, str]:
+    """Returns the versions of Keras and of the framework under it."""
+    versions = {"keras": keras.__version__, "backend": name()}
+    framework = {"tensorflow": "tensorflow", "jax": "jax"}.get(name())
+    if framework is not None:
+        versions[framework] = importlib.metadata.version(framework)
+    return versions
+
+
+def add_train_step_logs(
+    model: keras.Model,
+    extra_logs: Callable[[Callable], dict],
+) -> None:
+    """Makes `model.train_step` return extra logs computed inside the step.
+
+    The extra values leave the device with the loss and metrics, in the
+    transfer Keras already makes, instead of costing a read per step.
+
+    Args:
+        model: A compiled Keras model. Its `train_step` is wrapped on the
+            instance; calling this again on the same model does nothing.
+        extra_logs: `extra_logs(read)` returns a dict of tensors, where
+            `read(variable)` gives an optimizer variable's value *after*
+            this step's update.
+    """
+    if getattr(model.train_step, "_kmp_wrapped", False):
+        return
+    original = model.train_step
+
+    if is_stateless():
+
+        def train_step(state, data):
+            logs, state = original(state, data)
+            # state = (trainable, non_trainable, optimizer, metrics) values;
+            # the optimizer's new values are only visible here, not through
+            # its variables, which JAX updates when the epoch ends.
+            optimizer_values = state[2]
+            index = {
+                id(v): i for i, v in enumerate(model.optimizer.variables)
+            }
+
+            def read(variable):
+                return optimizer_values[index[id(variable)]]
+
+            if isinstance(logs, dict):
+                logs = {**logs, **extra_logs(read)}
+            return logs, state
+
+    else:
+
+        def train_step(data):
+            logs = original(data)
+            # Inside the traced step, this read is ordered after the
+            # optimizer's update by TensorFlow's automatic control deps.
+            if isinstance(logs, dict):
+                logs = {**logs, **extra_logs(ops.convert_to_tensor)}
+            return logs
+
+    train_step._kmp_wrapped = True
+    model.train_step = train_step
+    # A train function compiled before the wrap would not call it.
+    model.train_function = None
+
+
+def disable_tf32() -> None:
+    """Turns off TF32 matmuls, so float32 means float32 (for tests)."""
+    if name() == "tensorflow":
+        import tensorflow as tf
+
+        tf.config.experimental.enable_tensor_float_32_execution(False)
+    elif name() == "jax":
+        import jax
+
+        jax.config.update("jax_default_matmul_precision", "highest")
+
+
+def tf32_enabled() -> bool | None:
+    """Whether float32 matmuls may run as TF32; `None` if unknown."""
+    if name() == "tensorflow":
+        import tensorflow as tf
+
+        return bool(tf.config.experimental.tensor_float_32_execution_enabled())
+    if name() == "jax":
+        import jax
+
+        precision = jax.config.jax_default_matmul_precision
+        return precision not in ("highest", "float32")
+    return None

@@ -1,0 +1,478 @@
+"""A loss-scaling optimizer that cannot corrupt weights, and `kmp.wrap`.
+
+`kmp.LossScaleOptimizer` subclasses `keras.optimizers.LossScaleOptimizer`
+and replaces only its state transitions: the stock class's distribution
+logic, finiteness check, loss scaling and serialization are reused as they
+are.
+"""
+
+import inspect
+import math
+import numbers
+
+import keras
+from keras import ops
+
+_StockLossScaleOptimizer = keras.optimizers.LossScaleOptimizer
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _check_count(arg_name, value):
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise ValueError(
+            f"`{arg_name}` must be a positive int, got {value!r} of type "
+            f"{type(value).__name__}. Pass a whole number such as 2000."
+        )
+    if value < 1:
+        raise ValueError(
+            f"`{arg_name}` must be a positive int (>= 1), got {value}."
+        )
+
+
+def _validate(
+    inner_optimizer,
+    initial_scale,
+    dynamic_growth_steps,
+    growth_factor,
+    backoff_factor,
+    min_scale,
+    max_scale,
+    hysteresis,
+):
+    if isinstance(inner_optimizer, _StockLossScaleOptimizer):
+        raise ValueError(
+            "`inner_optimizer` is already a LossScaleOptimizer "
+            f"({type(inner_optimizer).__name__}); wrapping it again would "
+            "scale the loss twice. Pass its `inner_optimizer` instead."
+        )
+    if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
+        raise ValueError(
+            "`inner_optimizer` must be a keras.optimizers.Optimizer "
+            f"instance, got {inner_optimizer!r}. For a name such as 'adam', "
+            "use kmp.wrap('adam') or keras.optimizers.get('adam')."
+        )
+    for arg_name, value in (
+        ("initial_scale", initial_scale),
+        ("growth_factor", growth_factor),
+        ("backoff_factor", backoff_factor),
+        ("min_scale", min_scale),
+        ("max_scale", max_scale),
+    ):
+        if not _is_number(value) or not math.isfinite(value):
+            raise ValueError(
+                f"`{arg_name}` must be a finite number, got {value!r}."
+            )
+    if growth_factor <= 1:
+        raise ValueError(
+            f"`growth_factor` must be > 1, got {growth_factor}. The scale "
+            "is multiplied by it after `dynamic_growth_steps` finite steps; "
+            "2.0 is the usual value."
+        )
+    if not 0 < backoff_factor < 1:
+        raise ValueError(
+            f"`backoff_factor` must be in the open interval (0, 1), got "
+            f"{backoff_factor}. The scale is multiplied by it on overflow; "
+            "0.5 is the usual value."
+        )
+    if min_scale <= 0:
+        raise ValueError(
+            f"`min_scale` must be > 0, got {min_scale}. A zero scale zeroes "
+            "every gradient and the unscaling then divides by zero."
+        )
+    if min_scale > max_scale:
+        raise ValueError(
+            f"`min_scale` ({min_scale}) must be <= `max_scale` "
+            f"({max_scale})."
+        )
+    if max_scale > float(2**127):
+        raise ValueError(
+            f"`max_scale` must be <= 2**127 so that the scale and its "
+            f"growth stay finite in float32, got {max_scale}."
+        )
+    if not min_scale <= initial_scale <= max_scale:
+        raise ValueError(
+            f"`initial_scale` must lie in [min_scale, max_scale] = "
+            f"[{min_scale}, {max_scale}], got {initial_scale}."
+        )
+    _check_count("dynamic_growth_steps", dynamic_growth_steps)
+    _check_count("hysteresis", hysteresis)
+
+
+@keras.saving.register_keras_serializable(package="kmp")
+class LossScaleOptimizer(_StockLossScaleOptimizer):
+    """A loss-scaling optimizer with a floor, a cap and skip accounting.
+
+    Mixed float16 training multiplies the loss by a scale so that small
+    gradients do not underflow float16, then divides the gradients by the
+    same scale before the inner optimizer uses them. Keras's own
+    `LossScaleOptimizer` does this, but its scale can fall to 0.0 (after
+    which the next finite step writes NaN into every weight) or grow to
+    inf (after which every step is skipped). This subclass keeps the scale
+    finite and within `[min_scale, max_scale]`, makes growth, backoff and
+    hysteresis configurable, supports a fixed scale, counts skipped steps,
+    and restores tf-keras's `get_scaled_loss` / `get_unscaled_gradients`.
+    With default arguments it updates the scale exactly as the stock class
+    does while the scale stays within `[1, 2**24]`.
+
+    Each `apply(grads)`, where `grads` are gradients of the scaled loss:
+
+    ```
+    if any(not isfinite(g) for g in grads):
+        # Skip: no model variable, optimizer slot or iteration changes.
+        skipped_steps += 1
+        step_counter = 0
+        overflow_streak += 1
+        if dynamic and overflow_streak >= hysteresis:
+            scale = max(scale * backoff_factor, min_scale)
+    else:
+        inner_optimizer.apply([g / scale for g in grads])
+        overflow_streak = 0
+        step_counter += 1
+        if dynamic and step_counter == dynamic_growth_steps:
+            scale = min(scale * growth_factor, max_scale)
+            step_counter = 0
+    ```
+
+    `scale`, `step_counter`, `overflow_streak` and `skipped_steps` are
+    optimizer variables (`dynamic_scale`, `step_counter`,
+    `overflow_streak`, `skipped_steps`), so they are saved with the model
+    and restored by `keras.callbacks.BackupAndRestore`. `model.fit` shows
+    them when `kmp.callbacks.LossScaleMonitor()` is passed as a callback.
+
+    Keras's `compile` keeps a `LossScaleOptimizer` it is given and only
+    wraps plain optimizers with the stock class, so pass this one (or
+    `kmp.wrap(optimizer)`) to `compile`.
+
+    Args:
+        inner_optimizer: The `keras.optimizers.Optimizer` instance to wrap.
+        initial_scale: Float. The starting scale, in `[min_scale,
+            max_scale]`. Start high: a scale that is too high falls by
+            `backoff_factor` per overflow, one that is too low rises only
+            once per `dynamic_growth_steps`.
+        dynamic_growth_steps: Int >= 1. Finite steps in a row after which
+            the scale is multiplied by `growth_factor`.
+        growth_factor: Float > 1. Growth multiplier.
+        backoff_factor: Float in (0, 1). Multiplier applied on overflow.
+        min_scale: Float > 0. The scale's floor.
+        max_scale: Float >= `min_scale`. The scale's cap.
+        hysteresis: Int >= 1. Non-finite steps in a row before the scale
+            backs off; every further one in the same run backs off again.
+            1 (every overflow backs off) is the stock behaviour.
+        dynamic: Bool. If `False`, the scale stays at `initial_scale`;
+            non-finite steps are still skipped and counted.
+        name: String. The optimizer's name.
+        **kwargs: As for `keras.optimizers.LossScaleOptimizer`; gradient
+            clipping, weight decay etc. belong on `inner_optimizer`.
+
+    Example:
+
+    ```python
+    kmp.enable("mixed_float16")
+    model = build_model()
+    optimizer = kmp.LossScaleOptimizer(keras.optimizers.Adam(1e-3))
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
+    model.fit(x, y, callbacks=[kmp.callbacks.LossScaleMonitor()])
+    print(float(optimizer.loss_scale), int(optimizer.skipped_steps))
+    ```
+    """
+
+    def __init__(
+        self,
+        inner_optimizer,
+        initial_scale=2.0**15,
+        dynamic_growth_steps=2000,
+        growth_factor=2.0,
+        backoff_factor=0.5,
+        min_scale=1.0,
+        max_scale=2.0**24,
+        hysteresis=1,
+        dynamic=True,
+        name=None,
+        **kwargs,
+    ):
+        _validate(
+            inner_optimizer,
+            initial_scale,
+            dynamic_growth_steps,
+            growth_factor,
+            backoff_factor,
+            min_scale,
+            max_scale,
+            hysteresis,
+        )
+        if not isinstance(dynamic, bool):
+            raise ValueError(f"`dynamic` must be a bool, got {dynamic!r}.")
+        super().__init__(
+            inner_optimizer,
+            initial_scale=float(initial_scale),
+            dynamic_growth_steps=int(dynamic_growth_steps),
+            name=name,
+            **kwargs,
+        )
+        self.growth_factor = float(growth_factor)
+        self.backoff_factor = float(backoff_factor)
+        self.min_scale = float(min_scale)
+        self.max_scale = float(max_scale)
+        self.hysteresis = int(hysteresis)
+        self.dynamic = dynamic
+        # Gradients returned by `get_unscaled_gradients`, which the next
+        # `apply` must not divide by the scale again (tf-keras semantics).
+        self._user_unscaled = None
+        self._skip_unscale = False
+
+    def build(self, var_list):
+        super().build(var_list)
+        self.skipped_steps = self.add_variable(
+            shape=(),
+            dtype="int",
+            initializer="zeros",
+            aggregation="none",
+            name="skipped_steps",
+        )
+        self.overflow_streak = self.add_variable(
+            shape=(),
+            dtype="int",
+            initializer="zeros",
+            aggregation="none",
+            name="overflow_streak",
+        )
+
+    @property
+    def loss_scale(self):
+        """The current loss scale (a variable once built)."""
+        return self.dynamic_scale if self.built else self.initial_scale
+
+    # --- The update rule: one function, used by both stateful and
+    # stateless paths (the latter runs it inside a StatelessScope). ---
+
+    def _update_scale_state(self, finite):
+        """Assigns the next scale state; `finite` is a Python bool."""
+        # `.value` reads the variable, or its stand-in inside a
+        # StatelessScope; JAX's `where` rejects variables themselves.
+        scale = self.dynamic_scale.value
+        counter = self.step_counter.value
+        streak = self.overflow_streak.value
+        one = ops.ones((), dtype=counter.dtype)
+        zero = ops.zeros((), dtype=counter.dtype)
+        if finite:
+            counter = ops.add(counter, one)
+            if self.dynamic:
+                grow = ops.greater_equal(counter, self.dynamic_growth_steps)
+                grown = ops.minimum(
+                    ops.multiply(scale, self.growth_factor), self.max_scale
+                )
+                self.dynamic_scale.assign(ops.where(grow, grown, scale))
+                counter = ops.where(grow, zero, counter)
+            self.step_counter.assign(counter)
+            self.overflow_streak.assign(zero)
+            return
+        streak = ops.add(streak, one)
+        if self.dynamic:
+            backoff = ops.greater_equal(streak, self.hysteresis)
+            lowered = ops.maximum(
+                ops.multiply(scale, self.backoff_factor), self.min_scale
+            )
+            self.dynamic_scale.assign(ops.where(backoff, lowered, scale))
+        self.step_counter.assign(zero)
+        self.overflow_streak.assign(streak)
+        self.skipped_steps.assign(ops.add(self.skipped_steps.value, one))
+
+    def _unscale(self, grads, trainable_variables):
+        if self._skip_unscale:
+            return list(grads)
+        overwrite = getattr(
+            self, "_overwrite_variable_with_gradient", lambda v: False
+        )
+        scale = self.dynamic_scale.value
+        return [
+            g if g is None or overwrite(v) else ops.divide(g, scale)
+            for g, v in zip(grads, trainable_variables)
+        ]
+
+    # --- Overrides of the stock class's four state handlers. ---
+
+    def _stateful_handle_finite_grads(self, grads, trainable_variables):
+        tvs = trainable_variables or self._trainable_variables
+        # Unscale with the scale in force when the loss was scaled, i.e.
+        # before this step's update.
+        unscaled = self._unscale(grads, tvs)
+        self.inner_optimizer.apply(
+            unscaled, trainable_variables=trainable_variables
+        )
+        self._update_scale_state(finite=True)
+
+    def _stateful_handle_non_finite_grads(self):
+        self._update_scale_state(finite=False)
+
+    def _stateless_handle_finite_grads(
+        self, optimizer_variables, grads, trainable_variables
+    ):
+        mapping = list(zip(self.variables, optimizer_variables))
+        with keras.StatelessScope(state_mapping=mapping) as scope:
+            unscaled = self._unscale(grads, self._trainable_variables)
+            new_trainable, new_inner = self.inner_optimizer.stateless_apply(
+                self.inner_optimizer.variables, unscaled, trainable_variables
+            )
+            self._update_scale_state(finite=True)
+        own = [scope.get_current_value(v) for v in self._variables]
+        return new_trainable, own + list(new_inner)
+
+    def _stateless_handle_non_finite_grads(
+        self, optimizer_variables, trainable_variables
+    ):
+        mapping = list(zip(self.variables, optimizer_variables))
+        with keras.StatelessScope(state_mapping=mapping) as scope:
+            self._update_scale_state(finite=False)
+        return trainable_variables, [
+            scope.get_current_value(v) for v in self.variables
+        ]
+
+    def apply(self, grads, trainable_variables=None):
+        grads = list(grads)
+        pending, self._user_unscaled = self._user_unscaled, None
+        self._skip_unscale = pending is not None and _same_tensors(
+            grads, pending
+        )
+        try:
+            return super().apply(grads, trainable_variables)
+        finally:
+            self._skip_unscale = False
+
+    # --- tf-keras migration API. ---
+
+    def get_scaled_loss(self, loss):
+        """Returns `loss * loss_scale` (tf-keras API; Keras 3: `scale_loss`).
+
+        Args:
+            loss: A scalar tensor, or a callable returning one.
+
+        Returns:
+            The scaled loss, or a callable returning it if `loss` was
+            callable.
+        """
+        if callable(loss):
+            return lambda: self.scale_loss(loss())
+        return self.scale_loss(loss)
+
+    def get_unscaled_gradients(self, grads):
+        """Divides gradients of the scaled loss by the loss scale.
+
+        tf-keras custom loops call this and then `apply_gradients`. To keep
+        such loops correct, when the very tensors returned here are passed
+        to the next `apply_gradients`, they are not divided again. (Keras 3
+        loops instead pass the scaled gradients straight to
+        `apply_gradients`, which unscales them.)
+
+        Args:
+            grads: A list of gradient tensors (or `None`s).
+
+        Returns:
+            The unscaled gradients, as a list.
+        """
+        scale = self.loss_scale
+        unscaled = [g if g is None else ops.divide(g, scale) for g in grads]
+        self._user_unscaled = tuple(unscaled)
+        return unscaled
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "growth_factor": self.growth_factor,
+                "backoff_factor": self.backoff_factor,
+                "min_scale": self.min_scale,
+                "max_scale": self.max_scale,
+                "hysteresis": self.hysteresis,
+                "dynamic": self.dynamic,
+            }
+        )
+        return config
+
+
+def _same_tensors(grads, pending):
+    return len(grads) == len(pending) and all(
+        g is p for g, p in zip(grads, pending)
+    )
+
+
+def _check_wrap_kwargs(kwargs):
+    """Validates `kmp.wrap`'s kwargs even when no optimizer is made from
+    them, so that a typo fails under bfloat16 as it would under float16."""
+    bound = inspect.signature(LossScaleOptimizer.__init__).bind_partial(
+        None, keras.optimizers.SGD(), **kwargs
+    )
+    bound.apply_defaults()
+    args = dict(bound.arguments)
+    args.pop("self")
+    args.pop("name")
+    extra = args.pop("kwargs")
+    if extra:
+        raise ValueError(
+            f"kmp.wrap got unexpected arguments {sorted(extra)}. It accepts "
+            f"the arguments of kmp.LossScaleOptimizer: {sorted(args)}."
+        )
+    if not isinstance(args.pop("dynamic"), bool):
+        raise ValueError(
+            f"`dynamic` must be a bool, got {kwargs['dynamic']!r}."
+        )
+    _validate(**args)
+
+
+def wrap(optimizer="adam", **kwargs) -> keras.optimizers.Optimizer:
+    """Wraps an optimizer in `kmp.LossScaleOptimizer` when float16 needs it.
+
+    Loss scaling is needed only when the global policy computes in float16.
+    `wrap` returns a `kmp.LossScaleOptimizer` then, and the optimizer
+    unchanged under bfloat16 or float32, so training code is the same in
+    every mode. Call it after `kmp.enable(...)` and pass the result to
+    `model.compile`: Keras keeps a loss-scaling optimizer it is given and
+    would otherwise wrap a plain one in its own stock scaler.
+
+    Args:
+        optimizer: A `keras.optimizers.Optimizer` instance or a name Keras
+            knows (`"adam"`, `"sgd"`, ...). A stock Keras
+            `LossScaleOptimizer` is replaced by kmp's around the same inner
+            optimizer, keeping its `initial_scale` and
+            `dynamic_growth_steps`.
+        **kwargs: Passed to `kmp.LossScaleOptimizer` when one is made;
+            ignored when no scaling is needed, so the same call works in
+            every mode.
+
+    Returns:
+        A `keras.optimizers.Optimizer`.
+
+    Example:
+
+    ```python
+    kmp.enable("auto")
+    model.compile(optimizer=kmp.wrap("adam"), loss="mse")
+    ```
+    """
+    if isinstance(optimizer, str):
+        optimizer = keras.optimizers.get(optimizer)
+    elif not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise ValueError(
+            "`optimizer` must be a keras.optimizers.Optimizer instance or an "
+            f"optimizer name such as 'adam', got {optimizer!r}."
+        )
+    if keras.config.dtype_policy().compute_dtype != "float16":
+        _check_wrap_kwargs(kwargs)
+        return optimizer
+    if isinstance(optimizer, LossScaleOptimizer):
+        return optimizer
+    if isinstance(optimizer, _StockLossScaleOptimizer):
+        if optimizer.built:
+            raise ValueError(
+                "Cannot convert a stock keras LossScaleOptimizer that has "
+                "already been built (its state would be lost). Pass its "
+                "`inner_optimizer` to kmp.wrap before training."
+            )
+        kwargs.setdefault("initial_scale", optimizer.initial_scale)
+        kwargs.setdefault(
+            "dynamic_growth_steps", optimizer.dynamic_growth_steps
+        )
+        optimizer = optimizer.inner_optimizer
+    return LossScaleOptimizer(optimizer, **kwargs)

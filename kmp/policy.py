@@ -1,0 +1,222 @@
+"""Dtype policies: `kmp.enable`, `kmp.disable`, `kmp.policy_scope` and the
+hardware-aware `kmp.recommend_policy`.
+
+`enable` is a thin, reversible layer over `keras.config.set_dtype_policy`.
+What Keras lacks is the hardware decision, which is made in one function,
+`choose_policy`, from the devices `kmp.backend.list_devices` reports, and
+which returns the choice *and* the reason for it.
+"""
+
+import contextlib
+import logging
+from typing import NamedTuple
+
+import keras
+
+from kmp import backend
+
+logger = logging.getLogger("kmp")
+
+POLICIES = ("mixed_float16", "mixed_bfloat16", "float32", "auto")
+
+# Tensor cores for float16 arrived with Volta (7.0); bfloat16 tensor cores
+# with Ampere (8.0), where bfloat16's float32-sized exponent makes loss
+# scaling unnecessary.
+_FP16_TENSOR_CORES = (7, 0)
+_BF16_TENSOR_CORES = (8, 0)
+
+# Each reason is logged once per process, not at every call.
+_logged_reasons = set()
+
+
+class Recommendation(NamedTuple):
+    """The policy kmp recommends for this machine, and why.
+
+    Attributes:
+        policy: `"mixed_bfloat16"`, `"mixed_float16"` or `"float32"`.
+        reason: One human-readable sentence.
+    """
+
+    policy: str
+    reason: str
+
+
+def choose_policy(devices: list[backend.Device]) -> Recommendation:
+    """Picks a dtype policy for a list of devices.
+
+    This is kmp's whole hardware rule; `recommend_policy` feeds it the
+    devices the Keras backend sees.
+
+    - TPU: `mixed_bfloat16` (bfloat16 is the TPU's native matmul type).
+    - NVIDIA GPU, compute capability >= 8.0: `mixed_bfloat16` (tensor cores,
+      no loss scaling needed).
+    - NVIDIA GPU, 7.x: `mixed_float16` (tensor cores for float16 only; use
+      a loss-scaling optimizer, see `kmp.wrap`).
+    - Older or unidentified GPU, or CPU only: `float32`, since half
+      precision is emulated or not accelerated there and runs slower.
+
+    With several GPUs, the least capable one decides.
+
+    Args:
+        devices: `kmp.backend.Device` tuples.
+
+    Returns:
+        A `Recommendation(policy, reason)`.
+    """
+    if any(d.platform == "tpu" for d in devices):
+        return Recommendation(
+            "mixed_bfloat16", "TPU found: bfloat16 is its native matmul type."
+        )
+    gpus = [d for d in devices if d.platform == "gpu"]
+    if not gpus:
+        return Recommendation(
+            "float32",
+            "No GPU or TPU found: on CPU, float16 and bfloat16 compute is "
+            "emulated and slower than float32 (see BENCHMARKS.md).",
+        )
+    unknown = [d for d in gpus if d.compute_capability is None]
+    if unknown:
+        return Recommendation(
+            "float32",
+            f"GPU {unknown[0].name!r} reports no NVIDIA compute capability, "
+            "so kmp cannot tell whether it has tensor cores; pass a policy "
+            "explicitly if you know it does.",
+        )
+    weakest = min(gpus, key=lambda d: d.compute_capability)
+    capability = weakest.compute_capability
+    shown = f"{weakest.name} (compute capability {capability[0]}."
+    shown += f"{capability[1]})"
+    if capability >= _BF16_TENSOR_CORES:
+        return Recommendation(
+            "mixed_bfloat16",
+            f"{shown} has bfloat16 tensor cores; bfloat16 has float32's "
+            "range, so no loss scaling is needed.",
+        )
+    if capability >= _FP16_TENSOR_CORES:
+        return Recommendation(
+            "mixed_float16",
+            f"{shown} has float16 tensor cores but none for bfloat16; "
+            "compile with kmp.wrap(optimizer) to scale the loss.",
+        )
+    return Recommendation(
+        "float32",
+        f"{shown} has no tensor cores (they need 7.0), so half precision "
+        "would not be faster than float32.",
+    )
+
+
+def recommend_policy() -> Recommendation:
+    """Recommends a dtype policy for the devices Keras will use.
+
+    Works with the TensorFlow and the JAX backend. The rule is
+    `kmp.policy.choose_policy`.
+
+    Returns:
+        A `Recommendation(policy, reason)`.
+
+    Example:
+
+    ```python
+    policy, reason = kmp.recommend_policy()
+    print(f"{policy}: {reason}")
+    ```
+    """
+    return choose_policy(backend.list_devices())
+
+
+def _log_once(level, message):
+    if message not in _logged_reasons:
+        _logged_reasons.add(message)
+        logger.log(level, message)
+
+
+def _resolve(policy) -> str:
+    if isinstance(policy, keras.DTypePolicy):
+        policy = policy.name
+    if not isinstance(policy, str) or policy not in POLICIES:
+        raise ValueError(
+            f"Unsupported dtype policy {policy!r}. Expected one of "
+            f"{', '.join(repr(p) for p in POLICIES)}, or a keras.DTypePolicy "
+            "with one of those names (other Keras policies, e.g. quantized "
+            "ones, can be set with keras.config.set_dtype_policy)."
+        )
+    if policy != "auto":
+        recommended = recommend_policy()
+        if policy.startswith("mixed") and recommended.policy == "float32":
+            _log_once(
+                logging.WARNING,
+                f"kmp: {policy} will likely be slower than float32 here. "
+                f"{recommended.reason}",
+            )
+        return policy
+    recommended = recommend_policy()
+    _log_once(
+        logging.WARNING if recommended.policy == "float32" else logging.INFO,
+        f"kmp: policy 'auto' -> {recommended.policy}. {recommended.reason}",
+    )
+    return recommended.policy
+
+
+def enable(policy="mixed_float16") -> keras.DTypePolicy:
+    """Sets Keras's global dtype policy for mixed-precision training.
+
+    Layers created afterwards compute in the policy's `compute_dtype` and
+    keep their variables in its `variable_dtype` (float32). Under
+    `"mixed_float16"`, compile with `kmp.wrap(optimizer)` so the loss is
+    scaled. On hardware where mixed precision is slower (CPU, pre-Volta
+    GPUs), a warning says so, once.
+
+    Args:
+        policy: `"mixed_float16"`, `"mixed_bfloat16"`, `"float32"`, `"auto"`
+            (the result of `kmp.recommend_policy()`, whose reason is logged
+            once), or a `keras.DTypePolicy` with one of those names.
+
+    Returns:
+        The previous global `keras.DTypePolicy`; pass it back to `enable`
+        to restore it.
+
+    Example:
+
+    ```python
+    previous = kmp.enable("mixed_float16")
+    model = build_model()                # float16 compute, float32 weights
+    model.compile(optimizer=kmp.wrap("adam"), loss="mse")
+    kmp.enable(previous)
+    ```
+    """
+    name = _resolve(policy)
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(name)
+    return previous
+
+
+def disable() -> keras.DTypePolicy:
+    """Restores the float32 global policy; returns the previous policy."""
+    return enable("float32")
+
+
+@contextlib.contextmanager
+def policy_scope(policy="mixed_float16"):
+    """Context manager: `kmp.enable(policy)` inside, the old policy after.
+
+    The previous global policy is restored on exit, also when the block
+    raises.
+
+    Args:
+        policy: As for `kmp.enable`.
+
+    Yields:
+        The global `keras.DTypePolicy` now in force.
+
+    Example:
+
+    ```python
+    with kmp.policy_scope("mixed_bfloat16"):
+        model = build_model()
+    ```
+    """
+    previous = enable(policy)
+    try:
+        yield keras.config.dtype_policy()
+    finally:
+        keras.config.set_dtype_policy(previous)
