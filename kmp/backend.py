@@ -89,9 +89,8 @@ def _jax_devices() -> list[Device]:
         capability = _parse_capability(
             getattr(device, "compute_capability", None)
         )
-        devices.append(
-            Device(device.platform, str(device.device_kind), capability)
-        )
+        kind = host_cpu() if device.platform == "cpu" else device.device_kind
+        devices.append(Device(device.platform, str(kind), capability))
     return devices
 
 

@@ -13,6 +13,8 @@ import numbers
 import keras
 from keras import ops
 
+from kmp import backend
+
 _StockLossScaleOptimizer = keras.optimizers.LossScaleOptimizer
 
 
@@ -330,6 +332,22 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             scope.get_current_value(v) for v in self.variables
         ]
 
+    def _common_apply(self, grads, trainable_variables=None):
+        if not backend.is_stateless():
+            return super()._common_apply(grads, trainable_variables)
+        # Keras's JAX `cond` is `lax.cond`, which traces both branches and
+        # so cannot hold the stock handlers' variable assignments (the
+        # stock class raises UnexpectedTracerError here). Compute the step
+        # statelessly and assign its results instead.
+        tvs = list(trainable_variables or self._trainable_variables)
+        new_tvs, new_values = self.stateless_apply(
+            [v.value for v in self.variables],
+            list(grads),
+            [v.value for v in tvs],
+        )
+        for variable, value in zip(tvs + self.variables, new_tvs + new_values):
+            variable.assign(value)
+
     def apply(self, grads, trainable_variables=None):
         grads = list(grads)
         pending, self._user_unscaled = self._user_unscaled, None
@@ -458,8 +476,8 @@ def wrap(optimizer="adam", **kwargs) -> keras.optimizers.Optimizer:
             "`optimizer` must be a keras.optimizers.Optimizer instance or an "
             f"optimizer name such as 'adam', got {optimizer!r}."
         )
+    _check_wrap_kwargs(kwargs)
     if keras.config.dtype_policy().compute_dtype != "float16":
-        _check_wrap_kwargs(kwargs)
         return optimizer
     if isinstance(optimizer, LossScaleOptimizer):
         return optimizer

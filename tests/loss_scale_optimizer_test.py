@@ -1,0 +1,635 @@
+import math
+
+import keras
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from keras import ops
+from util import classification_data
+from util import jax_only
+from util import mlp
+from util import tf_only
+
+import kmp
+
+from kmp import backend
+
+# Keras's TensorFlow optimizers refuse `stateless_apply` (it cannot work
+# with tf.distribute), so the stateless path is covered by the JAX run.
+PATHS = ["stateful"] + (["stateless"] if backend.name() != "tensorflow" else [])
+
+
+def _apply(optimizer, grads, variables, path):
+    """One optimizer step through `apply` or through `stateless_apply`."""
+    grads = [ops.convert_to_tensor(np.asarray(g, "float32")) for g in grads]
+    if not optimizer.built:
+        optimizer.build(variables)
+    if path == "stateful":
+        optimizer.apply(grads, variables)
+        return
+    new_vars, new_opt_vars = optimizer.stateless_apply(
+        [v.value for v in optimizer.variables],
+        grads,
+        [v.value for v in variables],
+    )
+    for v, value in zip(variables, new_vars):
+        v.assign(value)
+    for v, value in zip(optimizer.variables, new_opt_vars):
+        v.assign(value)
+
+
+def _stock_path(path):
+    # The stock class's stateful `apply` fails on JAX (see
+    # test_stateful_apply_on_jax_where_stock_keras_fails); compare it there
+    # through its stateless path, which is what its `fit` uses.
+    return "stateless" if backend.name() == "jax" else path
+
+
+def _state(optimizer):
+    return (
+        float(optimizer.dynamic_scale),
+        int(optimizer.step_counter),
+        int(optimizer.overflow_streak),
+        int(optimizer.skipped_steps),
+    )
+
+
+def _values(variables):
+    return [np.array(v.numpy()) for v in variables]
+
+
+INF = [[np.inf, 1.0]]
+NAN = [[1.0, np.nan]]
+ONES = [[1.0, 1.0]]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_scale_halves_on_each_overflow_400_to_25(path):
+    opt = kmp.LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=400)
+    v = keras.Variable([1.0, 2.0])
+    for _ in range(4):
+        _apply(opt, INF, [v], path)
+    assert _state(opt) == (25.0, 0, 4, 4)
+    np.testing.assert_array_equal(v.numpy(), [1.0, 2.0])
+    assert int(opt.iterations) == 0
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_scale_grows_after_growth_steps_and_unscales(path):
+    opt = kmp.LossScaleOptimizer(
+        keras.optimizers.SGD(1.0), initial_scale=4, dynamic_growth_steps=2
+    )
+    v = keras.Variable([0.0, 0.0])
+    _apply(opt, [[4.0, 8.0]], [v], path)  # unscaled by 4 -> [1, 2]
+    assert _state(opt) == (4.0, 1, 0, 0)
+    np.testing.assert_array_equal(v.numpy(), [-1.0, -2.0])
+    _apply(opt, [[4.0, 8.0]], [v], path)  # still divided by 4, then grows
+    assert _state(opt) == (8.0, 0, 0, 0)
+    np.testing.assert_array_equal(v.numpy(), [-2.0, -4.0])
+    _apply(opt, [[8.0, 8.0]], [v], path)
+    np.testing.assert_array_equal(v.numpy(), [-3.0, -5.0])
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_custom_growth_and_backoff_factors(path):
+    opt = kmp.LossScaleOptimizer(
+        keras.optimizers.SGD(1.0),
+        initial_scale=81,
+        dynamic_growth_steps=1,
+        growth_factor=3.0,
+        backoff_factor=1 / 3,
+    )
+    v = keras.Variable([0.0, 0.0])
+    _apply(opt, ONES, [v], path)
+    assert float(opt.dynamic_scale) == 243.0
+    _apply(opt, NAN, [v], path)
+    _apply(opt, NAN, [v], path)
+    assert float(opt.dynamic_scale) == pytest.approx(27.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_floor_is_hit_exactly(path):
+    opt = kmp.LossScaleOptimizer(
+        keras.optimizers.SGD(1.0), initial_scale=4, min_scale=1.5
+    )
+    v = keras.Variable([1.0, 1.0])
+    scales = []
+    for _ in range(4):
+        _apply(opt, INF, [v], path)
+        scales.append(float(opt.dynamic_scale))
+    assert scales == [2.0, 1.5, 1.5, 1.5]
+    _apply(opt, [[3.0, 3.0]], [v], path)
+    np.testing.assert_array_equal(v.numpy(), [-1.0, -1.0])
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_cap_is_hit_exactly(path):
+    opt = kmp.LossScaleOptimizer(
+        keras.optimizers.SGD(1.0),
+        initial_scale=8,
+        max_scale=20,
+        dynamic_growth_steps=1,
+    )
+    v = keras.Variable([1.0, 1.0])
+    scales = []
+    for _ in range(4):
+        _apply(opt, ONES, [v], path)
+        scales.append(float(opt.dynamic_scale))
+    assert scales == [16.0, 20.0, 20.0, 20.0]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_hysteresis_tolerates_overflows_then_backs_off(path):
+    opt = kmp.LossScaleOptimizer(
+        keras.optimizers.SGD(1.0), initial_scale=64, hysteresis=3
+    )
+    v = keras.Variable([1.0, 1.0])
+    _apply(opt, INF, [v], path)
+    _apply(opt, INF, [v], path)
+    assert _state(opt) == (64.0, 0, 2, 2)
+    _apply(opt, INF, [v], path)
+    assert _state(opt) == (32.0, 0, 3, 3)
+    _apply(opt, NAN, [v], path)  # streak continues: backs off again
+    assert _state(opt) == (16.0, 0, 4, 4)
+    _apply(opt, ONES, [v], path)  # a finite step ends the streak
+    assert _state(opt) == (16.0, 1, 0, 4)
+    _apply(opt, INF, [v], path)
+    assert _state(opt) == (16.0, 0, 1, 5)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_fixed_scale_when_not_dynamic(path):
+    opt = kmp.LossScaleOptimizer(
+        keras.optimizers.SGD(1.0),
+        initial_scale=400,
+        dynamic_growth_steps=1,
+        dynamic=False,
+    )
+    v = keras.Variable([0.0, 0.0])
+    _apply(opt, INF, [v], path)
+    _apply(opt, INF, [v], path)
+    _apply(opt, [[400.0, 800.0]], [v], path)
+    _apply(opt, [[400.0, 800.0]], [v], path)
+    assert float(opt.dynamic_scale) == 400.0
+    assert int(opt.skipped_steps) == 2
+    np.testing.assert_array_equal(v.numpy(), [-2.0, -4.0])
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_non_finite_step_changes_no_variable_or_slot(path):
+    opt = kmp.LossScaleOptimizer(keras.optimizers.Adam(0.1), initial_scale=2)
+    a = keras.Variable([1.0, 2.0])
+    b = keras.Variable([[3.0]])
+    _apply(opt, [[1.0, -1.0], [[2.0]]], [a, b], path)
+    inner_before = _values(opt.inner_optimizer.variables)
+    weights_before = _values([a, b])
+    _apply(opt, [[np.nan, 1.0], [[1.0]]], [a, b], path)
+    _apply(opt, [[1.0, 1.0], [[-np.inf]]], [a, b], path)
+    for before, after in zip(weights_before, _values([a, b])):
+        np.testing.assert_array_equal(before, after)
+    for before, after in zip(inner_before, _values(opt.inner_optimizer.variables)):
+        np.testing.assert_array_equal(before, after)
+    assert int(opt.skipped_steps) == 2
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_matches_stock_keras_with_default_arguments(path):
+    # A random walk of finite and overflowing steps that keeps the scale
+    # inside [1, 2**24], where the stock class is sound.
+    rng = np.random.default_rng(7)
+    kinds = rng.choice(["finite", "inf"], size=40, p=[0.75, 0.25])
+    grads = {"finite": [[0.5, -1.5]], "inf": INF}
+    ours = kmp.LossScaleOptimizer(keras.optimizers.Adam(0.1))
+    stock = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(0.1))
+    for opt in (ours, stock):
+        opt.dynamic_growth_steps = 3
+    v_ours = keras.Variable([1.0, 1.0])
+    v_stock = keras.Variable([1.0, 1.0])
+    for kind in kinds:
+        _apply(ours, grads[kind], [v_ours], path)
+        _apply(stock, grads[kind], [v_stock], _stock_path(path))
+        assert 1.0 <= float(stock.dynamic_scale) <= 2.0**24  # precondition
+        assert float(ours.dynamic_scale) == float(stock.dynamic_scale)
+        assert int(ours.step_counter) == int(stock.step_counter)
+        np.testing.assert_array_equal(v_ours.numpy(), v_stock.numpy())
+    for a, b in zip(ours.inner_optimizer.variables, stock.inner_optimizer.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_stock_floor_defect_is_fixed():
+    # Stock Keras halves the scale on every overflow with no floor: from
+    # 2**15, ~165 overflows reach 0.0 (here: from 2**-145, 5 do), and the
+    # next finite step divides by 0 and writes NaN into the weights.
+    def run(optimizer, path):
+        v = keras.Variable([1.0, 1.0])
+        for _ in range(5):
+            _apply(optimizer, INF, [v], path)
+        _apply(optimizer, [[0.0, 0.0]], [v], path)
+        return float(optimizer.dynamic_scale), v.numpy()
+
+    stock = keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.SGD(1.0), initial_scale=2.0**-145
+    )
+    stock_scale, stock_weights = run(stock, _stock_path("stateful"))
+    assert stock_scale == 0.0 and np.isnan(stock_weights).all()
+    ours = kmp.LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=4)
+    scale, weights = run(ours, "stateful")
+    assert scale == 1.0
+    np.testing.assert_array_equal(weights, [1.0, 1.0])
+
+
+def test_stock_cap_defect_is_fixed():
+    # Stock Keras doubles the scale with no cap: past 2**127 it is inf,
+    # and every later step overflows and is skipped.
+    def run(optimizer, path):
+        optimizer.dynamic_growth_steps = 1
+        v = keras.Variable([1.0, 1.0])
+        for _ in range(3):
+            _apply(optimizer, [[0.0, 0.0]], [v], path)
+        return float(optimizer.dynamic_scale)
+
+    stock = keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.SGD(1.0), initial_scale=2.0**126
+    )
+    assert run(stock, _stock_path("stateful")) == math.inf
+    ours = kmp.LossScaleOptimizer(
+        keras.optimizers.SGD(1.0), initial_scale=2.0**23
+    )
+    assert run(ours, "stateful") == 2.0**24
+
+
+@jax_only
+def test_stateful_apply_on_jax_where_stock_keras_fails():
+    grads = [ops.convert_to_tensor([np.inf, 1.0])]
+    stock = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(1.0))
+    v = keras.Variable([1.0, 2.0])
+    with pytest.raises(Exception, match="[Tt]racer"):
+        stock.apply(grads, [v])
+    ours = kmp.LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=8)
+    v = keras.Variable([1.0, 2.0])  # the stock failure left a tracer in v
+    ours.apply(grads, [v])
+    ours.apply([ops.convert_to_tensor([8.0, 8.0])], [v])
+    assert float(ours.dynamic_scale) == 4.0
+    np.testing.assert_array_equal(v.numpy(), [-1.0, 0.0])
+
+
+def _reference(kinds, initial, growth_steps, growth, backoff, lo, hi, hyst):
+    """The docstring's pseudo-code, in plain Python."""
+    scale, counter, streak, skipped = float(initial), 0, 0, 0
+    for kind in kinds:
+        if kind != "finite":
+            skipped += 1
+            counter = 0
+            streak += 1
+            if streak >= hyst:
+                scale = max(np.float32(scale) * np.float32(backoff), lo)
+        else:
+            streak = 0
+            counter += 1
+            if counter == growth_steps:
+                scale = min(np.float32(scale) * np.float32(growth), hi)
+                counter = 0
+    return float(np.float32(scale)), counter, streak, skipped
+
+
+@pytest.mark.parametrize("path", PATHS)
+@given(
+    kinds=st.lists(
+        st.sampled_from(["finite", "inf", "-inf", "nan"]),
+        min_size=1,
+        max_size=10,
+    ),
+    position=st.integers(0, 2),
+    growth_steps=st.integers(1, 3),
+    hysteresis=st.integers(1, 3),
+    growth=st.sampled_from([1.5, 2.0, 4.0]),
+    backoff=st.sampled_from([0.25, 0.5, 0.9]),
+    initial_exp=st.integers(0, 8),
+)
+def test_random_non_finite_gradients_never_corrupt_state(
+    path, kinds, position, growth_steps, hysteresis, growth, backoff,
+    initial_exp,
+):
+    opt = kmp.LossScaleOptimizer(
+        keras.optimizers.Adam(0.01),
+        initial_scale=2.0**initial_exp,
+        dynamic_growth_steps=growth_steps,
+        growth_factor=growth,
+        backoff_factor=backoff,
+        min_scale=1.0,
+        max_scale=2.0**8,
+        hysteresis=hysteresis,
+    )
+    v = keras.Variable([1.0, -1.0, 0.5])
+    for step, kind in enumerate(kinds):
+        grad = np.full(3, 1e3, "float32")
+        if kind != "finite":
+            grad[position] = float(kind)
+        before = _values([v] + opt.inner_optimizer.variables)
+        _apply(opt, [grad], [v], path)
+        after = _values([v] + opt.inner_optimizer.variables)
+        if kind != "finite":
+            for b, a in zip(before, after):
+                np.testing.assert_array_equal(b, a)
+        assert np.isfinite(v.numpy()).all()
+        scale = float(opt.dynamic_scale)
+        assert 1.0 <= scale <= 2.0**8 and math.isfinite(scale)
+        expected = _reference(
+            kinds[: step + 1], 2.0**initial_exp, growth_steps, growth,
+            backoff, 1.0, 2.0**8, hysteresis,
+        )
+        assert _state(opt) == pytest.approx(expected, rel=1e-6)
+    assert int(opt.skipped_steps) == sum(k != "finite" for k in kinds)
+
+
+def test_tf_keras_migration_api_does_not_unscale_twice():
+    opt = kmp.LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=8)
+    v = keras.Variable([0.0, 0.0])
+    opt.build([v])
+    loss = ops.convert_to_tensor(2.0)
+    assert float(opt.get_scaled_loss(loss)) == 16.0
+    assert float(opt.get_scaled_loss(lambda: loss)()) == 16.0
+    scaled = [ops.convert_to_tensor([8.0, 16.0])]
+    unscaled = opt.get_unscaled_gradients(scaled)
+    np.testing.assert_array_equal(ops.convert_to_numpy(unscaled[0]), [1, 2])
+    opt.apply_gradients(zip(unscaled, [v]))  # tf-keras loop
+    np.testing.assert_array_equal(v.numpy(), [-1.0, -2.0])
+    opt.apply_gradients(zip(scaled, [v]))  # Keras 3 loop: unscales itself
+    np.testing.assert_array_equal(v.numpy(), [-2.0, -4.0])
+
+
+@tf_only
+@pytest.mark.parametrize("style", ["keras3", "tf_keras"])
+def test_custom_gradient_tape_loop(style):
+    import tensorflow as tf
+
+    kmp.enable("mixed_float16")
+    model = mlp()
+    opt = kmp.LossScaleOptimizer(keras.optimizers.Adam(1e-2))
+    loss_fn = keras.losses.SparseCategoricalCrossentropy()
+    x, y = classification_data()
+
+    @tf.function(jit_compile=True)
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+            scaled = opt.scale_loss(loss) if style == "keras3" else (
+                opt.get_scaled_loss(loss)
+            )
+        grads = tape.gradient(scaled, model.trainable_variables)
+        if style == "tf_keras":
+            grads = opt.get_unscaled_gradients(grads)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    losses = [float(step(x, y)) for _ in range(30)]
+    assert losses[-1] < 0.8 * losses[0]
+    assert float(opt.loss_scale) == 2.0**15
+
+
+@jax_only
+def test_custom_stateless_apply_loop_with_jax():
+    import jax
+
+    kmp.enable("mixed_float16")
+    model = mlp()
+    opt = kmp.LossScaleOptimizer(
+        keras.optimizers.Adam(1e-2), initial_scale=2.0**30, max_scale=2.0**30
+    )
+    opt.build(model.trainable_variables)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy()
+    x, y = classification_data()
+
+    def scaled_loss(trainable, non_trainable, opt_vars, x, y):
+        y_pred, non_trainable = model.stateless_call(
+            trainable, non_trainable, x, training=True
+        )
+        loss = loss_fn(y, y_pred)
+        with keras.StatelessScope(
+            state_mapping=list(zip(opt.variables, opt_vars))
+        ):
+            return opt.scale_loss(loss), loss
+
+    @jax.jit
+    def step(state, x, y):
+        trainable, non_trainable, opt_vars = state
+        grads, loss = jax.grad(scaled_loss, has_aux=True)(
+            trainable, non_trainable, opt_vars, x, y
+        )
+        trainable, opt_vars = opt.stateless_apply(opt_vars, grads, trainable)
+        return (trainable, non_trainable, opt_vars), loss
+
+    state = (
+        [v.value for v in model.trainable_variables],
+        [v.value for v in model.non_trainable_variables],
+        [v.value for v in opt.variables],
+    )
+    losses = []
+    for _ in range(40):
+        state, loss = step(state, x, y)
+        losses.append(float(loss))
+    for v, value in zip(opt.variables, state[2]):
+        v.assign(value)
+    assert losses[-1] < 0.8 * losses[0]
+    assert int(opt.skipped_steps) > 0  # 2**30 overflows float16 at first
+    assert 1.0 <= float(opt.loss_scale) < 2.0**30
+
+
+def _bad(**kwargs):
+    return kmp.LossScaleOptimizer(keras.optimizers.SGD(), **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, phrase",
+    [
+        ({"growth_factor": 1.0}, "`growth_factor` must be > 1"),
+        ({"growth_factor": 0.5}, "`growth_factor` must be > 1"),
+        ({"backoff_factor": 1.0}, "`backoff_factor` must be in the open"),
+        ({"backoff_factor": 0.0}, "`backoff_factor` must be in the open"),
+        ({"min_scale": 0.0, "initial_scale": 1.0}, "`min_scale` must be > 0"),
+        ({"min_scale": -1.0}, "`min_scale` must be > 0"),
+        (
+            {"min_scale": 4.0, "max_scale": 2.0, "initial_scale": 3.0},
+            "must be <= `max_scale`",
+        ),
+        ({"initial_scale": 0.5}, "`initial_scale` must lie in"),
+        ({"initial_scale": 2.0**30}, "`initial_scale` must lie in"),
+        ({"initial_scale": math.inf}, "must be a finite number"),
+        ({"max_scale": math.inf}, "must be a finite number"),
+        ({"dynamic_growth_steps": 0}, "`dynamic_growth_steps` must be a"),
+        ({"dynamic_growth_steps": 1.5}, "`dynamic_growth_steps` must be a"),
+        ({"dynamic_growth_steps": True}, "`dynamic_growth_steps` must be a"),
+        ({"hysteresis": 0}, "`hysteresis` must be a positive int"),
+        ({"hysteresis": "2"}, "`hysteresis` must be a positive int"),
+        ({"dynamic": "yes"}, "`dynamic` must be a bool"),
+    ],
+)
+def test_bad_arguments_raise_value_error(kwargs, phrase):
+    with pytest.raises(ValueError, match=phrase.replace("(", r"\(")):
+        _bad(**kwargs)
+
+
+def test_inner_optimizer_must_be_a_keras_optimizer():
+    with pytest.raises(ValueError, match="must be a keras.optimizers"):
+        kmp.LossScaleOptimizer("adam")
+
+
+@pytest.mark.parametrize(
+    "inner_class",
+    [kmp.LossScaleOptimizer, keras.optimizers.LossScaleOptimizer],
+)
+def test_loss_scale_optimizer_cannot_wrap_one(inner_class):
+    inner = inner_class(keras.optimizers.SGD())
+    with pytest.raises(ValueError, match="already a LossScaleOptimizer"):
+        kmp.LossScaleOptimizer(inner)
+
+
+def test_get_config_round_trip():
+    opt = kmp.LossScaleOptimizer(
+        keras.optimizers.Adam(0.5),
+        initial_scale=64,
+        dynamic_growth_steps=7,
+        growth_factor=3.0,
+        backoff_factor=0.25,
+        min_scale=2.0,
+        max_scale=1024.0,
+        hysteresis=2,
+        dynamic=False,
+    )
+    config = keras.saving.serialize_keras_object(opt)
+    restored = keras.saving.deserialize_keras_object(config)
+    assert type(restored) is kmp.LossScaleOptimizer
+    assert restored.get_config() == opt.get_config()
+    assert restored.inner_optimizer.get_config()["learning_rate"] == 0.5
+
+
+def _overflowing_fit(model, optimizer, epochs, callbacks=(), initial_epoch=0):
+    x, y = classification_data(n=128)
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
+    return model.fit(
+        x,
+        y,
+        batch_size=16,
+        epochs=epochs,
+        shuffle=False,
+        verbose=0,
+        callbacks=list(callbacks),
+        initial_epoch=initial_epoch,
+    )
+
+
+def _overflowing_optimizer():
+    # 2**40 overflows float16 activation gradients: the first steps are
+    # skipped and the scale backs off, so the saved state is not the
+    # initial one.
+    return kmp.LossScaleOptimizer(
+        keras.optimizers.SGD(0.05),
+        initial_scale=2.0**40,
+        max_scale=2.0**40,
+        backoff_factor=0.25,
+        dynamic_growth_steps=5,
+        hysteresis=2,
+    )
+
+
+def test_state_survives_keras_save_and_load(tmp_path):
+    kmp.enable("mixed_float16")
+    model = mlp()
+    opt = _overflowing_optimizer()
+    _overflowing_fit(model, opt, epochs=2)
+    assert int(opt.skipped_steps) > 0
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    restored = loaded.optimizer
+    assert type(restored) is kmp.LossScaleOptimizer
+    assert restored.get_config() == opt.get_config()
+    assert [v.name for v in restored.variables] == [
+        v.name for v in opt.variables
+    ]
+    for a, b in zip(restored.variables, opt.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_state_survives_backup_and_restore(tmp_path):
+    class Interrupt(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 2:
+                raise RuntimeError("interrupted")
+
+    kmp.enable("mixed_float16")
+    reference = mlp(seed=1)
+    reference_opt = _overflowing_optimizer()
+    _overflowing_fit(reference, reference_opt, epochs=4)
+
+    backup = keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))
+    with pytest.raises(RuntimeError, match="interrupted"):
+        _overflowing_fit(
+            mlp(seed=1), _overflowing_optimizer(), 4, [backup, Interrupt()]
+        )
+    resumed = mlp(seed=1)
+    resumed_opt = _overflowing_optimizer()
+    history = _overflowing_fit(resumed, resumed_opt, 4, [backup])
+    assert len(history.epoch) == 2  # epochs 0-1 were restored, not rerun
+
+    assert int(resumed_opt.skipped_steps) == int(reference_opt.skipped_steps)
+    assert int(resumed_opt.skipped_steps) > 0
+    for a, b in zip(resumed_opt.variables, reference_opt.variables):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5)
+    for a, b in zip(resumed.weights, reference.weights):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "policy, expected",
+    [
+        ("mixed_float16", kmp.LossScaleOptimizer),
+        ("mixed_bfloat16", keras.optimizers.Adam),
+        ("float32", keras.optimizers.Adam),
+    ],
+)
+def test_wrap_scales_only_under_float16(policy, expected):
+    kmp.enable(policy)
+    assert type(kmp.wrap("adam")) is expected
+    adam = keras.optimizers.Adam()
+    wrapped = kmp.wrap(adam, initial_scale=128)
+    assert type(wrapped) is expected
+    if expected is kmp.LossScaleOptimizer:
+        assert wrapped.inner_optimizer is adam
+        assert wrapped.initial_scale == 128
+        assert kmp.wrap(wrapped) is wrapped
+    else:
+        assert wrapped is adam
+
+
+def test_wrap_replaces_an_unbuilt_stock_scaler():
+    kmp.enable("mixed_float16")
+    adam = keras.optimizers.Adam()
+    stock = keras.optimizers.LossScaleOptimizer(
+        adam, initial_scale=64, dynamic_growth_steps=10
+    )
+    wrapped = kmp.wrap(stock)
+    assert type(wrapped) is kmp.LossScaleOptimizer
+    assert wrapped.inner_optimizer is adam
+    assert (wrapped.initial_scale, wrapped.dynamic_growth_steps) == (64, 10)
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_wrap_rejects_bad_input_in_every_mode(policy):
+    kmp.enable(policy)
+    with pytest.raises(ValueError, match="must be a keras.optimizers"):
+        kmp.wrap(42)
+    with pytest.raises(ValueError, match="Could not interpret optimizer"):
+        kmp.wrap("no_such_optimizer")
+    with pytest.raises(ValueError, match="`growth_factor` must be > 1"):
+        kmp.wrap("adam", growth_factor=0.5)
+    with pytest.raises(ValueError, match="unexpected arguments"):
+        kmp.wrap("adam", growth=2.0)
+
+
+def test_compile_keeps_kmp_scaler():
+    kmp.enable("mixed_float16")
+    model = mlp()
+    model.compile(optimizer=kmp.wrap("adam"), loss="mse")
+    assert type(model.optimizer) is kmp.LossScaleOptimizer
