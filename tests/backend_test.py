@@ -1,0 +1,78 @@
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import pytest
+from util import jax_only
+
+from kmp import backend
+
+
+def test_list_devices_reports_at_least_one_device():
+    devices = backend.list_devices()
+    assert devices
+    assert all(d.platform in ("cpu", "gpu", "tpu") for d in devices)
+
+
+def test_framework_versions_name_the_backend():
+    versions = backend.framework_versions()
+    assert versions["backend"] == keras.backend.backend()
+    assert versions["keras"] == keras.__version__
+    assert versions[backend.name()]
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [("8.6", (8, 6)), ((7, 5), (7, 5)), ("9", (9, 0)), (None, None)],
+)
+def test_parse_capability(value, expected):
+    assert backend._parse_capability(value) == expected
+
+
+def test_tf32_is_off_in_tests():
+    assert backend.tf32_enabled() is False
+
+
+def test_add_train_step_logs_wraps_once():
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    backend.add_train_step_logs(model, lambda read: {})
+    wrapped = model.train_step
+    backend.add_train_step_logs(model, lambda read: {})
+    assert model.train_step is wrapped
+
+
+@jax_only
+def test_kmp_trains_with_jax_when_tensorflow_cannot_be_imported():
+    # The lent GPU machines have JAX but no TensorFlow.
+    script = textwrap.dedent(
+        """
+        import sys
+        sys.modules["tensorflow"] = None  # any `import tensorflow` fails
+        import numpy as np
+        import keras
+        import kmp
+        kmp.enable("mixed_float16")
+        model = keras.Sequential(
+            [keras.Input((4,)), keras.layers.Dense(2, dtype="float32")]
+        )
+        model.compile(optimizer=kmp.wrap("sgd"), loss="mse")
+        history = model.fit(
+            np.ones((8, 4)), np.ones((8, 2)), verbose=0,
+            callbacks=[kmp.callbacks.LossScaleMonitor()],
+        )
+        print(kmp.recommend_policy().policy, history.history["loss_scale"])
+        assert "tensorflow" not in sys.modules or sys.modules["tensorflow"] is None
+        """
+    )
+    env = dict(os.environ, KERAS_BACKEND="jax")
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "[32768.0]" in result.stdout

@@ -1,0 +1,106 @@
+import csv
+import glob
+
+import keras
+import numpy as np
+import pytest
+from util import classification_data
+from util import mlp
+from util import tf_only
+
+import kmp
+
+
+def _fit(optimizer, callbacks, jit_compile=True, epochs=2):
+    model = mlp()
+    model.compile(
+        optimizer=optimizer,
+        loss="sparse_categorical_crossentropy",
+        jit_compile=jit_compile,
+    )
+    x, y = classification_data()
+    history = model.fit(
+        x, y, batch_size=32, epochs=epochs, verbose=0, callbacks=callbacks
+    )
+    return model, history
+
+
+@pytest.mark.parametrize("jit_compile", [True, False])
+def test_fit_logs_loss_scale_and_skipped_steps(jit_compile):
+    kmp.enable("mixed_float16")
+    # 2**30 overflows float16 gradients: the first steps are skipped.
+    optimizer = kmp.wrap(
+        keras.optimizers.Adam(1e-2), initial_scale=2.0**30, max_scale=2.0**30
+    )
+    monitor = kmp.callbacks.LossScaleMonitor()
+    model, history = _fit(optimizer, [monitor], jit_compile, epochs=3)
+
+    skipped = int(optimizer.skipped_steps)
+    assert 0 < skipped < 24
+    assert history.history["skipped_steps"][-1] == skipped
+    assert history.history["loss_scale"][-1] == float(optimizer.loss_scale)
+    assert history.history["loss"][-1] < history.history["loss"][0]
+
+    per_step = monitor.history
+    assert len(per_step["loss_scale"]) == 24  # 3 epochs x 8 steps
+    assert per_step["epoch"] == sorted(per_step["epoch"])
+    assert per_step["skipped_steps"] == sorted(per_step["skipped_steps"])
+    assert per_step["skipped_steps"][-1] == skipped
+    # Each skipped step halved the scale.
+    assert per_step["loss_scale"][0] == 2.0**29
+    assert np.all(np.diff(per_step["skipped_steps"]) >= 0)
+
+
+def test_every_callback_sees_the_values_whatever_its_position(tmp_path):
+    kmp.enable("mixed_float16")
+    path = str(tmp_path / "log.csv")
+    logger = keras.callbacks.CSVLogger(path)
+    _fit(kmp.wrap("adam"), [logger, kmp.callbacks.LossScaleMonitor()])
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2
+    assert float(rows[-1]["loss_scale"]) == 2.0**15
+    assert float(rows[-1]["skipped_steps"]) == 0
+
+
+@tf_only
+def test_tensorboard_gets_loss_scale_scalars(tmp_path):
+    import tensorflow as tf
+
+    kmp.enable("mixed_float16")
+    board = keras.callbacks.TensorBoard(str(tmp_path))
+    _fit(kmp.wrap("adam"), [board, kmp.callbacks.LossScaleMonitor()])
+    tags = set()
+    for path in glob.glob(str(tmp_path / "train" / "events*")):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            tags.update(v.tag for v in event.summary.value)
+    assert {"epoch_loss_scale", "epoch_skipped_steps"} <= tags
+
+
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "float32"])
+def test_monitor_is_a_no_op_without_loss_scaling(policy):
+    kmp.enable(policy)
+    monitor = kmp.callbacks.LossScaleMonitor()
+    _, history = _fit(kmp.wrap("adam"), [monitor])
+    assert "loss_scale" not in history.history
+    assert monitor.history["loss_scale"] == []
+
+
+def test_monitor_reports_stock_keras_scale_without_skip_count():
+    kmp.enable("mixed_float16")
+    stock = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam())
+    _, history = _fit(stock, [kmp.callbacks.LossScaleMonitor()])
+    assert history.history["loss_scale"] == [2.0**15, 2.0**15]
+    assert "skipped_steps" not in history.history
+
+
+def test_monitor_retraces_an_already_compiled_train_function():
+    kmp.enable("mixed_float16")
+    model = mlp()
+    model.compile(optimizer=kmp.wrap("adam"), loss="sparse_categorical_crossentropy")
+    x, y = classification_data()
+    model.fit(x, y, verbose=0)  # builds a train function without the monitor
+    history = model.fit(
+        x, y, verbose=0, callbacks=[kmp.callbacks.LossScaleMonitor()]
+    )
+    assert history.history["loss_scale"] == [2.0**15]

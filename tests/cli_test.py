@@ -1,0 +1,66 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kmp import cli
+from kmp import demo
+
+
+def test_info_reports_versions_devices_and_recommendation(capsys):
+    report = cli.info(as_json=True)
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == report
+    for key in ("kmp", "keras", "backend", "devices", "recommended_policy"):
+        assert key in report
+    assert report["reason"]
+
+
+def test_demo_fit_prints_policy_scale_and_skipped_steps(capsys):
+    cli.main(["demo", "--epochs", "1", "--steps", "4", "--batch_size", "16"])
+    out = capsys.readouterr().out
+    assert "policy          mixed_float16" in out
+    assert "loss scale      32768" in out
+    assert "skipped steps   0" in out
+
+
+def test_demo_learns_and_restores_the_policy():
+    import keras
+
+    before = keras.config.dtype_policy().name
+    result = demo.run(
+        "mixed_float16", epochs=3, steps_per_epoch=16, batch_size=32, verbose=0
+    )
+    assert keras.config.dtype_policy().name == before
+    assert result["accuracy"] > 0.6  # 4 classes: chance is 0.25
+    assert result["history"]["loss"][-1] < result["history"]["loss"][0]
+    assert result["optimizer"] == "LossScaleOptimizer"
+
+
+def test_demo_under_float32_needs_no_scaler():
+    result = demo.run("float32", epochs=1, steps_per_epoch=2, verbose=0)
+    assert result["loss_scale"] is None and result["optimizer"] == "Adam"
+
+
+@pytest.mark.parametrize(
+    "argv, phrase",
+    [
+        (["demo", "--policy", "float16"], "invalid choice: 'float16'"),
+        (["demo", "--steps", "0"], "must be >= 1"),
+        (["demo", "--epochs", "two"], "expected an integer"),
+        (["train"], "invalid choice: 'train'"),
+    ],
+)
+def test_bad_flags_get_one_clear_line_not_a_traceback(argv, phrase):
+    result = subprocess.run(
+        [sys.executable, "-m", "kmp.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ),
+    )
+    assert result.returncode == 2
+    assert phrase in result.stderr
+    assert "Traceback" not in result.stderr

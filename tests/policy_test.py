@@ -1,0 +1,99 @@
+import logging
+
+import keras
+import pytest
+
+import kmp
+from kmp import backend
+from kmp import policy as policy_lib
+from kmp.backend import Device
+
+
+@pytest.mark.parametrize("name", ["mixed_float16", "mixed_bfloat16", "float32"])
+def test_enable_sets_policy_and_returns_previous(name):
+    keras.config.set_dtype_policy("float32")
+    previous = kmp.enable(name)
+    assert previous.name == "float32"
+    assert keras.config.dtype_policy().name == name
+    assert keras.layers.Dense(2).compute_dtype == name.replace("mixed_", "")
+    assert kmp.enable(previous).name == name
+    assert keras.config.dtype_policy().name == "float32"
+
+
+def test_disable_restores_float32():
+    kmp.enable("mixed_bfloat16")
+    assert kmp.disable().name == "mixed_bfloat16"
+    assert keras.config.dtype_policy().name == "float32"
+
+
+@pytest.mark.parametrize("bad", ["float16", "mixed", "", None, 3])
+def test_enable_rejects_unknown_policies(bad):
+    with pytest.raises(ValueError, match="Unsupported dtype policy"):
+        kmp.enable(bad)
+
+
+def test_policy_scope_restores_on_exception():
+    kmp.enable("mixed_bfloat16")
+    with pytest.raises(RuntimeError):
+        with kmp.policy_scope("mixed_float16") as active:
+            assert active.name == "mixed_float16"
+            assert keras.layers.Dense(1).compute_dtype == "float16"
+            raise RuntimeError("boom")
+    assert keras.config.dtype_policy().name == "mixed_bfloat16"
+
+
+def test_auto_uses_the_recommendation_and_logs_reason_once(
+    monkeypatch, caplog
+):
+    monkeypatch.setattr(
+        backend, "list_devices", lambda: [Device("gpu", "V100", (7, 0))]
+    )
+    monkeypatch.setattr(policy_lib, "_logged_reasons", set())
+    with caplog.at_level(logging.INFO, logger="kmp"):
+        kmp.enable("auto")
+        kmp.enable("auto")
+    assert keras.config.dtype_policy().name == "mixed_float16"
+    messages = [r.message for r in caplog.records]
+    assert len(messages) == 1 and "'auto' -> mixed_float16" in messages[0]
+
+
+def test_mixed_policy_on_cpu_warns_once(monkeypatch, caplog):
+    monkeypatch.setattr(backend, "list_devices", lambda: [Device("cpu", "x")])
+    monkeypatch.setattr(policy_lib, "_logged_reasons", set())
+    with caplog.at_level(logging.WARNING, logger="kmp"):
+        kmp.enable("mixed_float16")
+        kmp.enable("mixed_float16")
+        kmp.enable("float32")
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "slower than float32" in warnings[0].message
+
+
+@pytest.mark.parametrize(
+    "devices, expected",
+    [
+        ([Device("cpu", "x")], "float32"),
+        ([Device("gpu", "A100", (8, 0))], "mixed_bfloat16"),
+        ([Device("gpu", "H100", (9, 0))], "mixed_bfloat16"),
+        ([Device("gpu", "V100", (7, 0))], "mixed_float16"),
+        ([Device("gpu", "T4", (7, 5))], "mixed_float16"),
+        ([Device("gpu", "P100", (6, 0))], "float32"),
+        ([Device("gpu", "ROCm GPU", None)], "float32"),
+        (
+            [Device("gpu", "A100", (8, 0)), Device("gpu", "T4", (7, 5))],
+            "mixed_float16",
+        ),
+        ([Device("tpu", "TPU v4"), Device("cpu", "x")], "mixed_bfloat16"),
+    ],
+)
+def test_choose_policy(devices, expected):
+    recommendation = policy_lib.choose_policy(devices)
+    assert recommendation.policy == expected
+    assert isinstance(recommendation.reason, str) and recommendation.reason
+
+
+def test_recommend_policy_on_this_machine_returns_choice_and_reason():
+    policy, reason = kmp.recommend_policy()
+    assert policy in ("float32", "mixed_float16", "mixed_bfloat16")
+    if all(d.platform == "cpu" for d in backend.list_devices()):
+        assert policy == "float32" and "CPU" in reason
