@@ -151,9 +151,7 @@ def add_train_step_logs(
             # the optimizer's new values are only visible here, not through
             # its variables, which JAX updates when the epoch ends.
             optimizer_values = state[2]
-            index = {
-                id(v): i for i, v in enumerate(model.optimizer.variables)
-            }
+            index = {id(v): i for i, v in enumerate(model.optimizer.variables)}
 
             def read(variable):
                 return optimizer_values[index[id(variable)]]

@@ -19,7 +19,9 @@ def _positive_int(text):
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected an integer, got {text!r}"
+        ) from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
@@ -29,7 +31,9 @@ def _positive_float(text):
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected a number, got {text!r}"
+        ) from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
     return value
@@ -98,7 +102,11 @@ def demo(args) -> dict:
     print(f"final accuracy  {result['accuracy']:.4f}")
     print(
         "loss scale      "
-        + ("none (this policy needs no scaling)" if scale is None else f"{scale:g}")
+        + (
+            "none (this policy needs no scaling)"
+            if scale is None
+            else f"{scale:g}"
+        )
     )
     print(f"skipped steps   {result['skipped_steps']}")
     print(f"examples/s      {result['examples_per_second']:.0f}")

@@ -86,8 +86,7 @@ def _validate(
         )
     if min_scale > max_scale:
         raise ValueError(
-            f"`min_scale` ({min_scale}) must be <= `max_scale` "
-            f"({max_scale})."
+            f"`min_scale` ({min_scale}) must be <= `max_scale` ({max_scale})."
         )
     if max_scale > float(2**127):
         raise ValueError(

@@ -27,3 +27,12 @@ def test_loss_scale_optimizer_is_registered_for_serialization():
         keras.saving.get_registered_object("kmp>LossScaleOptimizer")
         is kmp.LossScaleOptimizer
     )
+
+
+def test_ci_runs_the_readme_test_command_verbatim():
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    ci = (root / ".ci" / "run").read_text().strip().splitlines()[-1]
+    assert "pytest" in ci
+    assert f"\n{ci}\n" in (root / "README.md").read_text()

@@ -63,7 +63,7 @@ def test_kmp_trains_with_jax_when_tensorflow_cannot_be_imported():
             callbacks=[kmp.callbacks.LossScaleMonitor()],
         )
         print(kmp.recommend_policy().policy, history.history["loss_scale"])
-        assert "tensorflow" not in sys.modules or sys.modules["tensorflow"] is None
+        assert sys.modules.get("tensorflow") is None
         """
     )
     env = dict(os.environ, KERAS_BACKEND="jax")

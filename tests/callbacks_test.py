@@ -97,7 +97,9 @@ def test_monitor_reports_stock_keras_scale_without_skip_count():
 def test_monitor_retraces_an_already_compiled_train_function():
     kmp.enable("mixed_float16")
     model = mlp()
-    model.compile(optimizer=kmp.wrap("adam"), loss="sparse_categorical_crossentropy")
+    model.compile(
+        optimizer=kmp.wrap("adam"), loss="sparse_categorical_crossentropy"
+    )
     x, y = classification_data()
     model.fit(x, y, verbose=0)  # builds a train function without the monitor
     history = model.fit(

@@ -1,4 +1,5 @@
 import math
+from unittest import mock
 
 import keras
 import numpy as np
@@ -12,7 +13,6 @@ from util import mlp
 from util import tf_only
 
 import kmp
-
 from kmp import backend
 
 # Keras's TensorFlow optimizers refuse `stateless_apply` (it cannot work
@@ -188,7 +188,9 @@ def test_non_finite_step_changes_no_variable_or_slot(path):
     _apply(opt, [[1.0, 1.0], [[-np.inf]]], [a, b], path)
     for before, after in zip(weights_before, _values([a, b])):
         np.testing.assert_array_equal(before, after)
-    for before, after in zip(inner_before, _values(opt.inner_optimizer.variables)):
+    for before, after in zip(
+        inner_before, _values(opt.inner_optimizer.variables)
+    ):
         np.testing.assert_array_equal(before, after)
     assert int(opt.skipped_steps) == 2
 
@@ -213,7 +215,9 @@ def test_matches_stock_keras_with_default_arguments(path):
         assert float(ours.dynamic_scale) == float(stock.dynamic_scale)
         assert int(ours.step_counter) == int(stock.step_counter)
         np.testing.assert_array_equal(v_ours.numpy(), v_stock.numpy())
-    for a, b in zip(ours.inner_optimizer.variables, stock.inner_optimizer.variables):
+    for a, b in zip(
+        ours.inner_optimizer.variables, stock.inner_optimizer.variables
+    ):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
@@ -308,7 +312,13 @@ def _reference(kinds, initial, growth_steps, growth, backoff, lo, hi, hyst):
     initial_exp=st.integers(0, 8),
 )
 def test_random_non_finite_gradients_never_corrupt_state(
-    path, kinds, position, growth_steps, hysteresis, growth, backoff,
+    path,
+    kinds,
+    position,
+    growth_steps,
+    hysteresis,
+    growth,
+    backoff,
     initial_exp,
 ):
     opt = kmp.LossScaleOptimizer(
@@ -336,8 +346,14 @@ def test_random_non_finite_gradients_never_corrupt_state(
         scale = float(opt.dynamic_scale)
         assert 1.0 <= scale <= 2.0**8 and math.isfinite(scale)
         expected = _reference(
-            kinds[: step + 1], 2.0**initial_exp, growth_steps, growth,
-            backoff, 1.0, 2.0**8, hysteresis,
+            kinds[: step + 1],
+            2.0**initial_exp,
+            growth_steps,
+            growth,
+            backoff,
+            1.0,
+            2.0**8,
+            hysteresis,
         )
         assert _state(opt) == pytest.approx(expected, rel=1e-6)
     assert int(opt.skipped_steps) == sum(k != "finite" for k in kinds)
@@ -374,8 +390,10 @@ def test_custom_gradient_tape_loop(style):
     def step(x, y):
         with tf.GradientTape() as tape:
             loss = loss_fn(y, model(x, training=True))
-            scaled = opt.scale_loss(loss) if style == "keras3" else (
-                opt.get_scaled_loss(loss)
+            scaled = (
+                opt.scale_loss(loss)
+                if style == "keras3"
+                else (opt.get_scaled_loss(loss))
             )
         grads = tape.gradient(scaled, model.trainable_variables)
         if style == "tf_keras":
@@ -633,3 +651,43 @@ def test_compile_keeps_kmp_scaler():
     model = mlp()
     model.compile(optimizer=kmp.wrap("adam"), loss="mse")
     assert type(model.optimizer) is kmp.LossScaleOptimizer
+
+
+stock_tests = pytest.importorskip(
+    "keras.src.optimizers.loss_scale_optimizer_test",
+    reason="this Keras wheel does not ship its own tests",
+)
+
+
+class TestStockKerasBehaviour(stock_tests.LossScaleOptimizerTest):
+    """Keras's own LossScaleOptimizer tests, run against kmp's class.
+
+    Two stock tests assert what kmp changes on purpose and are replaced:
+    the config has six more keys, and `dynamic=False` is supported.
+    """
+
+    def setUp(self):
+        super().setUp()
+        patcher = mock.patch.object(
+            stock_tests, "LossScaleOptimizer", kmp.LossScaleOptimizer
+        )
+        patcher.start()
+        self.addCleanup(patcher.stop)
+
+    def test_serialization(self):
+        optimizer = kmp.LossScaleOptimizer(
+            keras.optimizers.SGD(learning_rate=0.5),
+            initial_scale=3.0,
+            dynamic_growth_steps=2,
+            name="test_opt",
+        )
+        config = optimizer.get_config()
+        self.assertLen(config, 10)
+        self.assertEqual(config["name"], "test_opt")
+        self.assertEqual(config["initial_scale"], 3.0)
+        self.assertEqual(config["dynamic_growth_steps"], 2)
+        kmp.LossScaleOptimizer.from_config(config)
+
+    def test_init_dynamic_arg(self):
+        inner = keras.optimizers.SGD(learning_rate=0.5)
+        self.assertFalse(kmp.LossScaleOptimizer(inner, dynamic=False).dynamic)

@@ -42,9 +42,7 @@ def test_policy_scope_restores_on_exception():
     assert keras.config.dtype_policy().name == "mixed_bfloat16"
 
 
-def test_auto_uses_the_recommendation_and_logs_reason_once(
-    monkeypatch, caplog
-):
+def test_auto_uses_the_recommendation_and_logs_reason_once(monkeypatch, caplog):
     monkeypatch.setattr(
         backend, "list_devices", lambda: [Device("gpu", "V100", (7, 0))]
     )
