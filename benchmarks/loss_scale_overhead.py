@@ -20,7 +20,6 @@ kmp/stock <= 1.03. Writes a JSON file with the hardware and versions.
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 
@@ -116,31 +115,28 @@ def main():
             flush=True,
         )
 
-    def ratio(a, b):
-        return statistics.median(
-            sa / sb for sa, sb in zip(seconds[a], seconds[b])
-        )
+    def ratio_quartiles(a, b):
+        per_round = [sa / sb for sa, sb in zip(seconds[a], seconds[b])]
+        return statistics.quantiles(per_round, n=4, method="inclusive")
 
-    ratios = {
-        "kmp/stock": ratio("kmp", "stock"),
-        "stock/none": ratio("stock", "none"),
-        "kmp/none": ratio("kmp", "none"),
-        "kmp+mon/kmp": ratio("kmp+mon", "kmp"),
+    pairs = {
+        "kmp/stock": ("kmp", "stock"),
+        "stock/none": ("stock", "none"),
+        "kmp/none": ("kmp", "none"),
+        "kmp+mon/kmp": ("kmp+mon", "kmp"),
+    }
+    quartiles = {k: ratio_quartiles(a, b) for k, (a, b) in pairs.items()}
+    ratios = {k: q[1] for k, q in quartiles.items()}
+    # Noise on a shared machine only adds time, so the fastest epoch of
+    # each variant is its least disturbed one; report that ratio too.
+    min_ratios = {
+        k: min(seconds[a]) / min(seconds[b]) for k, (a, b) in pairs.items()
     }
     result = {
         "benchmark": "loss_scale_overhead",
         "command": "python benchmarks/loss_scale_overhead.py "
         + " ".join(f"--{k} {v}" for k, v in vars(args).items() if k != "out"),
-        "hardware": {
-            "cpu": backend.host_cpu(),
-            "cores": os.cpu_count(),
-            "devices": [d._asdict() for d in backend.list_devices()],
-        },
-        "versions": {
-            "python": platform.python_version(),
-            "kmp": kmp.__version__,
-            **backend.framework_versions(),
-        },
+        **backend.environment(),
         "policy": "mixed_float16",
         "model": f"MLP {args.features}-{args.units}x3-10",
         "batch_size": args.batch_size,
@@ -150,7 +146,10 @@ def main():
             v: statistics.median(s) for v, s in seconds.items()
         },
         "median_ratios": ratios,
+        "ratio_quartiles_25_50_75": quartiles,
+        "ratio_of_fastest_epochs": min_ratios,
         "target_kmp_over_stock": 1.03,
+        # Met when the median of per-round ratios is within target.
         "target_met": ratios["kmp/stock"] <= 1.03,
     }
     out = args.out or os.path.join(
@@ -163,10 +162,16 @@ def main():
         json.dump(result, f, indent=2)
 
     print()
-    print("| ratio (median of per-round ratios) | value |")
-    print("|---|---|")
-    for name, value in ratios.items():
-        print(f"| {name} | {value:.3f} |")
+    print(
+        "| ratio of epoch times | median of per-round ratios "
+        "| 25th-75th percentile | ratio of fastest epochs |"
+    )
+    print("|---|---|---|---|")
+    for name, (q1, q2, q3) in quartiles.items():
+        print(
+            f"| {name} | {q2:.3f} | {q1:.3f}-{q3:.3f} "
+            f"| {min_ratios[name]:.3f} |"
+        )
     verdict = "met" if result["target_met"] else "MISSED"
     print(f"\nkmp/stock target <= 1.03: {verdict}")
     print(f"wrote {out}")

@@ -15,7 +15,6 @@ with the hardware and versions.
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 
@@ -104,16 +103,7 @@ def main():
         "benchmark": "policy_speed",
         "command": "python benchmarks/policy_speed.py "
         + " ".join(f"--{k} {v}" for k, v in vars(args).items() if k != "out"),
-        "hardware": {
-            "cpu": backend.host_cpu(),
-            "cores": os.cpu_count(),
-            "devices": [d._asdict() for d in backend.list_devices()],
-        },
-        "versions": {
-            "python": platform.python_version(),
-            "kmp": kmp.__version__,
-            **backend.framework_versions(),
-        },
+        **backend.environment(),
         "model": "4-conv net, 32x32x3 input, 10 classes",
         "batch_size": args.batch_size,
         "jit_compile": jit,

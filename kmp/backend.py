@@ -123,6 +123,38 @@ def framework_versions() -> dict[str, str]:
     return versions
 
 
+def environment() -> dict:
+    """Versions and hardware, as recorded with every benchmark result."""
+    import os
+
+    import kmp
+
+    return {
+        "versions": {
+            "kmp": kmp.__version__,
+            "python": platform.python_version(),
+            **framework_versions(),
+        },
+        "hardware": {
+            "cpu": host_cpu(),
+            "cores": os.cpu_count(),
+            "devices": [
+                {
+                    "platform": d.platform,
+                    "name": d.name,
+                    "compute_capability": (
+                        None
+                        if d.compute_capability is None
+                        else "{}.{}".format(*d.compute_capability)
+                    ),
+                }
+                for d in list_devices()
+            ],
+        },
+        "tf32": tf32_enabled(),
+    }
+
+
 def add_train_step_logs(
     model: keras.Model,
     extra_logs: Callable[[Callable], dict],

@@ -9,7 +9,6 @@ The Keras backend is the usual `KERAS_BACKEND` environment variable.
 import argparse
 import json
 import os
-import platform
 import sys
 
 POLICIES = ("mixed_float16", "mixed_bfloat16", "float32", "auto")
@@ -45,23 +44,12 @@ def info(as_json: bool = False) -> dict:
     from kmp import backend
 
     recommendation = kmp.recommend_policy()
+    env = backend.environment()
     report = {
-        "kmp": kmp.__version__,
-        "python": platform.python_version(),
-        **backend.framework_versions(),
-        "devices": [
-            {
-                "platform": d.platform,
-                "name": d.name,
-                "compute_capability": (
-                    None
-                    if d.compute_capability is None
-                    else "{}.{}".format(*d.compute_capability)
-                ),
-            }
-            for d in backend.list_devices()
-        ],
-        "tf32": backend.tf32_enabled(),
+        **env["versions"],
+        "cpu": env["hardware"]["cpu"],
+        "devices": env["hardware"]["devices"],
+        "tf32": env["tf32"],
         "recommended_policy": recommendation.policy,
         "reason": recommendation.reason,
     }

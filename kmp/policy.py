@@ -53,7 +53,9 @@ def choose_policy(devices: list[backend.Device]) -> Recommendation:
     - NVIDIA GPU, 7.x: `mixed_float16` (tensor cores for float16 only; use
       a loss-scaling optimizer, see `kmp.wrap`).
     - Older or unidentified GPU, or CPU only: `float32`, since half
-      precision is emulated or not accelerated there and runs slower.
+      precision is not accelerated there (on a 2-core CPU a convnet
+      trained at about float32's speed with XLA and 4-10x slower without:
+      `benchmarks/policy_speed.py`, BENCHMARKS.md).
 
     With several GPUs, the least capable one decides.
 
@@ -71,8 +73,9 @@ def choose_policy(devices: list[backend.Device]) -> Recommendation:
     if not gpus:
         return Recommendation(
             "float32",
-            "No GPU or TPU found: on CPU, float16 and bfloat16 compute is "
-            "emulated and slower than float32 (see BENCHMARKS.md).",
+            "No GPU or TPU found: a CPU has no float16/bfloat16 matmul "
+            "units, so mixed precision is no faster than float32 with XLA "
+            "and several times slower without it (see BENCHMARKS.md).",
         )
     unknown = [d for d in gpus if d.compute_capability is None]
     if unknown:
@@ -140,13 +143,21 @@ def _resolve(policy) -> str:
             "with one of those names (other Keras policies, e.g. quantized "
             "ones, can be set with keras.config.set_dtype_policy)."
         )
+    if policy == "float32":
+        return policy
     if policy != "auto":
         recommended = recommend_policy()
-        if policy.startswith("mixed") and recommended.policy == "float32":
+        if recommended.policy == "float32":
             _log_once(
                 logging.WARNING,
                 f"kmp: {policy} will likely be slower than float32 here. "
                 f"{recommended.reason}",
+            )
+        elif policy != recommended.policy == "mixed_float16":
+            _log_once(
+                logging.WARNING,
+                f"kmp: {policy} has no tensor cores here; mixed_float16 "
+                f"would be faster. {recommended.reason}",
             )
         return policy
     recommended = recommend_policy()

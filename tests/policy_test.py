@@ -9,6 +9,17 @@ from kmp import policy as policy_lib
 from kmp.backend import Device
 
 
+@pytest.fixture
+def devices(monkeypatch):
+    """`devices(*d)` makes kmp see devices `d`; reasons log afresh."""
+    monkeypatch.setattr(policy_lib, "_logged_reasons", set())
+
+    def use(*found):
+        monkeypatch.setattr(backend, "list_devices", lambda: list(found))
+
+    return use
+
+
 @pytest.mark.parametrize("name", ["mixed_float16", "mixed_bfloat16", "float32"])
 def test_enable_sets_policy_and_returns_previous(name):
     keras.config.set_dtype_policy("float32")
@@ -55,9 +66,8 @@ def test_auto_uses_the_recommendation_and_logs_reason_once(monkeypatch, caplog):
     assert len(messages) == 1 and "'auto' -> mixed_float16" in messages[0]
 
 
-def test_mixed_policy_on_cpu_warns_once(monkeypatch, caplog):
-    monkeypatch.setattr(backend, "list_devices", lambda: [Device("cpu", "x")])
-    monkeypatch.setattr(policy_lib, "_logged_reasons", set())
+def test_mixed_policy_on_cpu_warns_once(devices, caplog):
+    devices(Device("cpu", "x"))
     with caplog.at_level(logging.WARNING, logger="kmp"):
         kmp.enable("mixed_float16")
         kmp.enable("mixed_float16")
@@ -65,6 +75,16 @@ def test_mixed_policy_on_cpu_warns_once(monkeypatch, caplog):
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
     assert "slower than float32" in warnings[0].message
+
+
+def test_bfloat16_on_a_gpu_without_bfloat16_tensor_cores_warns(devices, caplog):
+    devices(Device("gpu", "T4", (7, 5)))
+    with caplog.at_level(logging.WARNING, logger="kmp"):
+        kmp.enable("mixed_bfloat16")
+        kmp.enable("mixed_float16")
+    assert [r.message[:50] for r in caplog.records] == [
+        "kmp: mixed_bfloat16 has no tensor cores here; mixe"
+    ]
 
 
 @pytest.mark.parametrize(
