@@ -8,7 +8,6 @@ The Keras backend is the usual `KERAS_BACKEND` environment variable.
 
 import argparse
 import json
-import os
 import sys
 
 POLICIES = ("mixed_float16", "mixed_bfloat16", "float32", "auto")
@@ -139,8 +138,6 @@ def _parser():
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
-    # Keep TensorFlow's C++ start-up chatter out of the report.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if args.command == "info":
         info(as_json=args.json)
     elif args.command == "demo":
