@@ -39,8 +39,9 @@ class LossScaleMonitor(keras.callbacks.Callback):
     training), it adds nothing, so the same training code works in every
     mode.
 
-    The per-step values are also kept in `self.history`, a dict of lists
-    (`"epoch"`, `"batch"`, `"loss_scale"`, `"skipped_steps"`), for plots.
+    The per-step values of the latest `fit` are also kept in
+    `self.history`, a dict of lists (`"epoch"`, `"batch"`, `"loss_scale"`,
+    `"skipped_steps"`), for plots.
 
     Example:
 
@@ -67,6 +68,10 @@ class LossScaleMonitor(keras.callbacks.Callback):
         backend.add_train_step_logs(
             model, lambda read: _scale_logs(model, read)
         )
+
+    def on_train_begin(self, logs=None):
+        # Like keras.callbacks.History: each fit starts a new record.
+        self._records = []
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch

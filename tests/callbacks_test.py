@@ -102,7 +102,8 @@ def test_monitor_retraces_an_already_compiled_train_function():
     )
     x, y = classification_data()
     model.fit(x, y, verbose=0)  # builds a train function without the monitor
-    history = model.fit(
-        x, y, verbose=0, callbacks=[kmp.callbacks.LossScaleMonitor()]
-    )
+    monitor = kmp.callbacks.LossScaleMonitor()
+    history = model.fit(x, y, verbose=0, callbacks=[monitor])
     assert history.history["loss_scale"] == [2.0**15]
+    model.fit(x, y, verbose=0, callbacks=[monitor])  # a new record per fit
+    assert len(monitor.history["loss_scale"]) == 8
