@@ -4,6 +4,8 @@ The whole public API is imported here, name by name.
 """
 
 from kmp import callbacks
+from kmp import layers
+from kmp.islands import pin_float32
 from kmp.loss_scale_optimizer import LossScaleOptimizer
 from kmp.loss_scale_optimizer import wrap
 from kmp.policy import Recommendation
@@ -21,6 +23,8 @@ __all__ = [
     "callbacks",
     "disable",
     "enable",
+    "layers",
+    "pin_float32",
     "policy_scope",
     "recommend_policy",
     "wrap",

@@ -7,6 +7,8 @@ PUBLIC = {
     "callbacks",
     "disable",
     "enable",
+    "layers",
+    "pin_float32",
     "policy_scope",
     "recommend_policy",
     "wrap",
@@ -20,13 +22,16 @@ def test_public_names_exist_and_match_all():
     assert kmp.callbacks.LossScaleMonitor is not None
 
 
-def test_loss_scale_optimizer_is_registered_for_serialization():
+def test_kmp_classes_are_registered_for_serialization():
     import keras
 
-    assert (
-        keras.saving.get_registered_object("kmp>LossScaleOptimizer")
-        is kmp.LossScaleOptimizer
-    )
+    for name, cls in [
+        ("LossScaleOptimizer", kmp.LossScaleOptimizer),
+        ("Float32Softmax", kmp.layers.Float32Softmax),
+        ("Float32Activation", kmp.layers.Float32Activation),
+        ("MultiHeadAttention", kmp.layers.MultiHeadAttention),
+    ]:
+        assert keras.saving.get_registered_object(f"kmp>{name}") is cls
 
 
 def test_ci_runs_the_readme_test_command_verbatim():
