@@ -5,6 +5,9 @@ The whole public API is imported here, name by name.
 
 from kmp import callbacks
 from kmp import layers
+from kmp.audit import AuditReport
+from kmp.audit import Finding
+from kmp.audit import audit
 from kmp.islands import pin_float32
 from kmp.loss_scale_optimizer import LossScaleOptimizer
 from kmp.loss_scale_optimizer import wrap
@@ -17,9 +20,12 @@ from kmp.policy import recommend_policy
 __version__ = "0.1.0"
 
 __all__ = [
+    "AuditReport",
+    "Finding",
     "LossScaleOptimizer",
     "Recommendation",
     "__version__",
+    "audit",
     "callbacks",
     "disable",
     "enable",

@@ -208,6 +208,17 @@ def add_train_step_logs(
     model.train_function = None
 
 
+def distribution_name() -> str | None:
+    """The active `tf.distribute` strategy or Keras distribution, if any."""
+    if name() == "tensorflow":
+        import tensorflow as tf
+
+        if tf.distribute.has_strategy():
+            return type(tf.distribute.get_strategy()).__name__
+    distribution = keras.distribution.distribution()
+    return None if distribution is None else type(distribution).__name__
+
+
 def disable_tf32() -> None:
     """Turns off TF32 matmuls, so float32 means float32 (for tests)."""
     if name() == "tensorflow":

@@ -2,12 +2,14 @@
 
     kmp info                 versions, devices, recommended policy and why
     kmp demo [--policy ...]  a short mixed-precision fit with loss-scale logs
+    kmp audit PATH.keras     mixed-precision hazards in a saved model
 
 The Keras backend is the usual `KERAS_BACKEND` environment variable.
 """
 
 import argparse
 import json
+import os
 import sys
 
 POLICIES = ("mixed_float16", "mixed_bfloat16", "float32", "auto")
@@ -100,6 +102,24 @@ def demo(args) -> dict:
     return result
 
 
+def audit(args) -> list:
+    """Loads a `.keras` model and prints `kmp.audit`'s findings."""
+    if not args.path.endswith(".keras") or not os.path.isfile(args.path):
+        raise SystemExit(
+            f"kmp audit: {args.path!r} is not a .keras file. Save the model "
+            "with model.save('model.keras') first."
+        )
+    import keras
+
+    import kmp
+
+    model = keras.saving.load_model(args.path, compile=True)
+    report = kmp.audit(model, verbose=not args.json)
+    if args.json:
+        print(report.to_json())
+    return report
+
+
 def _parser():
     parser = argparse.ArgumentParser(
         prog="kmp",
@@ -133,6 +153,16 @@ def _parser():
         "--initial_scale", type=_positive_float, default=2.0**15
     )
     demo_parser.add_argument("--seed", type=int, default=0)
+    audit_parser = commands.add_parser(
+        "audit",
+        help="mixed-precision hazards in a saved .keras model",
+        description="Loads a .keras model (with its compiled loss and "
+        "optimizer) and prints kmp.audit's findings.",
+    )
+    audit_parser.add_argument("path", help="a .keras file")
+    audit_parser.add_argument(
+        "--json", action="store_true", help="print the findings as JSON"
+    )
     return parser
 
 
@@ -142,6 +172,8 @@ def main(argv=None) -> int:
         info(as_json=args.json)
     elif args.command == "demo":
         demo(args)
+    elif args.command == "audit":
+        audit(args)
     return 0
 
 

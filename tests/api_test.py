@@ -1,6 +1,9 @@
 import kmp
 
 PUBLIC = {
+    "AuditReport",
+    "Finding",
+    "audit",
     "LossScaleOptimizer",
     "Recommendation",
     "__version__",

@@ -64,3 +64,29 @@ def test_bad_flags_get_one_clear_line_not_a_traceback(argv, phrase):
     assert result.returncode == 2
     assert phrase in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_audit_command_reads_a_saved_model(tmp_path, capsys):
+    import keras
+
+    import kmp
+
+    kmp.enable("mixed_float16")
+    model = keras.Sequential(
+        [keras.Input((8,)), keras.layers.Dense(8, activation="softmax")]
+    )
+    model.compile(optimizer="adam", loss="categorical_crossentropy")
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    cli.main(["audit", path, "--json"])
+    findings = json.loads(capsys.readouterr().out)
+    errors = [f["problem"] for f in findings if f["severity"] == "error"]
+    warnings = [f["problem"] for f in findings if f["severity"] == "warning"]
+    assert any("float16 softmax" in p for p in errors)
+    # compile() wrapped "adam" in Keras's stock scaler, saved with it.
+    assert any("stock keras LossScaleOptimizer" in p for p in warnings)
+
+
+def test_audit_command_rejects_a_path_that_is_not_a_keras_file(tmp_path):
+    with pytest.raises(SystemExit, match="is not a .keras file"):
+        cli.main(["audit", str(tmp_path / "missing.keras")])

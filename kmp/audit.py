@@ -1,0 +1,399 @@
+"""A preflight check for mixed-precision training: `kmp.audit(model)`.
+
+Each check looks for one way float16 or bfloat16 training silently goes
+wrong or slow, and says where and how to fix it. The checks read the
+model's layers, policies, compiled loss and optimizer, and the machine;
+they run nothing on the model.
+"""
+
+import dataclasses
+import json
+
+import keras
+
+from kmp import backend
+from kmp import layers as kmp_layers
+from kmp import policy as policy_lib
+from kmp.islands import _is_sensitive
+from kmp.islands import _output_layers
+from kmp.loss_scale_optimizer import LossScaleOptimizer
+
+SEVERITIES = ("error", "warning", "info")
+ENVIRONMENT = "environment"
+_HALF = ("float16", "bfloat16")
+# Tensor cores tile float16/bfloat16 matmuls in multiples of 8.
+_MULTIPLE = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One audit finding.
+
+    Attributes:
+        severity: `"error"` (results are wrong), `"warning"` (results or
+            speed are at risk) or `"info"`.
+        where: The layer's path, `"model"`, or `"environment"`.
+        problem: What is wrong.
+        fix: How to fix it.
+    """
+
+    severity: str
+    where: str
+    problem: str
+    fix: str
+
+
+class AuditReport(list):
+    """The findings of `kmp.audit`, most severe first."""
+
+    def to_json(self) -> str:
+        return json.dumps([dataclasses.asdict(f) for f in self], indent=2)
+
+    def show(self) -> None:
+        """Prints the findings as a table."""
+        if not self:
+            print("kmp.audit: no findings.")
+            return
+        width = min(max(len(f.where) for f in self), 40)
+        print(f"{'severity':<8}  {'where':<{width}}  problem / fix")
+        for f in self:
+            print(f"{f.severity:<8}  {f.where:<{width}}  {f.problem}")
+            print(f"{'':<8}  {'':<{width}}  fix: {f.fix}")
+
+
+def _path(layer):
+    return layer.path or layer.name
+
+
+def _half_layers(model):
+    """Layers computing in half precision, excluding inputs and the
+    softmax inside each MultiHeadAttention (reported with the attention)."""
+    layers = list(model._flatten_layers(include_self=False, recursive=True))
+    attention_softmaxes = {
+        id(getattr(layer, "_softmax", None))
+        for layer in layers
+        if isinstance(layer, keras.layers.MultiHeadAttention)
+    }
+    return [
+        layer
+        for layer in layers
+        if layer.compute_dtype in _HALF
+        and not isinstance(layer, keras.layers.InputLayer)
+        and id(layer) not in attention_softmaxes
+    ]
+
+
+def _padded(n):
+    return -(-n // _MULTIPLE) * _MULTIPLE
+
+
+def _check_outputs(model, findings):
+    outputs = _output_layers(model)
+    if outputs is None:
+        findings.append(
+            Finding(
+                "info",
+                "model",
+                "Subclassed model: Keras records no output layers, so their "
+                "dtype was not checked.",
+                "Give the final layer dtype='float32'.",
+            )
+        )
+        return
+    for layer in outputs:
+        if layer.compute_dtype == "float32":
+            continue
+        if _is_sensitive(layer):
+            findings.append(
+                Finding(
+                    "error",
+                    _path(layer),
+                    f"Model output is a {layer.compute_dtype} "
+                    f"{_kind(layer)}: the loss sees rounded probabilities "
+                    "and loses Keras's logits path (logits [0, -30] give a "
+                    "crossentropy of 16.1 instead of 30).",
+                    "kmp.pin_float32(model), or dtype='float32' on this layer.",
+                )
+            )
+        else:
+            findings.append(
+                Finding(
+                    "warning",
+                    _path(layer),
+                    f"Model output is {layer.compute_dtype}, not float32.",
+                    "kmp.pin_float32(model), or dtype='float32' on this layer.",
+                )
+            )
+
+
+def _kind(layer):
+    if isinstance(layer, keras.layers.Softmax):
+        return "softmax"
+    return layer.activation.__name__
+
+
+def _check_inner_softmaxes(model, findings):
+    outputs = {id(layer) for layer in _output_layers(model) or []}
+    for layer in _half_layers(model):
+        if id(layer) in outputs or isinstance(
+            layer,
+            (kmp_layers.Float32Softmax, kmp_layers.Float32Activation),
+        ):
+            continue
+        if type(layer) is keras.layers.MultiHeadAttention:
+            findings.append(
+                Finding(
+                    "warning",
+                    _path(layer),
+                    f"Attention softmax computes in {layer.compute_dtype} "
+                    "whenever Keras takes its unfused path (dropout > 0 or "
+                    "returned attention scores).",
+                    "kmp.pin_float32(model).",
+                )
+            )
+        elif _is_sensitive(layer) and isinstance(
+            layer, (keras.layers.Softmax, keras.layers.Activation)
+        ):
+            findings.append(
+                Finding(
+                    "warning",
+                    _path(layer),
+                    f"{_kind(layer).capitalize()} computes in "
+                    f"{layer.compute_dtype}.",
+                    "kmp.pin_float32(model).",
+                )
+            )
+
+
+def _check_scaling(model, optimizer, findings):
+    float16 = [
+        layer
+        for layer in _half_layers(model)
+        if layer.compute_dtype == "float16"
+    ]
+    scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    if optimizer is None:
+        findings.append(
+            Finding(
+                "info",
+                "model",
+                "No optimizer given and the model is not compiled: loss "
+                "scaling was not checked.",
+                "Pass optimizer= or compile the model first.",
+            )
+        )
+    elif float16 and not scaled:
+        findings.append(
+            Finding(
+                "error",
+                "model",
+                f"{len(float16)} layer(s), e.g. {_path(float16[0])!r}, "
+                "compute in float16 but the "
+                f"optimizer ({type(optimizer).__name__}) does not scale the "
+                "loss: small gradients underflow to zero.",
+                "compile with optimizer=kmp.wrap(optimizer) under "
+                "mixed_float16, or kmp.LossScaleOptimizer(optimizer).",
+            )
+        )
+    if scaled and not isinstance(optimizer, LossScaleOptimizer):
+        findings.append(
+            Finding(
+                "warning",
+                "model",
+                "The stock keras LossScaleOptimizer has no floor or cap on "
+                "its scale (it can reach 0 and write NaN into the weights) "
+                "and counts no skipped steps.",
+                "compile with optimizer=kmp.wrap(inner_optimizer).",
+            )
+        )
+    if scaled and not float16:
+        findings.append(
+            Finding(
+                "info",
+                "model",
+                "The optimizer scales the loss but no layer computes in "
+                "float16 (bfloat16 and float32 need no loss scaling).",
+                "Use kmp.wrap(optimizer), which scales only under float16.",
+            )
+        )
+
+
+def _dims(layer):
+    """(name, value) pairs of a layer's tensor-core-relevant sizes."""
+    if isinstance(layer, keras.layers.Dense):
+        dims = [("units", layer.units)]
+        if layer.built:
+            dims.append(("input features", layer.kernel.shape[0]))
+        return dims
+    if isinstance(layer, keras.layers.Embedding):
+        return [
+            ("input_dim", layer.input_dim),
+            ("output_dim", layer.output_dim),
+        ]
+    if isinstance(layer, keras.layers.MultiHeadAttention):
+        return [
+            ("key_dim", layer.key_dim),
+            ("value_dim", layer.value_dim),
+        ]
+    if hasattr(layer, "filters") and hasattr(layer, "kernel_size"):
+        dims = [("filters", layer.filters)] if layer.filters else []
+        if layer.built and hasattr(layer, "kernel"):
+            dims.append(("input channels", layer.kernel.shape[-2]))
+        return dims
+    return []
+
+
+def _check_tensor_core_dims(model, findings):
+    for layer in _half_layers(model):
+        for name, value in _dims(layer):
+            if (
+                value
+                and value % _MULTIPLE
+                and not (name == "input channels" and value <= 4)
+            ):
+                findings.append(
+                    Finding(
+                        "info",
+                        _path(layer),
+                        f"{name}={value} is not a multiple of {_MULTIPLE}: "
+                        "tensor cores pad or fall back for this "
+                        f"{layer.compute_dtype} op.",
+                        f"Use {_padded(value)}.",
+                    )
+                )
+
+
+def _check_loss(model, findings):
+    loss = getattr(model, "loss", None)
+    if loss is None:
+        return
+    names = []
+    for item in keras.tree.flatten(loss):
+        if isinstance(item, str):
+            names.append((item, False))
+        elif isinstance(item, keras.losses.Loss):
+            config = item.get_config()
+            names.append((item.name, config.get("from_logits", False)))
+    outputs = _output_layers(model) or []
+    sigmoid_half = [
+        layer
+        for layer in outputs
+        if layer.compute_dtype in _HALF
+        and getattr(getattr(layer, "activation", None), "__name__", "")
+        == "sigmoid"
+    ]
+    for name, from_logits in names:
+        if "binary_crossentropy" in name and not from_logits and sigmoid_half:
+            findings.append(
+                Finding(
+                    "error",
+                    _path(sigmoid_half[0]),
+                    "binary_crossentropy on float16 sigmoid probabilities: "
+                    "values near 0 and 1 round away and the loss is "
+                    "clipped.",
+                    "Output logits (no activation, dtype='float32') and use "
+                    "BinaryCrossentropy(from_logits=True).",
+                )
+            )
+
+
+def _check_environment(model, findings):
+    recommendation = policy_lib.recommend_policy()
+    if _half_layers(model) and recommendation.policy == "float32":
+        findings.append(
+            Finding(
+                "warning",
+                ENVIRONMENT,
+                "Mixed precision on hardware without half-precision "
+                f"matmul units. {recommendation.reason}",
+                "kmp.enable('auto') picks float32 here.",
+            )
+        )
+    tf32 = backend.tf32_enabled()
+    if tf32 is not None:
+        findings.append(
+            Finding(
+                "info",
+                ENVIRONMENT,
+                f"TF32 for float32 matmuls is {'on' if tf32 else 'off'}.",
+                "A float32 baseline on an Ampere+ GPU is TF32 when on.",
+            )
+        )
+    jit = getattr(model, "jit_compile", None)
+    if getattr(model, "compiled", False) and jit:
+        findings.append(
+            Finding("info", ENVIRONMENT, "XLA is on (jit_compile=True).", "-")
+        )
+    elif getattr(model, "compiled", False):
+        findings.append(
+            Finding(
+                "warning",
+                ENVIRONMENT,
+                "The model is compiled without XLA (jit_compile=False); "
+                "unfused casts make mixed precision slower.",
+                "model.compile(..., jit_compile=True).",
+            )
+        )
+    strategy = backend.distribution_name()
+    if strategy is not None:
+        findings.append(
+            Finding(
+                "info",
+                ENVIRONMENT,
+                f"A distribution is active: {strategy}.",
+                "Check that every replica uses kmp.wrap(...)'s optimizer.",
+            )
+        )
+
+
+def audit(model, optimizer=None, verbose: bool = True) -> AuditReport:
+    """Checks a model for mixed-precision hazards before training.
+
+    Reports, with the layer path and a fix:
+
+    - model outputs that are not float32, and float16 softmax or sigmoid
+      outputs (crossentropy then loses its logits path);
+    - softmaxes inside the model computing in half precision;
+    - float16 compute while the optimizer does not scale the loss; the
+      stock Keras scaler instead of kmp's; a scaler with nothing to scale;
+    - Dense, convolution, Embedding and MultiHeadAttention sizes that are
+      not multiples of 8 (tensor cores), with the padded size;
+    - `binary_crossentropy` on float16 sigmoid probabilities;
+    - the environment: hardware where mixed precision is not faster, TF32,
+      XLA and an active distribution.
+
+    Args:
+        model: A Keras model, built (recommended) or not.
+        optimizer: The optimizer to check; defaults to `model.optimizer`
+            for a compiled model.
+        verbose: Print the findings as a table.
+
+    Returns:
+        An `AuditReport`: a list of `Finding`s, errors first, with
+        `to_json()` and `show()`.
+
+    Example:
+
+    ```python
+    model = kmp.pin_float32(build_model())
+    model.compile(optimizer=kmp.wrap("adam"), loss="mse")
+    kmp.audit(model)
+    ```
+    """
+    if not isinstance(model, keras.layers.Layer):
+        raise ValueError(f"audit expects a Keras model, got {model!r}.")
+    if optimizer is None:
+        optimizer = getattr(model, "optimizer", None)
+    findings = []
+    _check_outputs(model, findings)
+    _check_inner_softmaxes(model, findings)
+    _check_scaling(model, optimizer, findings)
+    _check_tensor_core_dims(model, findings)
+    _check_loss(model, findings)
+    _check_environment(model, findings)
+    report = AuditReport(
+        sorted(findings, key=lambda f: SEVERITIES.index(f.severity))
+    )
+    if verbose:
+        report.show()
+    return report
