@@ -74,8 +74,8 @@ def choose_policy(devices: list[backend.Device]) -> Recommendation:
         return Recommendation(
             "float32",
             "No GPU or TPU found: a CPU has no float16/bfloat16 matmul "
-            "units, so mixed precision is no faster than float32 with XLA "
-            "and several times slower without it (see BENCHMARKS.md).",
+            "units, so mixed precision runs at about float32's speed with "
+            "XLA and several times slower without it (see BENCHMARKS.md).",
         )
     unknown = [d for d in gpus if d.compute_capability is None]
     if unknown:

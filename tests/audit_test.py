@@ -84,6 +84,18 @@ def test_inner_softmax_and_attention_in_float16_are_warnings():
     assert not _has(report, "mha|") and not _has(report, "inner|")
 
 
+def test_inner_fused_softmax_activation_is_a_warning():
+    kmp.enable("mixed_float16")
+    inputs = keras.Input((16,))
+    h = keras.layers.Dense(16, activation="softmax", name="gate")(inputs)
+    outputs = keras.layers.Dense(8, dtype="float32")(h)
+    model = _compiled(kmp.pin_float32(keras.Model(inputs, outputs)), loss="mse")
+    report = _audit(model)
+    assert _has(report, "gate|Fused softmax activation computes in float16")
+    kmp.pin_float32(model, also=["gate"])
+    assert not _has(_audit(model), "gate|")
+
+
 def test_float16_without_loss_scaling_is_an_error():
     kmp.enable("mixed_float16")
     model = _compiled(_mlp(out="float32"), optimizer="adam")
@@ -218,16 +230,25 @@ def test_clean_pinned_model_has_no_warning_naming_a_layer(monkeypatch):
     assert named == []
 
 
-def test_subclassed_model_outputs_are_reported_as_unchecked():
+def test_subclassed_model_output_dtype_is_checked_once_built():
+    kmp.enable("mixed_float16")
+
     class Net(keras.Model):
-        def __init__(self):
+        def __init__(self, out_dtype=None):
             super().__init__()
             self.dense = keras.layers.Dense(8)
+            self.softmax = keras.layers.Softmax(dtype=out_dtype)
 
         def call(self, x):
-            return self.dense(x)
+            return self.softmax(self.dense(x))
 
-    assert _has(_audit(Net()), "Subclassed model", "info")
+    net = Net()
+    assert _has(_audit(net), "not built with one input", "info")
+    net(np.ones((2, 8), "float32"))
+    assert _has(_audit(net), "model|Subclassed model's output is float16")
+    fixed = Net(out_dtype="float32")
+    fixed(np.ones((2, 8), "float32"))
+    assert not _has(_audit(fixed), "Subclassed model")
 
 
 def test_report_is_json_serialisable_and_printable(capsys):

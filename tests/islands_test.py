@@ -1,3 +1,5 @@
+from unittest import mock
+
 import keras
 import numpy as np
 import pytest
@@ -218,3 +220,106 @@ def test_bad_arguments(also, phrase):
         kmp.pin_float32(_functional(), also=also)
     with pytest.raises(ValueError, match="expects a Keras model"):
         kmp.pin_float32("model")
+
+
+def _transformer_block(dropout):
+    inputs = keras.Input((8, 16))
+    attention = keras.layers.MultiHeadAttention(
+        2, 8, dropout=dropout, name="attention"
+    )
+    h = keras.layers.LayerNormalization()(inputs + attention(inputs, inputs))
+    f = keras.layers.Dense(32, activation="relu", name="ffn_in")(h)
+    h = keras.layers.LayerNormalization()(
+        h + keras.layers.Dense(16, name="ffn_out")(f)
+    )
+    h = keras.layers.GlobalAveragePooling1D()(h)
+    outputs = keras.layers.Dense(2, activation="softmax", name="head")(h)
+    return keras.Model(inputs, outputs)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_transformer_block_softmax_in_float32_matmuls_in_float16(dropout):
+    kmp.enable("mixed_float16")
+    model = kmp.pin_float32(_transformer_block(dropout))
+    seen = {"softmax": [], "einsum": [], "dense": []}
+    originals = {
+        "softmax": keras.layers.Softmax.call,
+        "einsum": keras.layers.EinsumDense.call,
+        "dense": keras.layers.Dense.call,
+    }
+
+    def spy(kind):
+        def call(self, inputs, *args, **kwargs):
+            seen[kind].append((self.name, _dtype(inputs)))
+            return originals[kind](self, inputs, *args, **kwargs)
+
+        return call
+
+    x = np.random.default_rng(0).normal(size=(2, 8, 16)).astype("float32")
+    with (
+        mock.patch.object(keras.layers.Softmax, "call", spy("softmax")),
+        mock.patch.object(keras.layers.EinsumDense, "call", spy("einsum")),
+        mock.patch.object(keras.layers.Dense, "call", spy("dense")),
+    ):
+        y = model(x, training=True)
+    assert _dtype(y) == "float32"
+    # Query/key/value/output projections and the FFN run in float16...
+    assert {d for _, d in seen["einsum"]} == {"float16"}
+    assert dict(seen["dense"]) == {
+        "ffn_in": "float16",
+        "ffn_out": "float16",
+        "head": "float32",
+    }
+    # ...and the attention softmax, where Keras's unfused path runs it
+    # (dropout > 0), gets float32 scores. Without dropout Keras uses its
+    # fused dot_product_attention, which computes softmax in float32 itself.
+    assert [d for _, d in seen["softmax"]] == (["float32"] if dropout else [])
+
+
+LAYER_KINDS = {
+    "softmax_layer": (lambda: keras.layers.Softmax(), "float16"),
+    "activation_softmax": (
+        lambda: keras.layers.Activation("softmax"),
+        "float16",
+    ),
+    "activation_sigmoid": (
+        lambda: keras.layers.Activation("sigmoid"),
+        "float16",
+    ),
+    "activation_log_softmax": (
+        lambda: keras.layers.Activation("log_softmax"),
+        "float16",
+    ),
+    "activation_relu": (lambda: keras.layers.Activation("relu"), "float16"),
+    "dense_softmax": (
+        lambda: keras.layers.Dense(8, activation="softmax"),
+        "float16",
+    ),
+    "layer_norm": (lambda: keras.layers.LayerNormalization(), "float16"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(LAYER_KINDS))
+@pytest.mark.parametrize("position", ["inner", "output"])
+def test_precision_of_every_layer_kind_kmp_touches(kind, position):
+    """In the spirit of Keras's run_mixed_precision_check: a pinned layer's
+    output is its compute dtype inside the model and float32 at the
+    output; its float weights stay float32."""
+    kmp.enable("mixed_float16")
+    make, inner_dtype = LAYER_KINDS[kind]
+    layer = make()
+    inputs = keras.Input((8,))
+    h = keras.layers.Dense(8)(inputs)
+    h = layer(h)
+    if position == "inner":
+        h = keras.layers.Dense(8, dtype="float32", name="reader")(h)
+    model = kmp.pin_float32(keras.Model(inputs, h))
+    x = np.ones((2, 8), "float32")
+    if position == "inner":
+        probe = keras.Model(inputs, model.get_layer(layer.name).output)
+        assert _dtype(probe(x)) == inner_dtype
+    else:
+        assert layer.dtype_policy.name == "float32"
+        assert _dtype(model(x)) == "float32"
+    for weight in model.weights:
+        assert weight.dtype == "float32"

@@ -1,0 +1,94 @@
+"""What every kmp benchmark shares: interleaved timing, ratio statistics,
+and a JSON result that names the hardware, versions and command.
+
+Variants are timed in one process, one after another within a round, with
+their order rotated every round, so that the shared machine's noise falls
+on all of them alike; ratios are taken within a round.
+"""
+
+import json
+import os
+import statistics
+import sys
+import time
+
+from kmp import backend
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def time_interleaved(runs, rounds, unit=None):
+    """Times `runs[name]()` for each name, `rounds` times, interleaved.
+
+    Args:
+        runs: Dict of name -> zero-argument callable (one epoch, say).
+        rounds: Number of rounds.
+        unit: Optional `(count, label)`; progress lines then show
+            `count / seconds` in `label` instead of seconds.
+
+    Returns:
+        Dict of name -> list of seconds, one per round.
+    """
+    names = list(runs)
+    seconds = {name: [] for name in names}
+    for r in range(rounds):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            start = time.perf_counter()
+            runs[name]()
+            seconds[name].append(time.perf_counter() - start)
+        if unit is None:
+            shown = (f"{n} {seconds[n][-1]:.3f}s" for n in names)
+        else:
+            count, label = unit
+            shown = (f"{n} {count / seconds[n][-1]:.0f} {label}" for n in names)
+        print(f"round {r + 1}/{rounds}: " + ", ".join(shown), flush=True)
+    return seconds
+
+
+def ratio_stats(seconds, a, b):
+    """Statistics of the time ratio a/b over rounds.
+
+    Returns:
+        Dict with the median and quartiles of the per-round ratios, and
+        the ratio of each variant's fastest round (noise on a shared
+        machine only adds time, so that is the least disturbed pair).
+    """
+    per_round = [x / y for x, y in zip(seconds[a], seconds[b])]
+    q1, median, q3 = statistics.quantiles(per_round, n=4, method="inclusive")
+    return {
+        "median": median,
+        "q1": q1,
+        "q3": q3,
+        "fastest": min(seconds[a]) / min(seconds[b]),
+    }
+
+
+def ratio_table(stats):
+    """Markdown table of `{name: ratio_stats(...)}`."""
+    lines = [
+        "| ratio of times | median of per-round ratios | 25th-75th "
+        "percentile | ratio of fastest rounds |",
+        "|---|---|---|---|",
+    ]
+    for name, s in stats.items():
+        lines.append(
+            f"| {name} | {s['median']:.3f} | {s['q1']:.3f}-{s['q3']:.3f} "
+            f"| {s['fastest']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def write_result(result, filename, out=None):
+    """Writes `result` plus the command, hardware and versions as JSON."""
+    path = out or os.path.join(RESULTS, filename)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    record = {
+        "command": "python " + " ".join(sys.argv),
+        **backend.environment(),
+        **result,
+    }
+    with open(path, "w") as f:
+        json.dump(record, f, indent=2)
+    print(f"wrote {path}")
+    return path
