@@ -286,7 +286,10 @@ def _dims(layer):
     if hasattr(layer, "filters") and hasattr(layer, "kernel_size"):
         dims = [("filters", layer.filters)] if layer.filters else []
         if layer.built and hasattr(layer, "kernel"):
-            dims.append(("input channels", layer.kernel.shape[-2]))
+            # Transposed convolutions store (..., filters, in_channels).
+            transposed = "Transpose" in type(layer).__name__
+            in_axis = -1 if transposed else -2
+            dims.append(("input channels", layer.kernel.shape[in_axis]))
         return dims
     return []
 

@@ -158,6 +158,18 @@ def test_sizes_that_miss_tensor_cores_get_the_padded_size(make, phrase):
             assert any(f.fix == fix for f in report)
 
 
+def test_transposed_convolution_input_channels_are_read_from_its_kernel():
+    kmp.enable("mixed_float16")
+    inputs = keras.Input((8, 12))
+    h = keras.layers.Conv1DTranspose(16, 3)(inputs)
+    model = keras.Model(
+        inputs, keras.layers.Activation("linear", dtype="float32")(h)
+    )
+    report = _audit(model, optimizer=kmp.wrap("adam"))
+    assert _has(report, "input channels=12", "info")
+    assert not _has(report, "filters=16")
+
+
 def test_multi_head_attention_key_dim():
     kmp.enable("mixed_float16")
     inputs = keras.Input((8, 16))

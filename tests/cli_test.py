@@ -76,6 +76,7 @@ def test_audit_command_reads_a_saved_model(tmp_path, capsys):
         [keras.Input((8,)), keras.layers.Dense(8, activation="softmax")]
     )
     model.compile(optimizer="adam", loss="categorical_crossentropy")
+    model.optimizer.build(model.trainable_variables)  # saved with its state
     path = str(tmp_path / "model.keras")
     model.save(path)
     cli.main(["audit", path, "--json"])
