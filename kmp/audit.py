@@ -92,6 +92,21 @@ def _check_outputs(model, findings):
     if outputs is None:
         _check_subclassed_outputs(model, findings)
         return
+    for tensor in keras.tree.flatten(getattr(model, "outputs", None) or []):
+        operation = tensor._keras_history.operation
+        dtype = keras.backend.standardize_dtype(tensor.dtype)
+        if not isinstance(operation, keras.layers.Layer) and dtype in _HALF:
+            findings.append(
+                Finding(
+                    "warning",
+                    "model",
+                    f"A model output comes from the op {operation.name!r}, "
+                    f"not a layer, and is {dtype}; kmp.pin_float32 cannot "
+                    "pin an op.",
+                    "Produce the output with a layer (e.g. "
+                    "keras.layers.Activation('softmax', dtype='float32')).",
+                )
+            )
     for layer in outputs:
         if layer.compute_dtype == "float32":
             continue

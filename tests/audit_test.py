@@ -67,6 +67,19 @@ def test_non_float32_output_is_a_warning():
     assert not _has(_audit(fixed), "Model output")
 
 
+def test_output_from_a_bare_op_is_a_warning():
+    kmp.enable("mixed_float16")
+    inputs = keras.Input((16,))
+    outputs = keras.ops.softmax(keras.layers.Dense(8)(inputs))
+    model = kmp.pin_float32(keras.Model(inputs, outputs))
+    assert _has(_audit(model), "comes from the op", "warning")
+    fixed = keras.Model(
+        inputs,
+        keras.layers.Activation("softmax")(keras.layers.Dense(8)(inputs)),
+    )
+    assert not _has(_audit(kmp.pin_float32(fixed)), "comes from the op")
+
+
 def test_inner_softmax_and_attention_in_float16_are_warnings():
     kmp.enable("mixed_float16")
     inputs = keras.Input((8, 16))
