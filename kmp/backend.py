@@ -219,6 +219,32 @@ def distribution_name() -> str | None:
     return None if distribution is None else type(distribution).__name__
 
 
+def all_replicas_agree(flag):
+    """The AND of a boolean scalar over every replica on every worker.
+
+    Under `tf.distribute`, each replica holds its own local gradients, so a
+    local finiteness check can differ between replicas; this all-reduces
+    it. On JAX the gradients are global arrays, so `flag` already covers
+    every device.
+    """
+    if name() != "tensorflow":
+        return flag
+    import tensorflow as tf
+
+    if not tf.distribute.has_strategy() or (
+        tf.distribute.in_cross_replica_context()
+    ):
+        return flag
+    context = tf.distribute.get_replica_context()
+    if context.num_replicas_in_sync == 1:
+        return flag
+    # ReduceOp has no MIN: count the replicas that disagree.
+    dissent = context.all_reduce(
+        tf.distribute.ReduceOp.SUM, tf.cast(tf.logical_not(flag), tf.float32)
+    )
+    return tf.equal(dissent, 0.0)
+
+
 def disable_tf32() -> None:
     """Turns off TF32 matmuls, so float32 means float32 (for tests)."""
     if name() == "tensorflow":

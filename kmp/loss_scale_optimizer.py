@@ -331,6 +331,12 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             scope.get_current_value(v) for v in self.variables
         ]
 
+    def check_finite(self, grads):
+        # Keras checks each replica's local gradients and, on the merge_call
+        # path, uses replica 0's answer: a step that overflows on another
+        # replica alone would be applied. Agree across all replicas.
+        return backend.all_replicas_agree(super().check_finite(grads))
+
     def _common_apply(self, grads, trainable_variables=None):
         if not backend.is_stateless():
             return super()._common_apply(grads, trainable_variables)

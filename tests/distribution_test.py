@@ -1,0 +1,60 @@
+"""kmp's loss scaler under tf.distribute.MirroredStrategy (2 logical CPUs).
+
+Each scenario runs in a subprocess (tests/replicas.py), since logical
+devices must be configured before TensorFlow initialises.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+from util import tf_only
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "replicas.py")
+
+
+def _run(*args):
+    result = subprocess.run(
+        [sys.executable, SCRIPT, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, KERAS_BACKEND="tensorflow"),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = [x for x in result.stdout.splitlines() if x.startswith("RESULT ")]
+    return json.loads(line[-1][len("RESULT ") :])
+
+
+@tf_only
+@pytest.mark.parametrize("bad_replica", [0, 1])
+def test_one_replica_overflowing_makes_every_replica_skip(bad_replica):
+    out = _run("one_inf", "kmp", bad_replica)
+    assert out["weights"] == [[1.0, 1.0], [1.0, 1.0]]
+    assert out["scale"] == [2.0, 2.0]
+    assert out["skipped"] == [1, 1]
+
+
+@tf_only
+def test_stock_keras_applies_a_step_only_replica_one_overflowed():
+    # The defect kmp fixes: Keras takes `finite` from replica 0's local
+    # gradients, so replica 1's inf reaches the weights.
+    out = _run("one_inf", "stock", 1)
+    assert math.isinf(out["weights"][0][0])
+    assert out["scale"] == [4.0, 4.0]
+
+
+@tf_only
+def test_fit_keeps_replicas_identical_and_learns():
+    out = _run("fit")
+    loss = out["history"]["loss"]
+    assert loss[-1] < loss[0]
+    skipped = out["skipped"]
+    assert skipped[0] == skipped[1] > 0
+    assert out["history"]["skipped_steps"][-1] == skipped[0]
+    assert out["scale"][0] == out["scale"][1]
+    for replicas in out["weights"]:
+        assert replicas[0] == replicas[1]

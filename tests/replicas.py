@@ -1,0 +1,119 @@
+"""Runs one multi-replica scenario on 2 logical CPUs and prints JSON.
+
+    python tests/replicas.py one_inf kmp|stock BAD_REPLICA
+    python tests/replicas.py fit
+
+A helper for tests/distribution_test.py: logical devices must be set
+before TensorFlow initialises, so each scenario runs in its own process.
+"""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import tensorflow as tf  # noqa: E402
+
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(
+    cpu, [tf.config.LogicalDeviceConfiguration()] * 2
+)
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import kmp  # noqa: E402
+
+STRATEGY = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+
+def per_replica(variable):
+    return [
+        np.asarray(v).tolist()
+        for v in STRATEGY.experimental_local_results(variable.value)
+    ]
+
+
+def one_inf(kind, bad_replica):
+    """Replica `bad_replica` sees an inf gradient; the other a finite one."""
+    with STRATEGY.scope():
+        v = keras.Variable([1.0, 1.0])
+        inner = keras.optimizers.SGD(1.0)
+        cls = {
+            "kmp": kmp.LossScaleOptimizer,
+            "stock": keras.optimizers.LossScaleOptimizer,
+        }[kind]
+        optimizer = cls(inner, initial_scale=4)
+        optimizer.build([v])
+
+    @tf.function
+    def step():
+        def replica_fn():
+            context = tf.distribute.get_replica_context()
+            bad = tf.equal(context.replica_id_in_sync_group, bad_replica)
+            grad = tf.where(bad, [np.inf, 4.0], [4.0, 4.0])
+            optimizer.apply([grad], [v])
+
+        STRATEGY.run(replica_fn)
+
+    step()
+    result = {
+        "weights": per_replica(v),
+        "scale": per_replica(optimizer.dynamic_scale),
+    }
+    if kind == "kmp":
+        result["skipped"] = per_replica(optimizer.skipped_steps)
+    return result
+
+
+def fit():
+    kmp.enable("mixed_float16")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 8)).astype("float32")
+    y = (x[:, 0] > 0).astype("int32")
+    with STRATEGY.scope():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential(
+            [
+                keras.Input((8,)),
+                keras.layers.Dense(16, activation="relu"),
+                keras.layers.Dense(2),
+                keras.layers.Activation("softmax", dtype="float32"),
+            ]
+        )
+        # 2**30 overflows float16 at first: some steps are skipped.
+        optimizer = kmp.wrap(
+            keras.optimizers.Adam(1e-2),
+            initial_scale=2.0**30,
+            max_scale=2.0**30,
+        )
+        model.compile(
+            optimizer=optimizer, loss="sparse_categorical_crossentropy"
+        )
+    history = model.fit(
+        x,
+        y,
+        batch_size=32,
+        epochs=3,
+        verbose=0,
+        callbacks=[kmp.callbacks.LossScaleMonitor()],
+    )
+    return {
+        "history": history.history,
+        "scale": per_replica(optimizer.dynamic_scale),
+        "skipped": per_replica(optimizer.skipped_steps),
+        "weights": [per_replica(w) for w in model.weights],
+    }
+
+
+if __name__ == "__main__":
+    scenario = sys.argv[1]
+    if scenario == "one_inf":
+        out = one_inf(sys.argv[2], int(sys.argv[3]))
+    elif scenario == "fit":
+        out = fit()
+    else:
+        raise SystemExit(f"unknown scenario {scenario!r}")
+    print("RESULT " + json.dumps(out))
