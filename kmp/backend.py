@@ -245,6 +245,33 @@ def all_replicas_agree(flag):
     return tf.equal(dissent, 0.0)
 
 
+def sum_over_replicas(grads):
+    """All-reduces (sums) gradients over `tf.distribute` replicas.
+
+    Returns:
+        `(grads, replicas)`: the summed gradients and the number of
+        replicas in sync; the gradients unchanged and 1 outside a
+        multi-replica `tf.distribute` replica context (and on JAX, whose
+        gradients are already global).
+    """
+    grads = list(grads)
+    if name() != "tensorflow":
+        return grads, 1
+    import tensorflow as tf
+
+    if not tf.distribute.has_strategy() or (
+        tf.distribute.in_cross_replica_context()
+    ):
+        return grads, 1
+    context = tf.distribute.get_replica_context()
+    replicas = context.num_replicas_in_sync
+    if replicas == 1:
+        return grads, 1
+    present = [g for g in grads if g is not None]
+    summed = iter(context.all_reduce(tf.distribute.ReduceOp.SUM, present))
+    return [None if g is None else next(summed) for g in grads], replicas
+
+
 def disable_tf32() -> None:
     """Turns off TF32 matmuls, so float32 means float32 (for tests)."""
     if name() == "tensorflow":

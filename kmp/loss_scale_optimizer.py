@@ -299,11 +299,41 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         tvs = trainable_variables or self._trainable_variables
         # Unscale with the scale in force when the loss was scaled, i.e.
         # before this step's update.
-        unscaled = self._unscale(grads, tvs)
+        unscaled = self._clip_aggregate(self._unscale(grads, tvs), tvs)
         self.inner_optimizer.apply(
             unscaled, trainable_variables=trainable_variables
         )
         self._update_scale_state(finite=True)
+
+    def _clip_aggregate(self, grads, trainable_variables):
+        """Makes the inner optimizer's clipping act on the replicas' sum.
+
+        Keras clips each replica's gradients before summing them (tf-keras
+        clipped the sum). When the inner optimizer clips and there are
+        several replicas, sum here, clip the sum with the inner
+        optimizer's own rule, and hand each replica 1/N of it: the inner
+        clip then leaves it unchanged (norms only shrink) and the inner
+        all-reduce adds the N equal shares back to the clipped sum. This
+        costs a second all-reduce, and only when clipping is set.
+        """
+        inner = self.inner_optimizer
+        clips = inner.clipnorm or inner.global_clipnorm or inner.clipvalue
+        overwrite = getattr(
+            self, "_overwrite_variable_with_gradient", lambda v: False
+        )
+        if (
+            not clips
+            or inner.gradient_accumulation_steps
+            or any(overwrite(v) for v in trainable_variables)
+        ):
+            return grads
+        summed, replicas = backend.sum_over_replicas(grads)
+        if replicas == 1:
+            return grads
+        return [
+            None if g is None else ops.divide(g, replicas)
+            for g in inner._clip_gradients(summed)
+        ]
 
     def _stateful_handle_non_finite_grads(self):
         self._update_scale_state(finite=False)

@@ -48,6 +48,18 @@ def test_stock_keras_applies_a_step_only_replica_one_overflowed():
 
 
 @tf_only
+def test_inner_clipping_acts_on_the_aggregated_gradient():
+    # Replica gradients [3, 0] and [0, 4] sum to [3, 4], norm 5; clipped to
+    # norm 1 that is [0.6, 0.8]. Stock Keras clips each replica first:
+    # [1, 0] + [0, 1] = [1, 1].
+    out = _run("clip", "kmp")
+    for weights in out["weights"]:
+        assert weights == pytest.approx([-0.6, -0.8], abs=1e-6)
+    stock = _run("clip", "stock")
+    assert stock["weights"][0] == pytest.approx([-1.0, -1.0], abs=1e-6)
+
+
+@tf_only
 def test_fit_keeps_replicas_identical_and_learns():
     out = _run("fit")
     loss = out["history"]["loss"]

@@ -1,6 +1,7 @@
 """Runs one multi-replica scenario on 2 logical CPUs and prints JSON.
 
     python tests/replicas.py one_inf kmp|stock BAD_REPLICA
+    python tests/replicas.py clip kmp|stock
     python tests/replicas.py fit
 
 A helper for tests/distribution_test.py: logical devices must be set
@@ -68,6 +69,32 @@ def one_inf(kind, bad_replica):
     return result
 
 
+def clip(kind):
+    """Replica gradients [3, 0] and [0, 4] under global_clipnorm=1."""
+    with STRATEGY.scope():
+        v = keras.Variable([0.0, 0.0])
+        inner = keras.optimizers.SGD(1.0, global_clipnorm=1.0)
+        cls = {
+            "kmp": kmp.LossScaleOptimizer,
+            "stock": keras.optimizers.LossScaleOptimizer,
+        }[kind]
+        optimizer = cls(inner, initial_scale=2)
+        optimizer.build([v])
+
+    @tf.function
+    def step():
+        def replica_fn():
+            context = tf.distribute.get_replica_context()
+            first = tf.equal(context.replica_id_in_sync_group, 0)
+            grad = tf.where(first, [6.0, 0.0], [0.0, 8.0])  # scaled by 2
+            optimizer.apply([grad], [v])
+
+        STRATEGY.run(replica_fn)
+
+    step()
+    return {"weights": per_replica(v)}
+
+
 def fit():
     kmp.enable("mixed_float16")
     rng = np.random.default_rng(0)
@@ -112,6 +139,8 @@ if __name__ == "__main__":
     scenario = sys.argv[1]
     if scenario == "one_inf":
         out = one_inf(sys.argv[2], int(sys.argv[3]))
+    elif scenario == "clip":
+        out = clip(sys.argv[2])
     elif scenario == "fit":
         out = fit()
     else:
