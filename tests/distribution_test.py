@@ -1,7 +1,9 @@
-"""kmp's loss scaler under tf.distribute.MirroredStrategy (2 logical CPUs).
+"""kmp's loss scaler with several replicas: tf.distribute.MirroredStrategy
+on 2 logical CPUs, and keras.distribution.DataParallel on 2 JAX host CPUs.
 
-Each scenario runs in a subprocess (tests/replicas.py), since logical
-devices must be configured before TensorFlow initialises.
+Each scenario runs in a subprocess (tests/replicas.py,
+tests/jax_data_parallel.py), since devices must be configured before the
+framework initialises.
 """
 
 import json
@@ -11,18 +13,19 @@ import subprocess
 import sys
 
 import pytest
+from util import jax_only
 from util import tf_only
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "replicas.py")
+HERE = os.path.dirname(__file__)
 
 
-def _run(*args):
+def _run(*args, script="replicas.py", backend="tensorflow"):
     result = subprocess.run(
-        [sys.executable, SCRIPT, *map(str, args)],
+        [sys.executable, os.path.join(HERE, script), *map(str, args)],
         capture_output=True,
         text=True,
         timeout=300,
-        env=dict(os.environ, KERAS_BACKEND="tensorflow"),
+        env=dict(os.environ, KERAS_BACKEND=backend),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     line = [x for x in result.stdout.splitlines() if x.startswith("RESULT ")]
@@ -70,3 +73,17 @@ def test_fit_keeps_replicas_identical_and_learns():
     assert out["scale"][0] == out["scale"][1]
     for replicas in out["weights"]:
         assert replicas[0] == replicas[1]
+
+
+@jax_only
+def test_jax_data_parallel_skips_when_one_device_overflows():
+    out = _run(script="jax_data_parallel.py", backend="jax")
+    assert out["devices"] == 2
+    assert out["after_bad"] == {
+        "weights_unchanged": True,
+        "scale": 512.0,
+        "skipped": 1,
+    }
+    assert out["loss"][-1] < out["loss"][0]
+    assert out["skipped"] == 1
+    assert out["replicas_agree"]
