@@ -16,6 +16,8 @@ os.environ["KERAS_BACKEND"] = "jax"
 import jax  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from util import classification_data  # noqa: E402
+from util import mlp  # noqa: E402
 
 import kmp  # noqa: E402
 
@@ -32,20 +34,10 @@ def main():
         keras.distribution.DataParallel(devices=jax.devices())
     )
     kmp.enable("mixed_float16")
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential(
-        [
-            keras.Input((8,)),
-            keras.layers.Dense(16, activation="relu"),
-            keras.layers.Dense(2),
-            keras.layers.Activation("softmax", dtype="float32"),
-        ]
-    )
+    model = mlp()
     optimizer = kmp.wrap(keras.optimizers.SGD(0.1), initial_scale=2.0**10)
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(64, 8)).astype("float32")
-    y = (x[:, 0] > 0).astype("int32")
+    x, y = classification_data()
 
     # One batch of 8: rows 4-7 land on device 1 and exceed float16's range
     # (65504), so only that device's gradient contribution is non-finite.

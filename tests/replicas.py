@@ -24,6 +24,8 @@ tf.config.set_logical_device_configuration(
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from util import classification_data  # noqa: E402
+from util import mlp  # noqa: E402
 
 import kmp  # noqa: E402
 
@@ -37,17 +39,22 @@ def per_replica(variable):
     ]
 
 
+def _scaler(kind, initial, inner, initial_scale):
+    """A variable and a built `kind` ("kmp" or "stock") scaler, mirrored."""
+    cls = {
+        "kmp": kmp.LossScaleOptimizer,
+        "stock": keras.optimizers.LossScaleOptimizer,
+    }[kind]
+    with STRATEGY.scope():
+        v = keras.Variable(initial)
+        optimizer = cls(inner, initial_scale=initial_scale)
+        optimizer.build([v])
+    return v, optimizer
+
+
 def one_inf(kind, bad_replica):
     """Replica `bad_replica` sees an inf gradient; the other a finite one."""
-    with STRATEGY.scope():
-        v = keras.Variable([1.0, 1.0])
-        inner = keras.optimizers.SGD(1.0)
-        cls = {
-            "kmp": kmp.LossScaleOptimizer,
-            "stock": keras.optimizers.LossScaleOptimizer,
-        }[kind]
-        optimizer = cls(inner, initial_scale=4)
-        optimizer.build([v])
+    v, optimizer = _scaler(kind, [1.0, 1.0], keras.optimizers.SGD(1.0), 4)
 
     @tf.function
     def step():
@@ -72,14 +79,8 @@ def one_inf(kind, bad_replica):
 def clip(kind):
     """Replica gradients [3, 0] and [0, 4] under global_clipnorm=1."""
     with STRATEGY.scope():
-        v = keras.Variable([0.0, 0.0])
         inner = keras.optimizers.SGD(1.0, global_clipnorm=1.0)
-        cls = {
-            "kmp": kmp.LossScaleOptimizer,
-            "stock": keras.optimizers.LossScaleOptimizer,
-        }[kind]
-        optimizer = cls(inner, initial_scale=2)
-        optimizer.build([v])
+    v, optimizer = _scaler(kind, [0.0, 0.0], inner, 2)
 
     @tf.function
     def step():
@@ -97,19 +98,9 @@ def clip(kind):
 
 def fit():
     kmp.enable("mixed_float16")
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(256, 8)).astype("float32")
-    y = (x[:, 0] > 0).astype("int32")
+    x, y = classification_data()
     with STRATEGY.scope():
-        keras.utils.set_random_seed(0)
-        model = keras.Sequential(
-            [
-                keras.Input((8,)),
-                keras.layers.Dense(16, activation="relu"),
-                keras.layers.Dense(2),
-                keras.layers.Activation("softmax", dtype="float32"),
-            ]
-        )
+        model = mlp()
         # 2**30 overflows float16 at first: some steps are skipped.
         optimizer = kmp.wrap(
             keras.optimizers.Adam(1e-2),
