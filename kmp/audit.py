@@ -14,8 +14,10 @@ import keras
 from kmp import backend
 from kmp import layers as kmp_layers
 from kmp import policy as policy_lib
-from kmp.islands import _is_sensitive
-from kmp.islands import _output_layers
+from kmp.islands import activation_name
+from kmp.islands import all_layers
+from kmp.islands import is_sensitive
+from kmp.islands import output_layers
 from kmp.loss_scale_optimizer import LossScaleOptimizer
 
 SEVERITIES = ("error", "warning", "info")
@@ -68,7 +70,7 @@ def _path(layer):
 def _half_layers(model):
     """Layers computing in half precision, excluding inputs and the
     softmax inside each MultiHeadAttention (reported with the attention)."""
-    layers = list(model._flatten_layers(include_self=False, recursive=True))
+    layers = [layer for layer in all_layers(model) if layer is not model]
     attention_softmaxes = {
         id(getattr(layer, "_softmax", None))
         for layer in layers
@@ -87,8 +89,7 @@ def _padded(n):
     return -(-n // _MULTIPLE) * _MULTIPLE
 
 
-def _check_outputs(model, findings):
-    outputs = _output_layers(model)
+def _check_outputs(model, outputs, findings):
     if outputs is None:
         _check_subclassed_outputs(model, findings)
         return
@@ -110,15 +111,15 @@ def _check_outputs(model, findings):
     for layer in outputs:
         if layer.compute_dtype == "float32":
             continue
-        if _is_sensitive(layer):
+        if is_sensitive(layer):
             findings.append(
                 Finding(
                     "error",
                     _path(layer),
                     f"Model output is a {layer.compute_dtype} "
-                    f"{_kind(layer)}: the loss sees rounded probabilities "
-                    "and loses Keras's logits path (logits [0, -30] give a "
-                    "crossentropy of 16.1 instead of 30).",
+                    f"{activation_name(layer)}: the loss sees rounded "
+                    "probabilities and loses Keras's logits path (logits "
+                    "[0, -30] give a crossentropy of 16.1 instead of 30).",
                     "kmp.pin_float32(model), or dtype='float32' on this layer.",
                 )
             )
@@ -177,16 +178,10 @@ def _check_subclassed_outputs(model, findings):
         )
 
 
-def _kind(layer):
-    if isinstance(layer, keras.layers.Softmax):
-        return "softmax"
-    return layer.activation.__name__
-
-
-def _check_inner_softmaxes(model, findings):
-    outputs = {id(layer) for layer in _output_layers(model) or []}
-    for layer in _half_layers(model):
-        if id(layer) in outputs or isinstance(
+def _check_inner_softmaxes(half, outputs, findings):
+    output_ids = {id(layer) for layer in outputs or []}
+    for layer in half:
+        if id(layer) in output_ids or isinstance(
             layer,
             (kmp_layers.Float32Softmax, kmp_layers.Float32Activation),
         ):
@@ -202,38 +197,35 @@ def _check_inner_softmaxes(model, findings):
                     "kmp.pin_float32(model).",
                 )
             )
-        elif _is_sensitive(layer) and isinstance(
+        elif is_sensitive(layer) and isinstance(
             layer, (keras.layers.Softmax, keras.layers.Activation)
         ):
             findings.append(
                 Finding(
                     "warning",
                     _path(layer),
-                    f"{_kind(layer).capitalize()} computes in "
+                    f"{activation_name(layer).capitalize()} computes in "
                     f"{layer.compute_dtype}.",
                     "kmp.pin_float32(model).",
                 )
             )
-        elif _is_sensitive(layer):
+        elif is_sensitive(layer):
             findings.append(
                 Finding(
                     "warning",
                     _path(layer),
-                    f"Fused {_kind(layer)} activation computes in "
+                    f"Fused {activation_name(layer)} activation computes in "
                     f"{layer.compute_dtype} (kmp.pin_float32 pins separate "
                     "activation layers only).",
-                    f"Split it into keras.layers.Activation('{_kind(layer)}'"
-                    f"), or kmp.pin_float32(model, also=['{_path(layer)}']).",
+                    "Split it into keras.layers.Activation("
+                    f"'{activation_name(layer)}'), or "
+                    f"kmp.pin_float32(model, also=['{_path(layer)}']).",
                 )
             )
 
 
-def _check_scaling(model, optimizer, findings):
-    float16 = [
-        layer
-        for layer in _half_layers(model)
-        if layer.compute_dtype == "float16"
-    ]
+def _check_scaling(half, optimizer, findings):
+    float16 = [layer for layer in half if layer.compute_dtype == "float16"]
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     if optimizer is None:
         findings.append(
@@ -309,8 +301,8 @@ def _dims(layer):
     return []
 
 
-def _check_tensor_core_dims(model, findings):
-    for layer in _half_layers(model):
+def _check_tensor_core_dims(half, findings):
+    for layer in half:
         for name, value in _dims(layer):
             if (
                 value
@@ -329,7 +321,7 @@ def _check_tensor_core_dims(model, findings):
                 )
 
 
-def _check_loss(model, findings):
+def _check_loss(model, outputs, findings):
     loss = getattr(model, "loss", None)
     if loss is None:
         return
@@ -340,13 +332,10 @@ def _check_loss(model, findings):
         elif isinstance(item, keras.losses.Loss):
             config = item.get_config()
             names.append((item.name, config.get("from_logits", False)))
-    outputs = _output_layers(model) or []
     sigmoid_half = [
         layer
-        for layer in outputs
-        if layer.compute_dtype in _HALF
-        and getattr(getattr(layer, "activation", None), "__name__", "")
-        == "sigmoid"
+        for layer in outputs or []
+        if layer.compute_dtype in _HALF and activation_name(layer) == "sigmoid"
     ]
     for name, from_logits in names:
         if "binary_crossentropy" in name and not from_logits and sigmoid_half:
@@ -363,9 +352,9 @@ def _check_loss(model, findings):
             )
 
 
-def _check_environment(model, findings):
+def _check_environment(model, half, findings):
     recommendation = policy_lib.recommend_policy()
-    if _half_layers(model) and recommendation.policy == "float32":
+    if half and recommendation.policy == "float32":
         findings.append(
             Finding(
                 "warning",
@@ -454,12 +443,14 @@ def audit(model, optimizer=None, verbose: bool = True) -> AuditReport:
     if optimizer is None:
         optimizer = getattr(model, "optimizer", None)
     findings = []
-    _check_outputs(model, findings)
-    _check_inner_softmaxes(model, findings)
-    _check_scaling(model, optimizer, findings)
-    _check_tensor_core_dims(model, findings)
-    _check_loss(model, findings)
-    _check_environment(model, findings)
+    outputs = output_layers(model)  # None for subclassed models
+    half = _half_layers(model)
+    _check_outputs(model, outputs, findings)
+    _check_inner_softmaxes(half, outputs, findings)
+    _check_scaling(half, optimizer, findings)
+    _check_tensor_core_dims(half, findings)
+    _check_loss(model, outputs, findings)
+    _check_environment(model, half, findings)
     report = AuditReport(
         sorted(findings, key=lambda f: SEVERITIES.index(f.severity))
     )

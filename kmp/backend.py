@@ -219,6 +219,21 @@ def distribution_name() -> str | None:
     return None if distribution is None else type(distribution).__name__
 
 
+def _replica_context():
+    """The `tf.distribute` replica context when several replicas are in
+    sync, else None (also on JAX, whose arrays are already global)."""
+    if name() != "tensorflow":
+        return None
+    import tensorflow as tf
+
+    if not tf.distribute.has_strategy() or (
+        tf.distribute.in_cross_replica_context()
+    ):
+        return None
+    context = tf.distribute.get_replica_context()
+    return context if context.num_replicas_in_sync > 1 else None
+
+
 def all_replicas_agree(flag):
     """The AND of a boolean scalar over every replica on every worker.
 
@@ -227,17 +242,11 @@ def all_replicas_agree(flag):
     it. On JAX the gradients are global arrays, so `flag` already covers
     every device.
     """
-    if name() != "tensorflow":
+    context = _replica_context()
+    if context is None:
         return flag
     import tensorflow as tf
 
-    if not tf.distribute.has_strategy() or (
-        tf.distribute.in_cross_replica_context()
-    ):
-        return flag
-    context = tf.distribute.get_replica_context()
-    if context.num_replicas_in_sync == 1:
-        return flag
     # ReduceOp has no MIN: count the replicas that disagree.
     dissent = context.all_reduce(
         tf.distribute.ReduceOp.SUM, tf.cast(tf.logical_not(flag), tf.float32)
@@ -255,21 +264,16 @@ def sum_over_replicas(grads):
         gradients are already global).
     """
     grads = list(grads)
-    if name() != "tensorflow":
+    context = _replica_context()
+    if context is None:
         return grads, 1
     import tensorflow as tf
 
-    if not tf.distribute.has_strategy() or (
-        tf.distribute.in_cross_replica_context()
-    ):
-        return grads, 1
-    context = tf.distribute.get_replica_context()
-    replicas = context.num_replicas_in_sync
-    if replicas == 1:
-        return grads, 1
     present = [g for g in grads if g is not None]
     summed = iter(context.all_reduce(tf.distribute.ReduceOp.SUM, present))
-    return [None if g is None else next(summed) for g in grads], replicas
+    return [
+        None if g is None else next(summed) for g in grads
+    ], context.num_replicas_in_sync
 
 
 def disable_tf32() -> None:

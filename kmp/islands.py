@@ -35,18 +35,19 @@ _ISLAND_CLASSES = {
 }
 
 
-def _activation_name(layer):
-    activation = getattr(layer, "activation", None)
-    return getattr(activation, "__name__", None)
-
-
-def _is_sensitive(layer):
+def activation_name(layer):
+    """The layer's activation (`"softmax"` for a Softmax layer), or None."""
     if isinstance(layer, keras.layers.Softmax):
-        return True
-    return _activation_name(layer) in _SENSITIVE_ACTIVATIONS
+        return "softmax"
+    return getattr(getattr(layer, "activation", None), "__name__", None)
 
 
-def _output_layers(model):
+def is_sensitive(layer):
+    """Whether the layer ends in a softmax, log-softmax or sigmoid."""
+    return activation_name(layer) in _SENSITIVE_ACTIVATIONS
+
+
+def output_layers(model):
     """The layers whose outputs are `model`'s outputs, nested models opened.
 
     Returns `None` for a subclassed model, whose outputs are not recorded.
@@ -64,7 +65,7 @@ def _output_layers(model):
             # no policy to set; kmp.audit reports such outputs.
             continue
         if isinstance(layer, keras.Model):
-            inner = _output_layers(layer)
+            inner = output_layers(layer)
             found.extend(inner if inner is not None else [layer])
         else:
             found.append(layer)
@@ -158,16 +159,17 @@ def pin_float32(
             f"pin_float32 expects a Keras model or layer, got {model!r}."
         )
     also = _check_also(also)
+    layers = all_layers(model)
     if keras.config.dtype_policy().compute_dtype == "float32" and not any(
-        layer.compute_dtype != "float32" for layer in _all_layers(model)
+        layer.compute_dtype != "float32" for layer in layers
     ):
         return model
 
-    outputs = _output_layers(model) or []
+    outputs = output_layers(model) or []
     output_ids = {id(layer) for layer in outputs}
     for layer in outputs:
         layer.dtype_policy = "float32"
-    for layer in _all_layers(model):
+    for layer in layers:
         if id(layer) in output_ids:
             continue
         if also and _matches(layer, also):
@@ -176,12 +178,12 @@ def pin_float32(
         island = _ISLAND_CLASSES.get(type(layer))
         if island is None:
             continue
-        if island is kmp_layers.Float32Activation and not _is_sensitive(layer):
+        if island is kmp_layers.Float32Activation and not is_sensitive(layer):
             continue
         kmp_layers._swap_class(layer, island)
     return model
 
 
-def _all_layers(model):
+def all_layers(model):
     """The model and every layer nested in it, each once."""
     return list(model._flatten_layers(include_self=True, recursive=True))

@@ -34,16 +34,7 @@ def _check_count(arg_name, value):
         )
 
 
-def _validate(
-    inner_optimizer,
-    initial_scale,
-    dynamic_growth_steps,
-    growth_factor,
-    backoff_factor,
-    min_scale,
-    max_scale,
-    hysteresis,
-):
+def _validate_inner(inner_optimizer):
     if isinstance(inner_optimizer, _StockLossScaleOptimizer):
         raise ValueError(
             "`inner_optimizer` is already a LossScaleOptimizer "
@@ -56,6 +47,20 @@ def _validate(
             f"instance, got {inner_optimizer!r}. For a name such as 'adam', "
             "use kmp.wrap('adam') or keras.optimizers.get('adam')."
         )
+
+
+def _validate_scale_args(
+    initial_scale,
+    dynamic_growth_steps,
+    growth_factor,
+    backoff_factor,
+    min_scale,
+    max_scale,
+    hysteresis,
+    dynamic,
+):
+    if not isinstance(dynamic, bool):
+        raise ValueError(f"`dynamic` must be a bool, got {dynamic!r}.")
     for arg_name, value in (
         ("initial_scale", initial_scale),
         ("growth_factor", growth_factor),
@@ -194,8 +199,8 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         name=None,
         **kwargs,
     ):
-        _validate(
-            inner_optimizer,
+        _validate_inner(inner_optimizer)
+        _validate_scale_args(
             initial_scale,
             dynamic_growth_steps,
             growth_factor,
@@ -203,9 +208,8 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             min_scale,
             max_scale,
             hysteresis,
+            dynamic,
         )
-        if not isinstance(dynamic, bool):
-            raise ValueError(f"`dynamic` must be a bool, got {dynamic!r}.")
         super().__init__(
             inner_optimizer,
             initial_scale=float(initial_scale),
@@ -281,15 +285,18 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         self.overflow_streak.assign(streak)
         self.skipped_steps.assign(ops.add(self.skipped_steps.value, one))
 
+    def _overwrites(self, variable):
+        # Keras >= 3.6 lets a variable take its "gradient" as a new value
+        # (e.g. float8 scaling statistics); such values are not scaled.
+        check = getattr(self, "_overwrite_variable_with_gradient", None)
+        return bool(check and check(variable))
+
     def _unscale(self, grads, trainable_variables):
         if self._skip_unscale:
             return list(grads)
-        overwrite = getattr(
-            self, "_overwrite_variable_with_gradient", lambda v: False
-        )
         scale = self.dynamic_scale.value
         return [
-            g if g is None or overwrite(v) else ops.divide(g, scale)
+            g if g is None or self._overwrites(v) else ops.divide(g, scale)
             for g, v in zip(grads, trainable_variables)
         ]
 
@@ -318,13 +325,10 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         """
         inner = self.inner_optimizer
         clips = inner.clipnorm or inner.global_clipnorm or inner.clipvalue
-        overwrite = getattr(
-            self, "_overwrite_variable_with_gradient", lambda v: False
-        )
         if (
             not clips
             or inner.gradient_accumulation_steps
-            or any(overwrite(v) for v in trainable_variables)
+            or any(self._overwrites(v) for v in trainable_variables)
         ):
             return grads
         summed, replicas = backend.sum_over_replicas(grads)
@@ -455,23 +459,19 @@ def _check_wrap_kwargs(kwargs):
     """Validates `kmp.wrap`'s kwargs even when no optimizer is made from
     them, so that a typo fails under bfloat16 as it would under float16."""
     bound = inspect.signature(LossScaleOptimizer.__init__).bind_partial(
-        None, keras.optimizers.SGD(), **kwargs
+        None, None, **kwargs
     )
     bound.apply_defaults()
     args = dict(bound.arguments)
-    args.pop("self")
-    args.pop("name")
+    for name in ("self", "inner_optimizer", "name"):
+        args.pop(name)
     extra = args.pop("kwargs")
     if extra:
         raise ValueError(
             f"kmp.wrap got unexpected arguments {sorted(extra)}. It accepts "
             f"the arguments of kmp.LossScaleOptimizer: {sorted(args)}."
         )
-    if not isinstance(args.pop("dynamic"), bool):
-        raise ValueError(
-            f"`dynamic` must be a bool, got {kwargs['dynamic']!r}."
-        )
-    _validate(**args)
+    _validate_scale_args(**args)
 
 
 def wrap(optimizer="adam", **kwargs) -> keras.optimizers.Optimizer:
