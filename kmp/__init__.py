@@ -8,6 +8,10 @@ from kmp import layers
 from kmp.audit import AuditReport
 from kmp.audit import Finding
 from kmp.audit import audit
+from kmp.cluster import is_chief
+from kmp.cluster import multi_worker_strategy
+from kmp.cluster import parse_tf_config
+from kmp.distributed import distribute
 from kmp.islands import pin_float32
 from kmp.loss_scale_optimizer import LossScaleOptimizer
 from kmp.loss_scale_optimizer import wrap
@@ -28,8 +32,12 @@ __all__ = [
     "audit",
     "callbacks",
     "disable",
+    "distribute",
     "enable",
+    "is_chief",
     "layers",
+    "multi_worker_strategy",
+    "parse_tf_config",
     "pin_float32",
     "policy_scope",
     "recommend_policy",

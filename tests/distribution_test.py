@@ -1,22 +1,30 @@
-"""kmp's loss scaler with several replicas: tf.distribute.MirroredStrategy
-on 2 logical CPUs, and keras.distribution.DataParallel on 2 JAX host CPUs.
+"""kmp with several replicas: tf.distribute.MirroredStrategy on 2 logical
+CPUs, MultiWorkerMirroredStrategy with 2 worker processes on 127.0.0.1,
+and keras.distribution.DataParallel on 2 JAX host CPUs.
 
-Each scenario runs in a subprocess (tests/replicas.py,
-tests/jax_data_parallel.py), since devices must be configured before the
-framework initialises.
+Each scenario runs in subprocesses (tests/replicas.py, tests/workers.py,
+tests/jax_data_parallel.py), since devices and TF_CONFIG must be set
+before the framework initialises. Every subprocess has a time limit.
 """
 
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 from util import jax_only
 from util import tf_only
 
 HERE = os.path.dirname(__file__)
+
+
+def _result(stdout):
+    line = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
+    return json.loads(line[-1][len("RESULT ") :])
 
 
 def _run(*args, script="replicas.py", backend="tensorflow"):
@@ -28,8 +36,48 @@ def _run(*args, script="replicas.py", backend="tensorflow"):
         env=dict(os.environ, KERAS_BACKEND=backend),
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    line = [x for x in result.stdout.splitlines() if x.startswith("RESULT ")]
-    return json.loads(line[-1][len("RESULT ") :])
+    return _result(result.stdout)
+
+
+def _free_ports(count):
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def _workers(scenario, tmp_path, count=2, timeout=240):
+    """Runs tests/workers.py as `count` MultiWorkerMirroredStrategy
+    workers on 127.0.0.1; returns each one's result."""
+    ports = _free_ports(2)
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                os.path.join(HERE, "workers.py"),
+                scenario,
+                str(index),
+                *map(str, ports),
+                str(tmp_path),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, KERAS_BACKEND="tensorflow"),
+        )
+        for index in range(count)
+    ]
+    try:
+        outputs = [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for p, (_, err) in zip(procs, outputs):
+        assert p.returncode == 0, err[-3000:]
+    return [_result(out) for out, _ in outputs]
 
 
 @tf_only
@@ -48,6 +96,15 @@ def test_stock_keras_applies_a_step_only_replica_one_overflowed():
     out = _run("one_inf", "stock", 1)
     assert math.isinf(out["weights"][0][0])
     assert out["scale"] == [4.0, 4.0]
+
+
+@tf_only
+def test_tf_keras_loop_unscales_once_on_every_replica():
+    # d(sum v)/dv = 1 on each replica; unscaled once, summed over 2
+    # replicas, SGD(1.0) moves v from 1 to -1. Unscaling twice on either
+    # replica would leave it above -1.
+    out = _run("tf_keras_loop")
+    assert out["weights"] == [[-1.0, -1.0], [-1.0, -1.0]]
 
 
 @tf_only
@@ -87,3 +144,63 @@ def test_jax_data_parallel_skips_when_one_device_overflows():
     assert out["loss"][-1] < out["loss"][0]
     assert out["skipped"] == 1
     assert out["replicas_agree"]
+
+
+@tf_only
+def test_multi_worker_fit_trains_identically_on_both_workers(tmp_path):
+    workers = _workers("fit", tmp_path)
+    # The Keras defect: stock fit fails at the first batch.
+    for out in workers:
+        assert "PerReplica" in out["stock_error"]
+    first, second = workers
+    # Bitwise-identical weights, scale and logs on both workers.
+    for key in ("digest", "scale", "skipped", "history", "after"):
+        assert first[key] == second[key], key
+    history = first["history"]
+    assert history["loss"][-1] < history["loss"][0]
+    assert first["after"]["loss"] < first["before"]["loss"]
+    assert history["loss_scale"] == [512.0] * 3
+    assert {"val_loss", "val_accuracy", "skipped_steps"} <= set(history)
+    # predict gathers both workers' shards: all 64 validation examples.
+    assert first["predictions"] == [64, 4]
+    # ModelCheckpoint and BackupAndRestore wrote on the chief only.
+    assert first["files"] == ["backup", "private0", "worker0.keras"]
+    assert first["backup"] == ["latest.weights.h5", "training_metadata.json"]
+    # A restarted job resumed from the chief's backup at epoch 3 of 5.
+    assert first["resumed_epochs"] == second["resumed_epochs"] == 2
+    assert first["resumed_digest"] == second["resumed_digest"]
+    # A backup only one worker can read, and a batch of 33 over 2 replicas.
+    for out in workers:
+        assert "holds a backup for 1 of 2 replicas" in out["private_backup"]
+        assert "batch_size is 33" in out["odd_batch"]
+
+
+@tf_only
+def test_multi_worker_overflow_on_one_worker_makes_both_skip(tmp_path):
+    first, second = _workers("overflow", tmp_path)
+    for out in (first, second):
+        assert out["skipped"] == 1
+        assert out["scale"] == 256.0
+        assert out["digest"] == out["initial"]  # no weight moved
+    assert first["digest"] == second["digest"]
+
+
+@tf_only
+def test_multi_worker_sharding_shows_each_example_once_per_epoch(tmp_path):
+    first, second = _workers("shard", tmp_path)
+    # Datasets are sharded by TensorFlow; arrays by kmp's agreed shuffle
+    # (stock Keras gave 29 of 96 examples to both workers).
+    for source in ("dataset", "arrays"):
+        for mine, theirs in zip(first[source], second[source]):
+            assert not set(mine) & set(theirs)
+            assert sorted(mine + theirs) == list(range(96))
+        assert first[source][0] != first[source][1]  # reshuffled
+
+
+@tf_only
+def test_a_worker_that_never_comes_up_is_a_timeout_error(tmp_path):
+    start = time.monotonic()
+    (out,) = _workers("absent", tmp_path, count=1, timeout=120)
+    assert "did not come up" in out["error"]
+    assert "127.0.0.1" in out["error"]
+    assert time.monotonic() - start < 60

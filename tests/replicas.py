@@ -2,6 +2,7 @@
 
     python tests/replicas.py one_inf kmp|stock BAD_REPLICA
     python tests/replicas.py clip kmp|stock
+    python tests/replicas.py tf_keras_loop
     python tests/replicas.py fit
 
 A helper for tests/distribution_test.py: logical devices must be set
@@ -76,6 +77,25 @@ def one_inf(kind, bad_replica):
     return result
 
 
+def tf_keras_loop():
+    """tf-keras style: get_unscaled_gradients, then apply_gradients, in
+    each replica's thread."""
+    v, optimizer = _scaler("kmp", [1.0, 1.0], keras.optimizers.SGD(1.0), 4)
+
+    @tf.function
+    def step():
+        def replica_fn():
+            with tf.GradientTape() as tape:
+                loss = optimizer.get_scaled_loss(tf.reduce_sum(v))
+            grads = optimizer.get_unscaled_gradients(tape.gradient(loss, [v]))
+            optimizer.apply_gradients(zip(grads, [v]))
+
+        STRATEGY.run(replica_fn)
+
+    step()
+    return {"weights": per_replica(v)}
+
+
 def clip(kind):
     """Replica gradients [3, 0] and [0, 4] under global_clipnorm=1."""
     with STRATEGY.scope():
@@ -130,6 +150,8 @@ if __name__ == "__main__":
     scenario = sys.argv[1]
     if scenario == "one_inf":
         out = one_inf(sys.argv[2], int(sys.argv[3]))
+    elif scenario == "tf_keras_loop":
+        out = tf_keras_loop()
     elif scenario == "clip":
         out = clip(sys.argv[2])
     elif scenario == "fit":
