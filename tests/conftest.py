@@ -1,4 +1,5 @@
-"""Test harness: TF32 off, the global dtype policy restored after each test.
+"""Test harness: TF32 off; the global dtype policy and Keras distribution
+restored after each test.
 
 The suite runs once per backend: `KERAS_BACKEND=tensorflow` (everything)
 and `KERAS_BACKEND=jax` (everything not marked TensorFlow-only).
@@ -33,4 +34,5 @@ def _restore_global_state():
     previous = keras.config.dtype_policy()
     yield
     keras.config.set_dtype_policy(previous)
+    keras.distribution.set_distribution(None)
     keras.utils.clear_session()

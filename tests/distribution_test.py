@@ -10,6 +10,7 @@ before the framework initialises. Every subprocess has a time limit.
 import json
 import math
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -53,22 +54,29 @@ def _workers(scenario, tmp_path, count=2, timeout=240):
     """Runs tests/workers.py as `count` MultiWorkerMirroredStrategy
     workers on 127.0.0.1; returns each one's result."""
     ports = _free_ports(2)
+    script = os.path.join(HERE, "workers.py")
+    outputs = _processes(
+        [
+            [script, scenario, str(i), *map(str, ports), str(tmp_path)]
+            for i in range(count)
+        ],
+        [{}] * count,
+        timeout,
+    )
+    return [_result(out) for out in outputs]
+
+
+def _processes(argvs, envs, timeout):
+    """Runs Python processes side by side; returns their stdouts."""
     procs = [
         subprocess.Popen(
-            [
-                sys.executable,
-                os.path.join(HERE, "workers.py"),
-                scenario,
-                str(index),
-                *map(str, ports),
-                str(tmp_path),
-            ],
+            [sys.executable, *argv],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=dict(os.environ, KERAS_BACKEND="tensorflow"),
+            env=dict(os.environ, KERAS_BACKEND="tensorflow", **env),
         )
-        for index in range(count)
+        for argv, env in zip(argvs, envs)
     ]
     try:
         outputs = [p.communicate(timeout=timeout) for p in procs]
@@ -77,7 +85,7 @@ def _workers(scenario, tmp_path, count=2, timeout=240):
             p.kill()
     for p, (_, err) in zip(procs, outputs):
         assert p.returncode == 0, err[-3000:]
-    return [_result(out) for out, _ in outputs]
+    return [out for out, _ in outputs]
 
 
 @tf_only
@@ -204,3 +212,41 @@ def test_a_worker_that_never_comes_up_is_a_timeout_error(tmp_path):
     assert "did not come up" in out["error"]
     assert "127.0.0.1" in out["error"]
     assert time.monotonic() - start < 60
+
+
+@tf_only
+def test_cifar10_example_trains_on_two_workers(tmp_path):
+    ports = _free_ports(2)
+    workers = [f"127.0.0.1:{port}" for port in ports]
+    example = os.path.join(HERE, os.pardir, "examples", "cifar10.py")
+    flags = [
+        "--strategy=multiworker",
+        "--data=synthetic",
+        "--synthetic_size=256",
+        "--width=8",
+        "--epochs=1",
+        "--steps=3",
+        "--batch_size=32",
+        "--verbose=0",
+        f"--output_dir={tmp_path}",
+    ]
+    envs = [
+        {
+            "TF_CONFIG": json.dumps(
+                {
+                    "cluster": {"worker": workers},
+                    "task": {"type": "worker", "index": index},
+                }
+            )
+        }
+        for index in range(2)
+    ]
+    outputs = _processes([[example, *flags]] * 2, envs, timeout=240)
+    # The same logs on both workers, timings aside.
+    summaries = [
+        re.sub(r"\d+ examples/s", "", out.strip().splitlines()[-1])
+        for out in outputs
+    ]
+    assert summaries[0] == summaries[1]
+    assert "2 replica(s)" in summaries[0]
+    assert sorted(os.listdir(tmp_path)) == ["cifar10.keras", "results.json"]

@@ -1,0 +1,1 @@
+"""The examples, importable as `kmp.examples.<name>` (see pyproject)."""

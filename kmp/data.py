@@ -1,0 +1,148 @@
+"""Datasets for the examples: TFDS when it can be had, else a synthetic
+twin of the same shapes that says so.
+
+`--data auto` (the default) uses the TFDS copy on disk, or downloads it;
+when neither is possible it says so within seconds and trains on a
+deterministic, learnable synthetic dataset, and every result it prints is
+labelled "synthetic". `--data tfds` fails instead; `--data synthetic`
+skips TFDS.
+
+TensorFlow and TFDS are imported only on the TFDS path, so the synthetic
+path runs with `KERAS_BACKEND=jax` on a machine without TensorFlow.
+"""
+
+import logging
+import socket
+from typing import NamedTuple
+
+import numpy as np
+
+logger = logging.getLogger("kmp")
+
+SOURCES = ("auto", "tfds", "synthetic")
+# Where TFDS downloads from first; a machine that cannot open a connection
+# here within seconds is treated as offline.
+_PROBE = ("storage.googleapis.com", 443)
+_PROBE_TIMEOUT = 3.0
+
+
+class Splits(NamedTuple):
+    """A dataset's train and test splits and where they came from.
+
+    Attributes:
+        train: `(x, y)` NumPy arrays, or a `tf.data.Dataset` of unbatched
+            `(x, y)` pairs.
+        test: The same, for evaluation.
+        source: `"tfds"` or `"synthetic"`.
+        note: Why this source was used (shown to the user).
+    """
+
+    train: object
+    test: object
+    source: str
+    note: str
+
+
+class DataUnavailable(RuntimeError):
+    """TFDS data is neither on disk nor downloadable here."""
+
+
+def _reachable(address=_PROBE, timeout=_PROBE_TIMEOUT) -> bool:
+    try:
+        socket.create_connection(address, timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def check_source(source: str) -> str:
+    if source not in SOURCES:
+        raise ValueError(
+            f"data must be one of {', '.join(SOURCES)}; got {source!r}."
+        )
+    return source
+
+
+def load_tfds(name: str, data_dir: str | None = None):
+    """Returns `(train, test)` unbatched `(x, y)` datasets from TFDS.
+
+    Raises:
+        DataUnavailable: within seconds, when the dataset is not prepared
+            in `data_dir` and the network is unreachable.
+    """
+    import tensorflow_datasets as tfds
+
+    builder = tfds.builder(name, data_dir=data_dir)
+    if not builder.is_prepared() and not _reachable():
+        raise DataUnavailable(
+            f"TFDS dataset {name!r} is not in {builder.data_dir} and the "
+            f"network is unreachable ({_PROBE[0]}:{_PROBE[1]} did not "
+            f"answer in {_PROBE_TIMEOUT:g} s). Prepare it where there is a "
+            f"network (`tfds build {name}`), copy the directory here and "
+            "pass --data_dir, or use --data synthetic."
+        )
+    builder.download_and_prepare()
+    train, test = builder.as_dataset(
+        split=["train", "test"], as_supervised=True, shuffle_files=False
+    )
+    return train, test
+
+
+def load(
+    name: str, source: str, synthetic, data_dir: str | None = None
+) -> Splits:
+    """Loads `name` from TFDS or makes its synthetic twin.
+
+    Args:
+        name: The TFDS name, e.g. `"cifar10"`.
+        source: `"auto"`, `"tfds"` or `"synthetic"`.
+        synthetic: A function returning `(train, test)` synthetic arrays.
+        data_dir: TFDS's data directory.
+    """
+    check_source(source)
+    if source == "synthetic":
+        train, test = synthetic()
+        return Splits(train, test, "synthetic", "--data synthetic")
+    try:
+        train, test = load_tfds(name, data_dir)
+        return Splits(train, test, "tfds", f"TFDS {name}")
+    except DataUnavailable as error:
+        if source == "tfds":
+            raise
+        logger.warning("kmp: %s Training on SYNTHETIC data instead.", error)
+        train, test = synthetic()
+        return Splits(train, test, "synthetic", f"offline: {error}")
+
+
+def synthetic_images(
+    train_size=50_000,
+    test_size=10_000,
+    shape=(32, 32, 3),
+    classes=10,
+    seed=0,
+):
+    """A learnable stand-in for an image dataset, such as CIFAR-10.
+
+    Each class has a smooth random colour pattern; an image is its class's
+    pattern plus noise, as `uint8` like the real thing. The same `seed`
+    gives the same arrays on every machine and worker.
+
+    Returns:
+        `((x_train, y_train), (x_test, y_test))`.
+    """
+    rng = np.random.default_rng(seed)
+    height, width, channels = shape
+    coarse = rng.normal(size=(classes, 4, 4, channels)).astype("float32")
+    patterns = coarse.repeat(height // 4, axis=1).repeat(width // 4, axis=2)
+
+    def split(size):
+        labels = rng.integers(0, classes, size=size).astype("int64")
+        images = np.empty((size,) + tuple(shape), dtype="uint8")
+        for start in range(0, size, 4096):  # bounded temporary memory
+            part = labels[start : start + 4096]
+            noise = rng.normal(size=(len(part),) + tuple(shape))
+            values = 128 + 40 * patterns[part] + 50 * noise
+            images[start : start + 4096] = np.clip(values, 0, 255)
+        return images, labels
+
+    return split(train_size), split(test_size)
