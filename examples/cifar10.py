@@ -15,67 +15,44 @@ same command on each host, with `--strategy=multiworker` and a TF_CONFIG
 that lists every host and this host's index (see README, "Multi-GPU and
 multi-node"). The global batch (`--batch_size`) is split over all replicas.
 
-Measured (2-core CPU VM, no GPU; TF 2.21, Keras 3.15.1):
-`python examples/cifar10.py --data=synthetic --width=16 --epochs=2
---steps=20 --batch_size=128` trains to test accuracy 1.00 on synthetic data
-(the same command with `--policy=float32` too); see BENCHMARKS.md for
-multi-worker step times. Speed claims belong to GPUs.
+Measured (2-core AMD EPYC VM, no GPU; TF 2.21, Keras 3.15.1), with
+`python examples/cifar10.py --data=synthetic --synthetic_size=5000
+--width=16 --epochs=2 --steps=20 --batch_size=128 --policy=P`:
+P=float32: test accuracy 1.0000, final loss 0.194, 302 examples/s;
+P=mixed_float16: test accuracy 1.0000, final loss 0.197, 136 examples/s,
+loss scale 32768, 0 skipped steps. (Synthetic data is easy; on a CPU
+mixed precision is slower, see BENCHMARKS.md; speed claims belong to
+GPUs.) Multi-worker step times: BENCHMARKS.md.
 """
 
 import dataclasses
-import json
-import math
-import os
-import time
 
 import keras
 import numpy as np
 
 import kmp
 from kmp import data as kmp_data
+from kmp import recipes
 
 MEAN = np.array([0.4914, 0.4822, 0.4465], "float32") * 255
 STD = np.array([0.2470, 0.2435, 0.2616], "float32") * 255
-STRATEGIES = ("none", "mirrored", "multiworker")
 
 
 @dataclasses.dataclass
-class Config:
-    """What `train` does. Every field is also a command-line flag."""
+class Config(recipes.RunConfig):
+    """What `train` does; every field is also a flag (see `--help`)."""
 
-    policy: str = "auto"
-    epochs: int = 10
-    batch_size: int = 512
-    steps: int = 0  # steps per epoch; 0 means a full pass over the data
-    data: str = "auto"  # auto | tfds | synthetic
-    data_dir: str | None = None
-    output_dir: str = "runs/cifar10"
-    seed: int = 0
-    strategy: str = "none"  # none | mirrored | multiworker
-    learning_rate: float = 0.2  # peak, at batch 512; scaled with the batch
-    width: int = 64  # channels of the first block; 64 is ResNet-9
-    synthetic_size: int = 50_000
-    verbose: int = 1
-
-    def check(self):
-        for name in ("epochs", "batch_size", "width", "synthetic_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(
-                    f"{name} must be >= 1, got {getattr(self, name)}."
-                )
-        if self.steps < 0:
-            raise ValueError(f"steps must be >= 0, got {self.steps}.")
-        if not self.learning_rate > 0:
-            raise ValueError(
-                f"learning_rate must be > 0, got {self.learning_rate}."
-            )
-        if self.strategy not in STRATEGIES:
-            raise ValueError(
-                f"strategy must be one of {', '.join(STRATEGIES)}; got "
-                f"{self.strategy!r}."
-            )
-        kmp_data.check_source(self.data)
-        return self
+    batch_size: int = recipes.flag(512, "Global batch.", lower_bound=1)
+    output_dir: str = recipes.flag("runs/cifar10", "Output directory.")
+    learning_rate: float = recipes.flag(
+        0.2, "Peak learning rate at batch 512 (scaled with the batch)."
+    )
+    width: int = recipes.flag(
+        64, "Channels of the first block (64: ResNet-9).", lower_bound=8
+    )
+    synthetic_size: int = recipes.flag(
+        50_000, "Training examples of synthetic data.", lower_bound=1
+    )
 
 
 # ## Data
@@ -94,7 +71,9 @@ def load_splits(config):
             seed=config.seed,
         )
 
-    return kmp_data.load("cifar10", config.data, synthetic, config.data_dir)
+    return kmp_data.load(
+        "cifar10", config.data, synthetic, config.data_dir or None
+    )
 
 
 def has_tensorflow():
@@ -195,59 +174,18 @@ def build_model(width=64, classes=10):
 # `mirrored` means keras.distribution.DataParallel over the local devices.
 
 
-def make_strategy(name):
-    """Returns a `tf.distribute` strategy, or `None` (no TF strategy)."""
-    if name == "none":
-        return None
-    if keras.backend.backend() != "tensorflow":
-        if name == "mirrored":
-            keras.distribution.set_distribution(
-                keras.distribution.DataParallel()
-            )
-            return None
-        raise ValueError(
-            "strategy=multiworker needs KERAS_BACKEND=tensorflow (it is "
-            f"{keras.backend.backend()!r})."
-        )
-    import tensorflow as tf
-
-    if name == "mirrored":
-        return tf.distribute.MirroredStrategy()
-    return kmp.multi_worker_strategy()
-
-
-class StepTimer(keras.callbacks.Callback):
-    """Wall time of each training step (Keras returns logs per step, so a
-    step has finished on the device when its end is seen)."""
-
-    def on_train_begin(self, logs=None):
-        self.times = []
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self._start = time.perf_counter()
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.times.append(time.perf_counter() - self._start)
-
-
 def train(config: Config) -> dict:
     """Trains and evaluates; returns the results (also written as JSON)."""
     config.check()
     keras.utils.set_random_seed(config.seed)
     splits = load_splits(config)
-    strategy = make_strategy(config.strategy)
-    replicas = strategy.num_replicas_in_sync if strategy else 1
-    if config.batch_size % replicas:
-        raise ValueError(
-            f"batch_size {config.batch_size} does not split over {replicas} "
-            f"replicas; use a multiple of {replicas}."
-        )
+    strategy = recipes.make_strategy(config.strategy, config.batch_size)
     train_data, test_data = make_datasets(splits, config)
-    steps = config.steps or _size(splits.train) // config.batch_size
-
+    steps = config.steps or recipes.split_size(splits.train) // (
+        config.batch_size
+    )
     with kmp.policy_scope(config.policy) as policy:
-        scope = strategy.scope() if strategy else _no_scope()
-        with scope:
+        with recipes.scope(strategy):
             model = kmp.pin_float32(build_model(config.width))
             peak = config.learning_rate * config.batch_size / 512
             schedule = keras.optimizers.schedules.CosineDecay(
@@ -266,200 +204,52 @@ def train(config: Config) -> dict:
                 loss="sparse_categorical_crossentropy",
                 metrics=["accuracy"],
             )
-        if strategy is not None:
-            kmp.distribute(model)
-        timer = StepTimer()
-        os.makedirs(config.output_dir, exist_ok=True)
-        callbacks = [
-            kmp.callbacks.LossScaleMonitor(),
-            timer,
-            # Nothing lost on interruption: rerun the same command.
-            keras.callbacks.BackupAndRestore(
-                os.path.join(config.output_dir, "backup")
-            ),
-        ]
+        recipes.prepare(model, strategy)  # kmp.distribute under a strategy
+        # Loss-scale monitor, step times, and a backup: rerun the same
+        # command after an interruption and it resumes.
+        run = recipes.Run(config.output_dir)
+        args, kwargs = recipes.fit_data(train_data, config.batch_size)
         history = model.fit(
-            *_xy(train_data),
-            batch_size=_batch(train_data, config.batch_size),
-            validation_data=_pair(test_data),
+            *args,
+            **kwargs,
+            validation_data=test_data,
             epochs=config.epochs,
             steps_per_epoch=config.steps or None,
-            callbacks=callbacks,
+            callbacks=run.callbacks,
             verbose=config.verbose,
         )
-        test_loss, test_accuracy = model.evaluate(
-            *_xy(test_data),
-            batch_size=_batch(test_data, config.batch_size),
-            verbose=0,
+        args, kwargs = recipes.fit_data(test_data, config.batch_size)
+        test_loss, accuracy = model.evaluate(*args, **kwargs, verbose=0)
+        results = run.results(
+            "resnet9",
+            config,
+            policy.name,
+            splits,
+            history,
+            model,
+            strategy,
+            test_loss,
+            accuracy,
         )
-        results = _results(
-            config, policy.name, splits, history, timer, model, replicas
-        )
-    results.update(test_loss=float(test_loss), accuracy=float(test_accuracy))
-    if kmp.is_chief():
-        model.save(os.path.join(config.output_dir, "cifar10.keras"))
-        with open(os.path.join(config.output_dir, "results.json"), "w") as f:
-            json.dump(results, f, indent=2)
+    run.save(model, results, "cifar10")
     return results
-
-
-class _no_scope:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
-def _size(split):
-    if isinstance(split, tuple):
-        return len(split[1])
-    return int(split.cardinality())  # TFDS splits know their size
-
-
-def _xy(data):
-    """`fit`'s positional data arguments for a dataset or an array pair."""
-    return tuple(data) if isinstance(data, tuple) else (data,)
-
-
-def _batch(data, batch_size):
-    # Datasets are batched already; arrays are batched by fit.
-    return batch_size if isinstance(data, tuple) else None
-
-
-def _pair(data):
-    return tuple(data) if isinstance(data, tuple) else data
-
-
-def _results(config, policy, splits, history, timer, model, replicas):
-    step_times = timer.times[2:] or timer.times  # skip compilation
-    step_time = float(np.median(step_times)) if step_times else math.nan
-    logs = {k: [float(v) for v in vs] for k, vs in history.history.items()}
-    return {
-        "model": "resnet9",
-        "policy": policy,
-        "data": splits.source,
-        "data_note": splits.note,
-        "strategy": config.strategy,
-        "replicas": replicas,
-        "epochs": len(logs.get("loss", [])),
-        "batch_size": config.batch_size,
-        "step_time_s": step_time,
-        "examples_per_s": config.batch_size / step_time,
-        "final_loss": logs["loss"][-1] if logs.get("loss") else math.nan,
-        "loss_scale": logs.get("loss_scale", [None])[-1],
-        "skipped_steps": logs.get("skipped_steps", [0])[-1],
-        "parameters": model.count_params(),
-        "history": logs,
-        "config": dataclasses.asdict(config),
-    }
 
 
 # ## Results
 #
 # `main` parses the flags (absl, like every Keras example), trains, and
-# prints a one-screen summary; `results.json` in --output_dir has it all.
-
-
-def define_flags(flag_values=None):
-    """Defines the flags, one per `Config` field, on `flag_values`
-    (absl's global `FLAGS` by default)."""
-    from absl import flags
-
-    defaults = Config()
-    where = {"flag_values": flags.FLAGS if flag_values is None else flag_values}
-    flags.DEFINE_enum(
-        "policy",
-        defaults.policy,
-        ["auto", "float32", "mixed_float16", "mixed_bfloat16"],
-        "Dtype policy; auto picks by hardware.",
-        **where,
-    )
-    flags.DEFINE_integer(
-        "epochs", defaults.epochs, "Epochs.", lower_bound=1, **where
-    )
-    flags.DEFINE_integer(
-        "batch_size",
-        defaults.batch_size,
-        "Global batch.",
-        lower_bound=1,
-        **where,
-    )
-    flags.DEFINE_integer(
-        "steps",
-        defaults.steps,
-        "Steps per epoch (0: all).",
-        lower_bound=0,
-        **where,
-    )
-    flags.DEFINE_enum(
-        "data", defaults.data, list(kmp_data.SOURCES), "Data.", **where
-    )
-    flags.DEFINE_string("data_dir", None, "TFDS data directory.", **where)
-    flags.DEFINE_string(
-        "output_dir", defaults.output_dir, "Output dir.", **where
-    )
-    flags.DEFINE_integer("seed", defaults.seed, "Random seed.", **where)
-    flags.DEFINE_enum(
-        "strategy", defaults.strategy, list(STRATEGIES), "Replicas.", **where
-    )
-    flags.DEFINE_float(
-        "learning_rate",
-        defaults.learning_rate,
-        "Peak learning rate at batch 512 (scaled linearly with the batch).",
-        **where,
-    )
-    flags.DEFINE_integer(
-        "width",
-        defaults.width,
-        "First block's channels.",
-        lower_bound=1,
-        **where,
-    )
-    flags.DEFINE_integer(
-        "synthetic_size",
-        defaults.synthetic_size,
-        "Synthetic training examples.",
-        lower_bound=1,
-        **where,
-    )
-    flags.DEFINE_integer(
-        "verbose", defaults.verbose, "fit's verbosity.", **where
-    )
-
-
-def config_from_flags(flag_values) -> Config:
-    return Config(
-        **{
-            f.name: flag_values[f.name].value
-            for f in dataclasses.fields(Config)
-        }
-    )
-
-
-def summary(results) -> str:
-    label = " (SYNTHETIC data)" if results["data"] == "synthetic" else ""
-    return (
-        f"cifar10{label}: policy {results['policy']}, "
-        f"{results['replicas']} replica(s), {results['epochs']} epoch(s), "
-        f"test accuracy {results['accuracy']:.4f}, "
-        f"final loss {results['final_loss']:.4f}, "
-        f"{results['examples_per_s']:.0f} examples/s, "
-        f"loss scale {results['loss_scale']}, "
-        f"skipped steps {results['skipped_steps']:g}"
-    )
+# prints a table and a one-line summary; --output_dir gets results.json
+# (with the History), results.png (loss and loss scale over steps) and
+# the trained model.
 
 
 def main(argv):
-    from absl import flags
-
     del argv  # everything is in the flags
-    results = train(config_from_flags(flags.FLAGS))
-    print(summary(results))
+    recipes.main("cifar10", "cifar10 (ResNet-9)", Config, train)
 
 
 if __name__ == "__main__":
     from absl import app
 
-    define_flags()
+    recipes.define_flags(Config)
     app.run(main)

@@ -276,6 +276,29 @@ def sum_over_replicas(grads):
     ], context.num_replicas_in_sync
 
 
+def peak_memory() -> tuple[int | None, str]:
+    """`(bytes, what)`: the first accelerator's peak allocation so far, or
+    this process's peak resident memory when computing on a CPU."""
+    device = list_devices()[0]
+    if device.platform != "cpu":
+        if name() == "tensorflow":
+            import tensorflow as tf
+
+            info = tf.config.experimental.get_memory_info("GPU:0")
+            return info["peak"], "GPU:0 peak allocated (TensorFlow)"
+        if name() == "jax":
+            import jax
+
+            stats = jax.devices()[0].memory_stats() or {}
+            if "peak_bytes_in_use" in stats:
+                return stats["peak_bytes_in_use"], "device peak bytes (JAX)"
+    import resource
+
+    # Linux reports KiB. Host memory covers the model and the data.
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return rss, "process peak RSS (CPU run: host memory)"
+
+
 def disable_tf32() -> None:
     """Turns off TF32 matmuls, so float32 means float32 (for tests)."""
     if name() == "tensorflow":

@@ -15,6 +15,10 @@ PUBLIC = {
     "policy_scope",
     "recommend_policy",
     "wrap",
+    "distribute",
+    "multi_worker_strategy",
+    "is_chief",
+    "parse_tf_config",
 }
 
 

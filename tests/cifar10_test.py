@@ -11,6 +11,7 @@ import pytest
 
 import kmp
 from kmp import data
+from kmp import recipes
 from kmp.examples import cifar10
 
 
@@ -38,10 +39,15 @@ def test_trains_on_synthetic_data_with_float16_and_writes_results(tmp_path):
     assert 0.0 <= results["accuracy"] <= 1.0
     assert results["examples_per_s"] > 0
     assert {"loss", "val_loss", "loss_scale"} <= set(results["history"])
-    assert sorted(os.listdir(tmp_path)) == ["cifar10.keras", "results.json"]
+    assert sorted(os.listdir(tmp_path)) == [
+        "cifar10.keras",
+        "results.json",
+        "results.png",
+    ]
     with open(tmp_path / "results.json") as f:
         assert json.load(f)["accuracy"] == results["accuracy"]
-    assert "(SYNTHETIC data)" in cifar10.summary(results)
+    assert "(SYNTHETIC data)" in recipes.summary("cifar10", results)
+    assert results["peak_memory_mib"] > 0
     # The global policy is the caller's again.
     assert keras.config.dtype_policy().name == "float32"
 
@@ -105,9 +111,9 @@ def test_flags_map_onto_the_config():
     from absl import flags
 
     values = flags.FlagValues()
-    cifar10.define_flags(values)
+    recipes.define_flags(cifar10.Config, values)
     values(["cifar10", "--policy=mixed_bfloat16", "--steps=3", "--width=16"])
-    config = cifar10.config_from_flags(values)
+    config = recipes.config_from_flags(cifar10.Config, values)
     assert config.policy == "mixed_bfloat16"
     assert (config.steps, config.width, config.epochs) == (3, 16, 10)
     with pytest.raises(flags.IllegalFlagValueError):

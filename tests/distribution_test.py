@@ -249,4 +249,8 @@ def test_cifar10_example_trains_on_two_workers(tmp_path):
     ]
     assert summaries[0] == summaries[1]
     assert "2 replica(s)" in summaries[0]
-    assert sorted(os.listdir(tmp_path)) == ["cifar10.keras", "results.json"]
+    assert sorted(os.listdir(tmp_path)) == [
+        "cifar10.keras",
+        "results.json",
+        "results.png",
+    ]
