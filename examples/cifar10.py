@@ -76,19 +76,11 @@ def load_splits(config):
     )
 
 
-def has_tensorflow():
-    try:
-        import tensorflow  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def make_datasets(splits, config):
     """Batched train and test data for `fit`: `tf.data` pipelines when
     TensorFlow is installed, else NumPy arrays (synthetic data on a JAX
     machine without TensorFlow, without augmentation)."""
-    if not has_tensorflow():
+    if not kmp_data.has_tensorflow():
         return [
             ((x.astype("float32") - MEAN) / STD, y)
             for x, y in (splits.train, splits.test)

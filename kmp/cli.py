@@ -2,9 +2,12 @@
 
     kmp info                 versions, devices, recommended policy and why
     kmp demo [--policy ...]  a short mixed-precision fit with loss-scale logs
+    kmp train cifar10|imdb [--flags]   the example trainers (same code)
+    kmp bench [--models ...] float32 vs mixed, interleaved, on those models
     kmp audit PATH.keras     mixed-precision hazards in a saved model
 
-The Keras backend is the usual `KERAS_BACKEND` environment variable.
+The Keras backend is the usual `KERAS_BACKEND` environment variable
+(`kmp bench --backend jax` sets it).
 """
 
 import argparse
@@ -120,6 +123,91 @@ def audit(args) -> list:
     return report
 
 
+EXAMPLES = ("cifar10", "imdb")
+
+
+def train(args) -> dict:
+    """Runs examples/<name>.py's `train` with its flags (absl syntax)."""
+    import importlib
+
+    from absl import flags
+
+    from kmp import data
+    from kmp import recipes
+
+    module = importlib.import_module(f"kmp.examples.{args.example}")
+    values = flags.FlagValues()
+    recipes.define_flags(module.Config, values)
+    if {"-h", "--help", "--helpfull"} & set(args.flags):
+        print(f"usage: kmp train {args.example} [--flag=value ...]\n")
+        print(values.get_help())
+        return {}
+    try:
+        values([f"kmp train {args.example}", *args.flags])
+        config = recipes.config_from_flags(module.Config, values)
+        config.check()
+    except (flags.Error, ValueError) as error:
+        raise SystemExit(f"kmp train {args.example}: {error}") from None
+    try:
+        results = module.train(config)
+    except data.DataUnavailable as error:
+        raise SystemExit(f"kmp train {args.example}: {error}") from None
+    from kmp import report
+
+    report.show(
+        [results],
+        f"kmp train {args.example}",
+        note="memory: " + results["peak_memory_note"],
+    )
+    print(recipes.summary(args.example, results))
+    return results
+
+
+def bench(args) -> list:
+    """Runs `kmp.bench` and prints / writes its tables."""
+    from kmp import bench as bench_module
+    from kmp import report
+
+    results = bench_module.run(args.models, args.size, args.steps, args.rounds)
+    for name in args.models:
+        rows = [r for r in results if r["model"] == name]
+        report.show(
+            rows,
+            f"kmp bench {name} ({backend_name()})",
+            columns=bench_module.COLUMNS,
+            note="memory: "
+            + rows[0]["peak_memory_note"]
+            + ", after compiling all variants (not per variant)",
+        )
+    text = bench_module.markdown(results)
+    if args.output:
+        os.makedirs(args.output, exist_ok=True)
+        with open(os.path.join(args.output, "bench.md"), "w") as f:
+            f.write(text + "\n")
+        with open(os.path.join(args.output, "bench.json"), "w") as f:
+            from kmp import backend
+
+            json.dump(
+                {
+                    "command": "kmp " + " ".join(args.argv),
+                    **backend.environment(),
+                    "results": results,
+                },
+                f,
+                indent=2,
+            )
+        print(f"wrote {args.output}/bench.md and bench.json")
+    else:
+        print(text)
+    return results
+
+
+def backend_name():
+    import keras
+
+    return keras.backend.backend()
+
+
 def _parser():
     parser = argparse.ArgumentParser(
         prog="kmp",
@@ -153,6 +241,51 @@ def _parser():
         "--initial_scale", type=_positive_float, default=2.0**15
     )
     demo_parser.add_argument("--seed", type=int, default=0)
+    train_parser = commands.add_parser(
+        "train",
+        help="train the CIFAR-10 or IMDB example",
+        description="Runs examples/cifar10.py or examples/imdb.py (the "
+        "same code). Flags use absl syntax, e.g. --steps=20; "
+        "`kmp train cifar10 --help` lists them.",
+        add_help=False,
+    )
+    train_parser.add_argument("example", choices=EXAMPLES)
+    train_parser.add_argument("flags", nargs=argparse.REMAINDER)
+
+    bench_parser = commands.add_parser(
+        "bench",
+        help="float32 vs mixed precision on the example models",
+        description="Times float32, mixed_float16 (kmp and stock scalers) "
+        "and mixed_bfloat16 on the example models, interleaved in one "
+        "process after a warm-up, on synthetic data.",
+    )
+    bench_parser.add_argument(
+        "--models", nargs="+", choices=EXAMPLES, default=list(EXAMPLES)
+    )
+    bench_parser.add_argument(
+        "--size",
+        choices=("auto", "small", "full"),
+        default="auto",
+        help="model and batch sizes: small for a CPU, full for a GPU "
+        "(auto: by device)",
+    )
+    bench_parser.add_argument("--steps", type=_positive_int, default=10)
+    bench_parser.add_argument("--rounds", type=_positive_int, default=5)
+    bench_parser.add_argument(
+        "--backend",
+        choices=("tensorflow", "jax"),
+        help="Keras backend (default: KERAS_BACKEND)",
+    )
+    bench_parser.add_argument(
+        "--data",
+        choices=("synthetic",),
+        default="synthetic",
+        help="bench always uses synthetic batches (same for all variants)",
+    )
+    bench_parser.add_argument(
+        "--output", help="directory for bench.md and bench.json"
+    )
+
     audit_parser = commands.add_parser(
         "audit",
         help="mixed-precision hazards in a saved .keras model",
@@ -167,13 +300,27 @@ def _parser():
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
+    args.argv = argv
+    if (
+        args.command == "bench"
+        and args.backend
+        and (args.backend != os.environ.get("KERAS_BACKEND", "tensorflow"))
+    ):
+        # The backend is fixed when Keras is imported: start afresh.
+        os.environ["KERAS_BACKEND"] = args.backend
+        os.execv(sys.executable, [sys.executable, "-m", "kmp.cli", *argv])
     if args.command == "info":
         info(as_json=args.json)
     elif args.command == "demo":
         demo(args)
     elif args.command == "audit":
         audit(args)
+    elif args.command == "train":
+        train(args)
+    elif args.command == "bench":
+        bench(args)
     return 0
 
 

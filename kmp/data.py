@@ -55,6 +55,15 @@ def _reachable(address=_PROBE, timeout=_PROBE_TIMEOUT) -> bool:
         return False
 
 
+def has_tensorflow() -> bool:
+    """Whether TensorFlow can be imported (for `tf.data` pipelines)."""
+    try:
+        import tensorflow  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def check_source(source: str) -> str:
     if source not in SOURCES:
         raise ValueError(
@@ -144,5 +153,48 @@ def synthetic_images(
             values = 128 + 40 * patterns[part] + 50 * noise
             images[start : start + 4096] = np.clip(values, 0, 255)
         return images, labels
+
+    return split(train_size), split(test_size)
+
+
+def synthetic_text(
+    train_size=25_000,
+    test_size=25_000,
+    sequence_length=256,
+    vocabulary_size=20_000,
+    seed=0,
+):
+    """A learnable stand-in for a binary text-classification dataset, such
+    as IMDB reviews, already tokenized.
+
+    Reviews are token ids (0 is padding, 1 out-of-vocabulary) of random
+    length, drawn from a Zipf-like word distribution; each positive review
+    also uses words from a small "positive" set, each negative one from a
+    "negative" set, as sentiment words do. Deterministic in `seed`.
+
+    Returns:
+        `((tokens_train, y_train), (tokens_test, y_test))`, tokens as
+        `int32` of shape `(n, sequence_length)`, labels 0 or 1.
+    """
+    rng = np.random.default_rng(seed)
+    ids = np.arange(2, vocabulary_size)
+    weights = 1.0 / np.arange(1, len(ids) + 1)
+    weights /= weights.sum()
+    # Sentiment words: rarer words, 40 per class (fewer for tiny
+    # vocabularies in tests).
+    pool = ids[len(ids) // 2 :]
+    per_class = max(1, min(40, len(pool) // 2))
+    sentiment = rng.choice(pool, size=(2, per_class), replace=False)
+
+    def split(size):
+        labels = rng.integers(0, 2, size=size).astype("int64")
+        tokens = np.zeros((size, sequence_length), dtype="int32")
+        for i, label in enumerate(labels):
+            length = int(rng.integers(sequence_length // 4, sequence_length))
+            words = rng.choice(ids, size=length, p=weights)
+            marked = rng.random(length) < 0.08
+            words[marked] = rng.choice(sentiment[label], size=marked.sum())
+            tokens[i, :length] = words
+        return tokens, labels
 
     return split(train_size), split(test_size)

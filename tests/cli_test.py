@@ -50,7 +50,11 @@ def test_demo_under_float32_needs_no_scaler():
         (["demo", "--policy", "float16"], "invalid choice: 'float16'"),
         (["demo", "--steps", "0"], "must be >= 1"),
         (["demo", "--epochs", "two"], "expected an integer"),
-        (["train"], "invalid choice: 'train'"),
+        (["train"], "required: example"),
+        (["train", "mnist"], "invalid choice: 'mnist'"),
+        (["bench", "--models", "mnist"], "invalid choice: 'mnist'"),
+        (["bench", "--steps", "0"], "must be >= 1"),
+        (["nope"], "invalid choice: 'nope'"),
     ],
 )
 def test_bad_flags_get_one_clear_line_not_a_traceback(argv, phrase):
@@ -91,3 +95,84 @@ def test_audit_command_reads_a_saved_model(tmp_path, capsys):
 def test_audit_command_rejects_a_path_that_is_not_a_keras_file(tmp_path):
     with pytest.raises(SystemExit, match="is not a .keras file"):
         cli.main(["audit", str(tmp_path / "missing.keras")])
+
+
+@pytest.mark.parametrize(
+    "flags, phrase",
+    [
+        (["--steps=-1"], "kmp train cifar10: flag --steps=-1"),
+        (["--polcy=x"], "Unknown command line flag 'polcy'"),
+        (["--policy=float16"], "value should be one of"),
+        (["--width=4"], "width"),
+    ],
+)
+def test_train_bad_flag_is_one_line(flags, phrase):
+    result = subprocess.run(
+        [sys.executable, "-m", "kmp.cli", "train", "cifar10", *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode != 0
+    assert phrase in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_train_help_lists_the_example_flags(capsys):
+    cli.main(["train", "imdb", "--help"])
+    out = capsys.readouterr().out
+    assert "--d_model" in out and "--policy" in out and "--strategy" in out
+
+
+def test_train_runs_the_example_and_prints_the_table(tmp_path, capsys):
+    results = cli.main(
+        [
+            "train",
+            "cifar10",
+            "--data=synthetic",
+            "--synthetic_size=64",
+            "--width=8",
+            "--steps=2",
+            "--epochs=1",
+            "--batch_size=16",
+            "--verbose=0",
+            f"--output_dir={tmp_path}",
+        ]
+    )
+    assert results == 0
+    out = capsys.readouterr().out
+    assert "kmp train cifar10" in out
+    assert "cifar10 (SYNTHETIC data): policy" in out
+    assert (tmp_path / "results.json").exists()
+
+
+def test_bench_command_writes_markdown_and_json(tmp_path, monkeypatch, capsys):
+    from kmp import bench
+
+    monkeypatch.setitem(
+        bench.SIZES,
+        "small",
+        {"imdb": {"d_model": 16, "batch_size": 4, "sequence_length": 8}},
+    )
+    cli.main(
+        [
+            "bench",
+            "--models",
+            "imdb",
+            "--size",
+            "small",
+            "--steps",
+            "1",
+            "--rounds",
+            "2",
+            "--output",
+            str(tmp_path),
+        ]
+    )
+    table = (tmp_path / "bench.md").read_text()
+    for variant in ("float32", "fp16+kmp", "fp16+stock", "bf16"):
+        assert f"| {variant} |" in table
+    record = json.loads((tmp_path / "bench.json").read_text())
+    assert record["command"].startswith("kmp bench --models imdb")
+    assert len(record["results"]) == 4
+    assert "kmp bench imdb" in capsys.readouterr().out

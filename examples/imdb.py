@@ -1,0 +1,260 @@
+"""# IMDB sentiment with kmp mixed precision
+
+A small Transformer encoder (token and position embeddings, multi-head
+self-attention, feed-forward blocks) classifies TFDS `imdb_reviews` as
+positive or negative, with float16 (or bfloat16) compute, float32
+variables, kmp's dynamic loss scale, and `kmp.pin_float32` keeping the
+attention softmax and the output in float32 while the matmuls around
+them stay in half precision. `--model=bilstm` trains a BiLSTM instead.
+
+Run (from the repository root, after `pip install -e .`):
+
+    python examples/imdb.py --epochs=3                  # policy "auto"
+    python examples/imdb.py --policy=float32 --steps=50 --epochs=1
+    python examples/imdb.py --data=synthetic            # no download
+    kmp train imdb --steps=20                           # the same code
+
+`--strategy=mirrored|multiworker` as in examples/cifar10.py.
+
+Measured (2-core AMD EPYC VM, no GPU; TF 2.21, Keras 3.15.1): see the
+accuracy-parity table in BENCHMARKS.md, which comes from
+`benchmarks/parity.py`. Speed claims belong to GPUs.
+"""
+
+import dataclasses
+
+import keras
+from keras import ops
+
+import kmp
+from kmp import data as kmp_data
+from kmp import recipes
+
+
+@dataclasses.dataclass
+class Config(recipes.RunConfig):
+    """What `train` does; every field is also a flag (see `--help`)."""
+
+    epochs: int = recipes.flag(3, "Epochs.", lower_bound=1)
+    output_dir: str = recipes.flag("runs/imdb", "Output directory.")
+    learning_rate: float = recipes.flag(5e-4, "Peak learning rate (AdamW).")
+    model: str = recipes.flag(
+        "transformer", "Architecture.", ("transformer", "bilstm")
+    )
+    d_model: int = recipes.flag(128, "Embedding width.", lower_bound=8)
+    heads: int = recipes.flag(4, "Attention heads.", lower_bound=1)
+    layers: int = recipes.flag(2, "Encoder blocks.", lower_bound=1)
+    sequence_length: int = recipes.flag(
+        256, "Tokens per review.", lower_bound=8
+    )
+    vocabulary_size: int = recipes.flag(20_000, "Vocabulary.", lower_bound=8)
+
+    def check(self):
+        super().check()
+        if self.d_model % self.heads:
+            raise ValueError(
+                f"d_model ({self.d_model}) must be a multiple of heads "
+                f"({self.heads})."
+            )
+        return self
+
+
+# ## Data
+#
+# TFDS's imdb_reviews (25,000 training and 25,000 test reviews) when it is
+# on disk or downloadable, tokenized by a `TextVectorization` layer fitted
+# on the training text; otherwise (with `--data=auto`) synthetic reviews
+# that are already token ids, labelled as such.
+
+
+def load_splits(config):
+    def synthetic():
+        return kmp_data.synthetic_text(
+            train_size=config.synthetic_size,
+            test_size=config.synthetic_size,
+            sequence_length=config.sequence_length,
+            vocabulary_size=config.vocabulary_size,
+            seed=config.seed,
+        )
+
+    return kmp_data.load(
+        "imdb_reviews", config.data, synthetic, config.data_dir or None
+    )
+
+
+def make_datasets(splits, config):
+    """Batched token ids: `tf.data` pipelines when TensorFlow is
+    installed, else the synthetic NumPy arrays as they are."""
+    if not kmp_data.has_tensorflow():
+        return splits.train, splits.test
+    import tensorflow as tf
+
+    train, test = splits.train, splits.test
+    if splits.source == "tfds":
+        vectorize = keras.layers.TextVectorization(
+            max_tokens=config.vocabulary_size,
+            output_sequence_length=config.sequence_length,
+        )
+        texts = train.map(lambda text, label: text)
+        vectorize.adapt(texts.take(10_000).batch(512))
+
+        def tokens(text, label):
+            return vectorize(text), label
+
+        train = train.map(tokens, num_parallel_calls=tf.data.AUTOTUNE)
+        test = test.map(tokens, num_parallel_calls=tf.data.AUTOTUNE)
+    else:
+        train = tf.data.Dataset.from_tensor_slices(train)
+        test = tf.data.Dataset.from_tensor_slices(test)
+    train = (
+        train.cache()
+        .shuffle(25_000, seed=config.seed)
+        .batch(config.batch_size, drop_remainder=True)
+    )
+    if config.steps:
+        train = train.repeat()  # steps * epochs may exceed one pass
+    test = test.batch(config.batch_size).cache()
+    return train.prefetch(tf.data.AUTOTUNE), test.prefetch(tf.data.AUTOTUNE)
+
+
+# ## Model
+#
+# The Transformer encoder of the keras-io text-classification example:
+# post-norm blocks of self-attention and a ReLU feed-forward layer, mean
+# pooling, a softmax. `kmp.pin_float32` computes each attention softmax
+# and the output softmax in float32.
+
+
+@keras.saving.register_keras_serializable(package="kmp_examples")
+class TokenAndPositionEmbedding(keras.layers.Layer):
+    """Token embedding plus a learned embedding of each position."""
+
+    def __init__(self, sequence_length, vocabulary_size, d_model, **kwargs):
+        super().__init__(**kwargs)
+        self.sequence_length = sequence_length
+        self.vocabulary_size = vocabulary_size
+        self.d_model = d_model
+        self.tokens = keras.layers.Embedding(vocabulary_size, d_model)
+        self.positions = keras.layers.Embedding(sequence_length, d_model)
+
+    def call(self, inputs):
+        positions = ops.arange(ops.shape(inputs)[-1])
+        return self.tokens(inputs) + self.positions(positions)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "sequence_length": self.sequence_length,
+            "vocabulary_size": self.vocabulary_size,
+            "d_model": self.d_model,
+        }
+
+
+def encoder_block(x, d_model, heads, dropout=0.1):
+    attention = keras.layers.MultiHeadAttention(
+        heads, key_dim=d_model // heads, dropout=dropout
+    )(x, x)
+    x = keras.layers.LayerNormalization(epsilon=1e-6)(
+        x + keras.layers.Dropout(dropout)(attention)
+    )
+    forward = keras.layers.Dense(4 * d_model, activation="relu")(x)
+    forward = keras.layers.Dense(d_model)(forward)
+    return keras.layers.LayerNormalization(epsilon=1e-6)(
+        x + keras.layers.Dropout(dropout)(forward)
+    )
+
+
+def build_model(config):
+    inputs = keras.Input((config.sequence_length,), dtype="int32")
+    if config.model == "bilstm":
+        x = keras.layers.Embedding(config.vocabulary_size, config.d_model)(
+            inputs
+        )
+        x = keras.layers.Bidirectional(keras.layers.LSTM(config.d_model))(x)
+    else:
+        x = TokenAndPositionEmbedding(
+            config.sequence_length, config.vocabulary_size, config.d_model
+        )(inputs)
+        for _ in range(config.layers):
+            x = encoder_block(x, config.d_model, config.heads)
+        x = keras.layers.GlobalAveragePooling1D()(x)
+    x = keras.layers.Dropout(0.1)(x)
+    outputs = keras.layers.Dense(2, activation="softmax")(x)
+    return keras.Model(inputs, outputs, name=f"imdb_{config.model}")
+
+
+# ## Train
+
+
+def train(config: Config) -> dict:
+    """Trains and evaluates; returns the results (also written as JSON)."""
+    config.check()
+    keras.utils.set_random_seed(config.seed)
+    splits = load_splits(config)
+    strategy = recipes.make_strategy(config.strategy, config.batch_size)
+    train_data, test_data = make_datasets(splits, config)
+    steps = config.steps or recipes.split_size(splits.train) // (
+        config.batch_size
+    )
+    with kmp.policy_scope(config.policy) as policy:
+        with recipes.scope(strategy):
+            model = kmp.pin_float32(build_model(config))
+            schedule = keras.optimizers.schedules.CosineDecay(
+                0.0,
+                decay_steps=max(config.epochs * steps, 1),
+                warmup_target=config.learning_rate,
+                warmup_steps=max(config.epochs * steps // 10, 1),
+            )
+            optimizer = kmp.wrap(
+                keras.optimizers.AdamW(schedule, weight_decay=0.01)
+            )
+            model.compile(
+                optimizer=optimizer,
+                loss="sparse_categorical_crossentropy",
+                metrics=["accuracy"],
+            )
+        recipes.prepare(model, strategy)  # kmp.distribute under a strategy
+        run = recipes.Run(config.output_dir)
+        args, kwargs = recipes.fit_data(train_data, config.batch_size)
+        history = model.fit(
+            *args,
+            **kwargs,
+            validation_data=test_data,
+            epochs=config.epochs,
+            steps_per_epoch=config.steps or None,
+            callbacks=run.callbacks,
+            verbose=config.verbose,
+        )
+        args, kwargs = recipes.fit_data(test_data, config.batch_size)
+        test_loss, accuracy = model.evaluate(*args, **kwargs, verbose=0)
+        results = run.results(
+            f"imdb_{config.model}",
+            config,
+            policy.name,
+            splits,
+            history,
+            model,
+            strategy,
+            test_loss,
+            accuracy,
+        )
+    run.save(model, results, "imdb")
+    return results
+
+
+# ## Results
+#
+# As for CIFAR-10: a table and a summary line; results.json, results.png
+# and the model in --output_dir.
+
+
+def main(argv):
+    del argv  # everything is in the flags
+    recipes.main("imdb", "imdb_reviews (Transformer encoder)", Config, train)
+
+
+if __name__ == "__main__":
+    from absl import app
+
+    recipes.define_flags(Config)
+    app.run(main)
