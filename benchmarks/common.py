@@ -10,40 +10,18 @@ import json
 import os
 import statistics
 import sys
-import time
 
 from kmp import backend
+from kmp.bench import time_interleaved as _time_interleaved
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 def time_interleaved(runs, rounds, unit=None):
-    """Times `runs[name]()` for each name, `rounds` times, interleaved.
-
-    Args:
-        runs: Dict of name -> zero-argument callable (one epoch, say).
-        rounds: Number of rounds.
-        unit: Optional `(count, label)`; progress lines then show
-            `count / seconds` in `label` instead of seconds.
-
-    Returns:
-        Dict of name -> list of seconds, one per round.
-    """
-    names = list(runs)
-    seconds = {name: [] for name in names}
-    for r in range(rounds):
-        shift = r % len(names)
-        for name in names[shift:] + names[:shift]:
-            start = time.perf_counter()
-            runs[name]()
-            seconds[name].append(time.perf_counter() - start)
-        if unit is None:
-            shown = (f"{n} {seconds[n][-1]:.3f}s" for n in names)
-        else:
-            count, label = unit
-            shown = (f"{n} {count / seconds[n][-1]:.0f} {label}" for n in names)
-        print(f"round {r + 1}/{rounds}: " + ", ".join(shown), flush=True)
-    return seconds
+    """`kmp.bench.time_interleaved`, printing a line per round."""
+    return _time_interleaved(
+        runs, rounds, lambda line: print(line, flush=True), unit
+    )
 
 
 def ratio_stats(seconds, a, b):

@@ -199,7 +199,7 @@ def train(config: Config) -> dict:
         recipes.prepare(model, strategy)  # kmp.distribute under a strategy
         # Loss-scale monitor, step times, and a backup: rerun the same
         # command after an interruption and it resumes.
-        run = recipes.Run(config.output_dir)
+        run = recipes.Run(config, splits, strategy)
         args, kwargs = recipes.fit_data(train_data, config.batch_size)
         history = model.fit(
             *args,
@@ -213,15 +213,7 @@ def train(config: Config) -> dict:
         args, kwargs = recipes.fit_data(test_data, config.batch_size)
         test_loss, accuracy = model.evaluate(*args, **kwargs, verbose=0)
         results = run.results(
-            "resnet9",
-            config,
-            policy.name,
-            splits,
-            history,
-            model,
-            strategy,
-            test_loss,
-            accuracy,
+            "resnet9", policy.name, history, model, test_loss, accuracy
         )
     run.save(model, results, "cifar10")
     return results

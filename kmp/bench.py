@@ -56,8 +56,15 @@ COLUMNS = (
 )
 
 
-def time_interleaved(runs, rounds, log=print):
+def time_interleaved(runs, rounds, log=print, unit=None):
     """Times `runs[name]()` for each name, `rounds` times, interleaved.
+
+    Args:
+        runs: Dict of name -> zero-argument callable (one epoch, say).
+        rounds: Number of rounds.
+        log: Called with a progress line per round (`None`: silent).
+        unit: Optional `(count, label)`; progress lines then show
+            `count / seconds` in `label` instead of seconds.
 
     Returns:
         Dict of name -> list of seconds, one per round.
@@ -70,9 +77,14 @@ def time_interleaved(runs, rounds, log=print):
             start = time.perf_counter()
             runs[name]()
             seconds[name].append(time.perf_counter() - start)
-        if log:
-            shown = ", ".join(f"{n} {seconds[n][-1]:.3f}s" for n in names)
-            log(f"round {r + 1}/{rounds}: {shown}")
+        if log is None:
+            continue
+        if unit is None:
+            shown = (f"{n} {seconds[n][-1]:.3f}s" for n in names)
+        else:
+            count, label = unit
+            shown = (f"{n} {count / seconds[n][-1]:.0f} {label}" for n in names)
+        log(f"round {r + 1}/{rounds}: " + ", ".join(shown))
     return seconds
 
 

@@ -76,11 +76,17 @@ def load_tfds(name: str, data_dir: str | None = None):
     """Returns `(train, test)` unbatched `(x, y)` datasets from TFDS.
 
     Raises:
-        DataUnavailable: within seconds, when the dataset is not prepared
-            in `data_dir` and the network is unreachable.
+        DataUnavailable: within seconds, when TFDS is not installed, or
+            the dataset is not prepared in `data_dir` and the network is
+            unreachable.
     """
-    import tensorflow_datasets as tfds
-
+    try:
+        import tensorflow_datasets as tfds
+    except ImportError as error:  # e.g. a JAX-only machine
+        raise DataUnavailable(
+            f"TFDS cannot be imported here ({error}); install "
+            "tensorflow-datasets, or use --data synthetic."
+        ) from None
     builder = tfds.builder(name, data_dir=data_dir)
     if not builder.is_prepared() and not _reachable():
         raise DataUnavailable(

@@ -177,13 +177,16 @@ class Run:
     """The callbacks of one training run, and its results afterwards.
 
     Args:
-        output_dir: Holds the backup (so an interrupted run resumes when
-            rerun), and afterwards the model, `results.json` and
-            `results.png` (written by the chief only).
+        config: The run's `RunConfig`. Its `output_dir` holds the backup
+            (so an interrupted run resumes when rerun), and afterwards the
+            model, `results.json` and `results.png` (chief only).
+        splits: The `kmp.data.Splits` trained on.
+        strategy: The `tf.distribute` strategy, or `None`.
     """
 
-    def __init__(self, output_dir):
-        self.output_dir = output_dir
+    def __init__(self, config, splits, strategy):
+        self.config, self.splits, self.strategy = config, splits, strategy
+        output_dir = self.output_dir = config.output_dir
         os.makedirs(output_dir, exist_ok=True)
         self.steps = report.StepLog()
         self.monitor = LossScaleMonitor()
@@ -195,18 +198,9 @@ class Run:
             ),
         ]
 
-    def results(
-        self,
-        model_name,
-        config,
-        policy,
-        splits,
-        history,
-        model,
-        strategy,
-        test_loss,
-        accuracy,
-    ):
+    def results(self, model_name, policy, history, model, test_loss, accuracy):
+        """The run's record: figures, History, per-step losses, config."""
+        config, splits, strategy = self.config, self.splits, self.strategy
         step_time = self.steps.median_step_time()  # without compiling
         memory, memory_note = report.peak_memory_mib()
         logs = {k: [float(v) for v in vs] for k, vs in history.history.items()}

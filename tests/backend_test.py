@@ -76,3 +76,46 @@ def test_kmp_trains_with_jax_when_tensorflow_cannot_be_imported():
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "[32768.0]" in result.stdout
+
+
+@jax_only
+def test_examples_and_bench_run_with_jax_when_tensorflow_cannot_be_imported(
+    tmp_path,
+):
+    # `kmp bench --backend jax` and the trainers on synthetic data are what
+    # runs on a lent GPU, where there is no TensorFlow.
+    script = textwrap.dedent(
+        f"""
+        import importlib.abc
+        import sys
+
+        class NoTensorFlow(importlib.abc.MetaPathFinder):
+            # Like a machine without it: no entry in sys.modules at all.
+            def find_spec(self, name, path, target=None):
+                if name.split(".")[0] in ("tensorflow", "tensorflow_datasets"):
+                    raise ImportError(f"No module named {{name!r}}")
+
+        sys.meta_path.insert(0, NoTensorFlow())
+        from kmp import bench
+        from kmp.examples import cifar10, imdb
+        tiny = {{"imdb": {{"d_model": 16, "batch_size": 4,
+                          "sequence_length": 8}}}}
+        rows = bench.bench_model("imdb", tiny, steps=1, rounds=2, log=None)
+        print("bench", len(rows))
+        results = cifar10.train(cifar10.Config(
+            data="auto", width=8, steps=2, epochs=1, batch_size=8,
+            synthetic_size=32, verbose=0, output_dir={str(tmp_path)!r}))
+        print("train", results["data"], results["data_note"][:30])
+        assert "tensorflow" not in sys.modules
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        env=dict(os.environ, KERAS_BACKEND="jax"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "bench 4" in result.stdout
+    assert "train synthetic offline: TFDS cannot be import" in result.stdout
