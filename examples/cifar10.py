@@ -98,14 +98,15 @@ def make_datasets(splits, config):
 
     def as_dataset(split):
         if isinstance(split, tf.data.Dataset):
-            return split
-        return tf.data.Dataset.from_tensor_slices(split)
+            # Decoded uint8 images, kept after the first read: 4x smaller
+            # than cached float32 ones.
+            return split.cache()
+        return tf.data.Dataset.from_tensor_slices(split)  # in memory
 
     train = (
         as_dataset(splits.train)
-        .map(normalize, num_parallel_calls=tf.data.AUTOTUNE)
-        .cache()
         .shuffle(10_000, seed=config.seed)
+        .map(normalize, num_parallel_calls=tf.data.AUTOTUNE)
         .map(augment, num_parallel_calls=tf.data.AUTOTUNE)
         .batch(config.batch_size, drop_remainder=True)
         .prefetch(tf.data.AUTOTUNE)
@@ -116,7 +117,6 @@ def make_datasets(splits, config):
         as_dataset(splits.test)
         .map(normalize, num_parallel_calls=tf.data.AUTOTUNE)
         .batch(config.batch_size)
-        .cache()
         .prefetch(tf.data.AUTOTUNE)
     )
     return train, test

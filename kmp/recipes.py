@@ -253,7 +253,7 @@ def summary(name, results) -> str:
         f"test accuracy {results['accuracy']:.4f}, "
         f"final loss {results['final_loss']:.4f}, "
         f"{results['examples_per_s']:.0f} examples/s, "
-        f"loss scale {results['loss_scale']}, "
+        f"loss scale {results['loss_scale'] or 'none'}, "
         f"skipped steps {results['skipped_steps']:g}"
     )
 
