@@ -171,7 +171,7 @@ def train(config: Config) -> dict:
     config.check()
     keras.utils.set_random_seed(config.seed)
     splits = load_splits(config)
-    strategy = recipes.make_strategy(config.strategy, config.batch_size)
+    strategy = recipes.make_strategy(config.strategy)
     train_data, test_data = make_datasets(splits, config)
     steps = config.steps or recipes.split_size(splits.train) // (
         config.batch_size

@@ -111,7 +111,7 @@ def config_from_flags(config_class, flag_values):
     return config_class(**{name: flag_values[name].value for name in names})
 
 
-def make_strategy(name: str, batch_size: int):
+def make_strategy(name: str):
     """A `tf.distribute` strategy for `name`, or `None`.
 
     On JAX, `"mirrored"` sets `keras.distribution.DataParallel` over the
@@ -137,12 +137,8 @@ def make_strategy(name: str, batch_size: int):
         from kmp.cluster import multi_worker_strategy
 
         strategy = multi_worker_strategy()
-    replicas = strategy.num_replicas_in_sync
-    if batch_size % replicas:
-        raise ValueError(
-            f"batch_size {batch_size} does not split over {replicas} "
-            f"replicas; use a multiple of {replicas}."
-        )
+    # A batch that does not split over the replicas is refused by
+    # kmp.distribute when fit starts (see `prepare`).
     return strategy
 
 

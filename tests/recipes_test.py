@@ -54,16 +54,16 @@ def test_fit_data_passes_datasets_as_is_and_batches_arrays():
 
 
 def test_no_strategy_is_none():
-    assert recipes.make_strategy("none", 7) is None
+    assert recipes.make_strategy("none") is None
     with recipes.scope(None):
         pass
 
 
 @jax_only
 def test_jax_mirrored_is_data_parallel_and_multiworker_is_refused():
-    assert recipes.make_strategy("mirrored", 8) is None
+    assert recipes.make_strategy("mirrored") is None
     assert isinstance(
         keras.distribution.distribution(), keras.distribution.DataParallel
     )
     with pytest.raises(ValueError, match="needs KERAS_BACKEND=tensorflow"):
-        recipes.make_strategy("multiworker", 8)
+        recipes.make_strategy("multiworker")
