@@ -158,6 +158,31 @@ def build_model(width=64, classes=10):
     return keras.Model(inputs, outputs, name="resnet9")
 
 
+def compile_model(config, steps):
+    """The ResNet-9 with its float32 islands, compiled with SGD under
+    `kmp.wrap` (dynamic loss scale) and a warm-up + cosine schedule over
+    `config.epochs * steps` steps, in the current dtype policy."""
+    model = kmp.pin_float32(build_model(config.width))
+    peak = config.learning_rate * config.batch_size / 512
+    schedule = keras.optimizers.schedules.CosineDecay(
+        peak / 10,
+        decay_steps=max(config.epochs * steps, 1),
+        warmup_target=peak,
+        warmup_steps=max(config.epochs * steps // 5, 1),
+    )
+    optimizer = kmp.wrap(
+        keras.optimizers.SGD(
+            schedule, momentum=0.9, nesterov=True, weight_decay=5e-4
+        )
+    )
+    model.compile(
+        optimizer=optimizer,
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+    )
+    return model
+
+
 # ## Train
 #
 # The strategy decides where the replicas are. On TensorFlow, the model is
@@ -178,24 +203,7 @@ def train(config: Config) -> dict:
     )
     with kmp.policy_scope(config.policy) as policy:
         with recipes.scope(strategy):
-            model = kmp.pin_float32(build_model(config.width))
-            peak = config.learning_rate * config.batch_size / 512
-            schedule = keras.optimizers.schedules.CosineDecay(
-                peak / 10,
-                decay_steps=max(config.epochs * steps, 1),
-                warmup_target=peak,
-                warmup_steps=max(config.epochs * steps // 5, 1),
-            )
-            optimizer = kmp.wrap(
-                keras.optimizers.SGD(
-                    schedule, momentum=0.9, nesterov=True, weight_decay=5e-4
-                )
-            )
-            model.compile(
-                optimizer=optimizer,
-                loss="sparse_categorical_crossentropy",
-                metrics=["accuracy"],
-            )
+            model = compile_model(config, steps)
         recipes.prepare(model, strategy)  # kmp.distribute under a strategy
         # Loss-scale monitor, step times, and a backup: rerun the same
         # command after an interruption and it resumes.

@@ -185,6 +185,26 @@ def build_model(config):
     return keras.Model(inputs, outputs, name=f"imdb_{config.model}")
 
 
+def compile_model(config, steps):
+    """The model with its float32 islands, compiled with AdamW under
+    `kmp.wrap` (dynamic loss scale) and a warm-up + cosine schedule over
+    `config.epochs * steps` steps, in the current dtype policy."""
+    model = kmp.pin_float32(build_model(config))
+    schedule = keras.optimizers.schedules.CosineDecay(
+        0.0,
+        decay_steps=max(config.epochs * steps, 1),
+        warmup_target=config.learning_rate,
+        warmup_steps=max(config.epochs * steps // 10, 1),
+    )
+    optimizer = kmp.wrap(keras.optimizers.AdamW(schedule, weight_decay=0.01))
+    model.compile(
+        optimizer=optimizer,
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+    )
+    return model
+
+
 # ## Train
 
 
@@ -200,21 +220,7 @@ def train(config: Config) -> dict:
     )
     with kmp.policy_scope(config.policy) as policy:
         with recipes.scope(strategy):
-            model = kmp.pin_float32(build_model(config))
-            schedule = keras.optimizers.schedules.CosineDecay(
-                0.0,
-                decay_steps=max(config.epochs * steps, 1),
-                warmup_target=config.learning_rate,
-                warmup_steps=max(config.epochs * steps // 10, 1),
-            )
-            optimizer = kmp.wrap(
-                keras.optimizers.AdamW(schedule, weight_decay=0.01)
-            )
-            model.compile(
-                optimizer=optimizer,
-                loss="sparse_categorical_crossentropy",
-                metrics=["accuracy"],
-            )
+            model = compile_model(config, steps)
         recipes.prepare(model, strategy)  # kmp.distribute under a strategy
         run = recipes.Run(config, splits, strategy)
         args, kwargs = recipes.fit_data(train_data, config.batch_size)

@@ -11,7 +11,9 @@ from kmp.audit import audit
 from kmp.cluster import is_chief
 from kmp.cluster import multi_worker_strategy
 from kmp.cluster import parse_tf_config
+from kmp.diagnosis import Diagnosis
 from kmp.distributed import distribute
+from kmp.doctor import diagnose
 from kmp.islands import pin_float32
 from kmp.loss_scale_optimizer import LossScaleOptimizer
 from kmp.loss_scale_optimizer import wrap
@@ -25,12 +27,14 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AuditReport",
+    "Diagnosis",
     "Finding",
     "LossScaleOptimizer",
     "Recommendation",
     "__version__",
     "audit",
     "callbacks",
+    "diagnose",
     "disable",
     "distribute",
     "enable",

@@ -8,7 +8,10 @@ API. What cannot be, lives here, and each function branches exactly once:
 - the framework's name and version (`framework_versions`);
 - how a model's train step exposes the optimizer state it just produced
   (`add_train_step_logs`): TensorFlow's step is stateful, JAX's is a pure
-  function of `(state, data)`.
+  function of `(state, data)`;
+- how to take gradients with respect to intermediate tensors
+  (`taped_gradients`): a tape watches them on TensorFlow, JAX adds a zero
+  it can differentiate by.
 
 TensorFlow is imported only inside the TensorFlow branches, so kmp imports
 and trains with `KERAS_BACKEND=jax` on a machine that has no TensorFlow.
@@ -206,6 +209,97 @@ def add_train_step_logs(
     model.train_step = train_step
     # A train function compiled before the wrap would not call it.
     model.train_function = None
+
+
+def taped_gradients(loss_fn: Callable, jit_compile: bool = False):
+    """Differentiates a loss by its inputs and by tensors marked inside it.
+
+    `loss_fn(values, args, tap)` returns a scalar loss computed from the
+    list `values` (e.g. trainable variable values) and `args`; inside it,
+    `x = tap(key, x)` marks the floating tensor `x` and returns the tensor
+    to compute on with. The marking leaves values unchanged.
+
+    Args:
+        loss_fn: The loss, as above. With `jit_compile`, it is traced once
+            per input shape, so `tap` is called at trace time only.
+        jit_compile: Compile with XLA (`jax.jit`, or `tf.function` with
+            `jit_compile=True`).
+
+    Returns:
+        `run(values, *args)` -> `(loss, keys, tapped, value_grads,
+        tap_grads)`: `keys` in the order `tap` was called; each tapped
+        tensor's gradient has its dtype (so a float16 activation's
+        gradient is the float16 one backpropagation computed), or is None
+        where the loss does not depend on it.
+    """
+    keys = []
+
+    if name() == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        def traced(values, zeros, args):
+            keys.clear()
+            taps = []
+            supply = None if zeros is None else iter(zeros)
+
+            def tap(key, x):
+                keys.append(key)
+                if supply is not None:
+                    # d(loss)/d(zero) is d(loss)/d(x): JAX differentiates
+                    # by inputs only, so each tapped tensor gets one.
+                    x = x + next(supply)
+                taps.append(x)
+                return x
+
+            return loss_fn(values, args, tap), taps
+
+        grad = jax.value_and_grad(traced, argnums=(0, 1), has_aux=True)
+        if jit_compile:
+            grad = jax.jit(grad)
+
+        def run(values, *args):
+            _, shapes = jax.eval_shape(
+                lambda v, a: traced(v, None, a), values, args
+            )
+            zeros = [jnp.zeros(s.shape, s.dtype) for s in shapes]
+            (loss, taps), (value_grads, tap_grads) = grad(values, zeros, args)
+            return loss, list(keys), taps, value_grads, tap_grads
+
+        return run
+
+    if name() != "tensorflow":
+        raise ValueError(
+            f"Gradients by intermediate tensors need the TensorFlow or JAX "
+            f"backend; KERAS_BACKEND is {name()!r}."
+        )
+    import tensorflow as tf
+
+    def step(values, args):
+        keys.clear()
+        taps = []
+        with tf.GradientTape() as tape:
+            tape.watch(values)
+
+            def tap(key, x):
+                tape.watch(x)
+                keys.append(key)
+                taps.append(x)
+                return x
+
+            loss = loss_fn(values, args, tap)
+        value_grads, tap_grads = tape.gradient(loss, (values, taps))
+        return loss, taps, value_grads, tap_grads
+
+    if jit_compile:
+        step = tf.function(step, jit_compile=True)
+
+    def run(values, *args):
+        values = [tf.convert_to_tensor(v) for v in values]
+        loss, taps, value_grads, tap_grads = step(values, args)
+        return loss, list(keys), taps, value_grads, tap_grads
+
+    return run
 
 
 def distribution_name() -> str | None:

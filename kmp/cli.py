@@ -5,6 +5,7 @@
     kmp train cifar10|imdb [--flags]   the example trainers (same code)
     kmp bench [--models ...] float32 vs mixed, interleaved, on those models
     kmp audit PATH.keras     mixed-precision hazards in a saved model
+    kmp doctor cifar10|imdb|PATH.keras [--flags]   where float16 hurts
 
 The Keras backend is the usual `KERAS_BACKEND` environment variable
 (`kmp bench --backend jax` sets it).
@@ -202,6 +203,154 @@ def bench(args) -> list:
     return results
 
 
+DOCTOR_POLICIES = ("mixed_float16", "mixed_bfloat16")
+
+
+def _doctor_flags(values, target):
+    """The doctor's own flags; an example's come from its Config."""
+    from absl import flags
+
+    from kmp import recipes
+
+    if target in EXAMPLES:
+        import importlib
+
+        module = importlib.import_module(f"kmp.examples.{target}")
+        recipes.define_flags(module.Config, values)
+        # Two batches need little data; the CIFAR cost figure is at 128.
+        values.set_default("policy", "mixed_float16")
+        values.set_default("batch_size", 128)
+        values.set_default("synthetic_size", 2048)
+        values.set_default("output_dir", f"runs/doctor_{target}")
+        return module
+    flags.DEFINE_string(
+        "data", None, "A .npz file with arrays x and y.", flag_values=values
+    )
+    flags.DEFINE_string(
+        "policy",
+        "",
+        "Mixed policy to test (default: the model's own).",
+        flag_values=values,
+    )
+    flags.DEFINE_integer(
+        "batch_size", 128, "Batch size.", lower_bound=1, flag_values=values
+    )
+    flags.DEFINE_string(
+        "output_dir",
+        "runs/doctor",
+        "Where doctor.json and doctor.png go.",
+        flag_values=values,
+    )
+    return None
+
+
+def doctor(args):
+    """Runs `kmp.diagnose` on an example model or a saved one; prints the
+    table and writes doctor.json and doctor.png."""
+    from absl import flags
+
+    name = f"kmp doctor {args.target}"
+    values = flags.FlagValues()
+    module = _doctor_flags(values, args.target)
+    flags.DEFINE_integer(
+        "batches", 2, "Batches to run.", lower_bound=1, flag_values=values
+    )
+    flags.DEFINE_float(
+        "loss_scale",
+        0.0,
+        "Loss scale to test (0: the model's optimizer's current one).",
+        lower_bound=0.0,
+        flag_values=values,
+    )
+    if {"-h", "--help", "--helpfull"} & set(args.flags):
+        print(f"usage: {name} [--flag=value ...]\n")
+        print(values.get_help())
+        return None
+    try:
+        values([name, *args.flags])
+        if values["policy"].value and (
+            values["policy"].value not in DOCTOR_POLICIES
+        ):
+            raise ValueError(
+                f"--policy must be one of {', '.join(DOCTOR_POLICIES)} "
+                f"(the mixed policy under test); got {values.policy!r}."
+            )
+        model, data = (
+            _example_inputs(module, values)
+            if module
+            else _saved_inputs(args.target, values)
+        )
+    except (flags.Error, ValueError, OSError) as error:
+        raise SystemExit(f"{name}: {error}") from None
+    import kmp
+
+    report = kmp.diagnose(
+        model,
+        data,
+        batches=values.batches,
+        batch_size=values.batch_size,
+        loss_scale=values.loss_scale or None,
+        policy=None if module else (values.policy or None),
+    )
+    report.show()
+    os.makedirs(values.output_dir, exist_ok=True)
+    with open(os.path.join(values.output_dir, "doctor.json"), "w") as f:
+        f.write(report.to_json() + "\n")
+    report.plot(os.path.join(values.output_dir, "doctor.png"))
+    print(f"wrote {values.output_dir}/doctor.json and doctor.png")
+    return report
+
+
+def _example_inputs(module, values):
+    """The example's compiled model (under --policy) and training data."""
+    from kmp import data as kmp_data
+    from kmp import policy as policy_lib
+    from kmp import recipes
+
+    config = recipes.config_from_flags(module.Config, values).check()
+    try:
+        splits = module.load_splits(config)
+    except kmp_data.DataUnavailable as error:
+        raise ValueError(str(error)) from None
+    train_data, _ = module.make_datasets(splits, config)
+    import keras
+
+    keras.utils.set_random_seed(config.seed)
+    with policy_lib.policy_scope(config.policy):
+        model = module.compile_model(config, steps=1)
+    return model, train_data
+
+
+def _saved_inputs(path, values):
+    """A saved model and the arrays of --data."""
+    if not path.endswith(".keras") or not os.path.isfile(path):
+        raise ValueError(
+            f"{path!r} is neither an example ({', '.join(EXAMPLES)}) nor a "
+            ".keras file."
+        )
+    if not values.data or not os.path.isfile(values.data):
+        raise ValueError(
+            f"--data must name a .npz file with arrays x and y; got "
+            f"{values.data!r}."
+        )
+    import numpy as np
+
+    with np.load(values.data) as arrays:
+        missing = {"x", "y"} - set(arrays.files)
+        if missing:
+            raise ValueError(
+                f"{values.data} has arrays {sorted(arrays.files)}; it needs "
+                "x and y (np.savez(path, x=inputs, y=targets))."
+            )
+        need = values.batches * values.batch_size
+        data = (arrays["x"][:need], arrays["y"][:need])
+    import keras
+
+    import kmp.examples.imdb  # noqa: F401  (registers its custom layer)
+
+    return keras.saving.load_model(path, compile=True), data
+
+
 def backend_name():
     import keras
 
@@ -286,6 +435,18 @@ def _parser():
         "--output", help="directory for bench.md and bench.json"
     )
 
+    doctor_parser = commands.add_parser(
+        "doctor",
+        help="which layers float16 hurts, and the loss scale to use",
+        description="Runs kmp.diagnose on an example model (cifar10, imdb; "
+        "their flags apply) or on a saved .keras model with --data=PATH.npz "
+        "(arrays x, y); prints the table, writes doctor.json and doctor.png. "
+        "`kmp doctor cifar10 --help` lists the flags.",
+        add_help=False,
+    )
+    doctor_parser.add_argument("target", help="cifar10, imdb or PATH.keras")
+    doctor_parser.add_argument("flags", nargs=argparse.REMAINDER)
+
     audit_parser = commands.add_parser(
         "audit",
         help="mixed-precision hazards in a saved .keras model",
@@ -321,6 +482,8 @@ def main(argv=None) -> int:
         train(args)
     elif args.command == "bench":
         bench(args)
+    elif args.command == "doctor":
+        doctor(args)
     return 0
 
 

@@ -19,6 +19,8 @@ PUBLIC = {
     "multi_worker_strategy",
     "is_chief",
     "parse_tf_config",
+    "diagnose",
+    "Diagnosis",
 }
 
 

@@ -4,6 +4,7 @@ import sys
 import textwrap
 
 import keras
+import numpy as np
 import pytest
 from util import jax_only
 
@@ -119,3 +120,30 @@ def test_examples_and_bench_run_with_jax_when_tensorflow_cannot_be_imported(
     assert result.returncode == 0, result.stderr[-3000:]
     assert "bench 4" in result.stdout
     assert "train synthetic offline: TFDS cannot be import" in result.stdout
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_taped_gradients_by_values_and_tapped_tensors(jit_compile):
+    from keras import ops
+
+    def loss_fn(values, args, tap):
+        (w,) = values
+        (x,) = args
+        h = tap("h", ops.cast(w * x, "float16"))
+        unused = tap("unused", ops.cast(x, "float16"))
+        del unused
+        return ops.sum(ops.square(ops.cast(h, "float32")))
+
+    run = backend.taped_gradients(loss_fn, jit_compile)
+    x = np.array([1.0, 2.0, 3.0], "float32")
+    loss, keys, taps, value_grads, tap_grads = run([np.float32(2.0)], x)
+    assert keys == ["h", "unused"]
+    assert float(loss) == 4 + 16 + 36
+    np.testing.assert_array_equal(ops.convert_to_numpy(taps[0]), 2 * x)
+    # d/dh sum(h^2) = 2h, in h's dtype (float16).
+    assert keras.backend.standardize_dtype(tap_grads[0].dtype) == "float16"
+    np.testing.assert_array_equal(ops.convert_to_numpy(tap_grads[0]), 4 * x)
+    # d/dw sum((w x)^2) = 2 w sum(x^2) = 56.
+    assert float(value_grads[0]) == 56.0
+    unused = tap_grads[1]
+    assert unused is None or not np.any(ops.convert_to_numpy(unused))

@@ -1,0 +1,376 @@
+"""The numerics doctor: `kmp.diagnose(model, data)`.
+
+Runs a few batches through the model twice, both times with the same
+weights, the same batch statistics and no dropout: once with every layer
+computing in float32 (the reference), once under the mixed policy being
+tested, with the loss multiplied by the loss scale. Each layer's outputs,
+the gradients by those outputs (activation gradients) and the gradients
+by its weights are compared with float16's (or bfloat16's) range and with
+the reference, layer by layer; `kmp.diagnosis` turns the counts into
+verdicts.
+
+Layers are observed through `kmp.taps` (every layer, nested ones and
+those of subclassed models included); the float32 reference switches the
+layers' dtype policies for the duration of its pass. Both passes go
+through `model.stateless_call`, so no variable (weights, batch-norm
+statistics, seeds) changes, and policies and wrapped `call`s are
+restored in a `finally`.
+"""
+
+import inspect
+import itertools
+import math
+
+import keras
+import numpy as np
+from keras import ops
+
+from kmp import backend
+from kmp.diagnosis import Diagnosis
+from kmp.diagnosis import build_diagnosis
+from kmp.islands import all_layers
+from kmp.numerics import FORMATS
+from kmp.numerics import RangeCounter
+from kmp.taps import LOOPING
+from kmp.taps import Taps
+from kmp.taps import dtype_policies
+from kmp.taps import observed_layers
+
+_HALF = {"float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}
+# Keras computes these in float32 under a mixed policy (their outputs are
+# cast back), so their weight gradients are float32 ones.
+_FLOAT32_INSIDE = (
+    keras.layers.BatchNormalization,
+    keras.layers.LayerNormalization,
+    keras.layers.GroupNormalization,
+    keras.layers.RMSNormalization,
+)
+
+
+def _policy_under_test(model, policy):
+    """`(policy name, layers to switch to it)` for the mixed pass."""
+    layers = all_layers(model)
+    half = [layer for layer in layers if layer.compute_dtype in _HALF]
+    if policy is None:
+        if half:
+            dtypes = {layer.compute_dtype for layer in half}
+            dtype = "float16" if "float16" in dtypes else "bfloat16"
+            return _HALF[dtype], []
+        policy = "mixed_float16"
+    name = policy.name if isinstance(policy, keras.DTypePolicy) else policy
+    if name not in _HALF.values():
+        raise ValueError(
+            f"diagnose tests a mixed policy; got policy={policy!r}. Pass "
+            "'mixed_float16' or 'mixed_bfloat16', or None to test the "
+            "model's own policies."
+        )
+    # Half layers switch half type; pinned ones stay float32. A float32
+    # model is tested as if built under the policy: every layer switches.
+    return name, half or layers
+
+
+def _batches(data, batches, batch_size):
+    """Up to `batches` `(x, y)` batches of NumPy values."""
+    if isinstance(data, (tuple, list)) and len(data) in (2, 3):
+        x, y = data[0], data[1]
+        sizes = {len(a) for a in keras.tree.flatten((x, y))}
+        if len(sizes) == 1 and all(
+            hasattr(a, "shape") for a in keras.tree.flatten((x, y))
+        ):
+            (size,) = sizes
+            return [
+                keras.tree.map_structure(
+                    lambda a, i=i: np.asarray(a[i : i + batch_size]), (x, y)
+                )
+                for i in range(0, size, batch_size)
+            ][:batches]
+    try:
+        iterator = iter(data)
+    except TypeError:
+        raise ValueError(
+            "`data` must be (x, y) arrays, a tf.data.Dataset, a "
+            "keras.utils.PyDataset or an iterable of (x, y) batches; got "
+            f"{type(data).__name__}."
+        ) from None
+    found = []
+    for batch in itertools.islice(iterator, batches):
+        if not isinstance(batch, (tuple, list)) or len(batch) not in (2, 3):
+            raise ValueError(
+                "Each batch must be (x, y) or (x, y, sample_weight); got "
+                f"{type(batch).__name__}."
+            )
+        found.append(keras.tree.map_structure(np.asarray, tuple(batch[:2])))
+    return found
+
+
+def _loss_function(model, loss):
+    """The loss as `(y, y_pred) -> scalar` (mean over the batch)."""
+    spec = loss if loss is not None else getattr(model, "loss", None)
+    if spec is None:
+        raise ValueError(
+            "diagnose needs a loss to take gradients: compile the model "
+            "with one, or pass loss=... (e.g. "
+            "'sparse_categorical_crossentropy')."
+        )
+
+    def resolve(item):
+        item = keras.losses.get(item)
+        # A bare function would compute in y_pred's dtype; Keras's compile
+        # wraps it in a Loss, which computes in float32: so does diagnose.
+        return item if isinstance(item, keras.losses.Loss) else _Loss(item)
+
+    if isinstance(spec, (list, tuple, dict)):
+        losses = [resolve(item) for item in keras.tree.flatten(spec)]
+
+        def total(y, y_pred):
+            ys, preds = keras.tree.flatten(y), keras.tree.flatten(y_pred)
+            if not len(losses) == len(ys) == len(preds):
+                raise ValueError(
+                    f"{len(losses)} losses for {len(preds)} model outputs "
+                    f"and {len(ys)} targets; pass one loss per output."
+                )
+            return sum(fn(t, p) for fn, t, p in zip(losses, ys, preds))
+
+        return total
+    return resolve(spec)
+
+
+class _Loss(keras.losses.Loss):
+    """A loss function as a `keras.losses.Loss` (float32, batch mean)."""
+
+    def __init__(self, fn):
+        super().__init__(name=getattr(fn, "__name__", "loss"))
+        self.fn = fn
+
+    def call(self, y_true, y_pred):
+        return self.fn(y_true, y_pred)
+
+
+def _current_scale(model, policy):
+    if policy == "mixed_bfloat16":
+        return 1.0  # bfloat16 has float32's range: no scaling
+    optimizer = getattr(model, "optimizer", None)
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        if optimizer.built:
+            return float(ops.convert_to_numpy(optimizer.dynamic_scale))
+        return float(optimizer.initial_scale)
+    return 1.0
+
+
+def _owners(layers, model):
+    """Index of the innermost observed layer owning each trainable
+    variable; `len(layers)` for the model's own (or a loop's inner)."""
+    owner = {}
+    for index, layer in enumerate(layers):  # parents come before children
+        for variable in layer.trainable_variables:
+            owner[id(variable)] = index
+    return [owner.get(id(v), len(layers)) for v in model.trainable_variables]
+
+
+def diagnose(
+    model: keras.Model,
+    data,
+    loss=None,
+    batches: int = 2,
+    loss_scale: float | None = None,
+    policy: str | None = None,
+    batch_size: int = 32,
+    jit_compile: bool | str = "auto",
+    verbose: bool = True,
+) -> Diagnosis:
+    """Finds the layers that float16 (or bfloat16) hurts, and says why.
+
+    Runs `batches` batches through `model` twice with the same weights:
+    once in float32 (the reference), once under the mixed policy, with the
+    loss multiplied by the loss scale. Per layer it measures the outputs
+    (largest magnitude, the fractions that overflow, are lost below the
+    smallest subnormal or are subnormal in the half format, the relative
+    error against float32), the gradients by the outputs and by the
+    weights (the same fractions without scaling and at the loss scale),
+    and gives verdicts: layers to pin to float32, whether the loss scale
+    is too low or too high with the range of scales that keeps 99 % of
+    gradient values representable, or that no scale does
+    (`mixed_bfloat16` then). The model, its weights, its optimizer and the
+    global dtype policy are left as they were.
+
+    Args:
+        model: A built Keras model (Sequential, Functional or subclassed).
+        data: `(x, y)` arrays, a `tf.data.Dataset`, a
+            `keras.utils.PyDataset` or an iterable of `(x, y)` batches.
+        loss: The loss (name, function, `keras.losses.Loss`, or one per
+            output); default: the model's compiled loss. Regularization
+            terms and loss weights are not included.
+        batches: How many batches to run.
+        loss_scale: The loss scale to test; default: the model's
+            `LossScaleOptimizer`'s current scale, else 1.
+        policy: The mixed policy to test: `"mixed_float16"` or
+            `"mixed_bfloat16"`. Default: the model's own (half-precision
+            layers as built, pinned ones float32); a float32 model is
+            tested under `"mixed_float16"`. Given a policy, the model's
+            half-precision layers switch to it, or, in a float32 model,
+            every layer.
+        batch_size: Batch size when `data` is arrays.
+        jit_compile: Compile both passes with XLA; `"auto"`: the model's
+            own `jit_compile` setting (True when it is not compiled).
+        verbose: Show a progress bar.
+
+    Returns:
+        A `kmp.diagnosis.Diagnosis`: `.show()`, `.summary()`, `.to_json()`,
+        `.plot(path)`.
+
+    Example:
+
+    ```python
+    kmp.enable("mixed_float16")
+    model = build_model()
+    model.compile(optimizer=kmp.wrap("adam"), loss="mse")
+    report = kmp.diagnose(model, (x_train, y_train), batch_size=128)
+    report.show()              # per-layer table, verdicts, summary
+    report.plot("doctor.png")  # gradient magnitudes vs float16's range
+    ```
+    """
+    if not isinstance(model, keras.Model):
+        raise TypeError(
+            f"diagnose expects a keras.Model, got {type(model).__name__}."
+        )
+    if not model.built or not model.trainable_variables:
+        raise ValueError(
+            f"Model {model.name!r} is not built or has no trainable "
+            "weights. Build it first (call it on a batch, or "
+            "model.build(input_shape)); diagnose does not create weights."
+        )
+    for name, value in (("batches", batches), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(
+                f"`{name}` must be an integer >= 1, got {value!r}."
+            )
+    if loss_scale is not None and not (
+        isinstance(loss_scale, (int, float)) and 0 < loss_scale < math.inf
+    ):
+        raise ValueError(
+            "`loss_scale` must be a positive finite number, got "
+            f"{loss_scale!r}."
+        )
+    policy, switched = _policy_under_test(model, policy)
+    scale = float(loss_scale or _current_scale(model, policy))
+    fmt = FORMATS[keras.DTypePolicy(policy).compute_dtype]
+    loss_fn = _loss_function(model, loss)
+    found = _batches(data, batches, batch_size)
+    if not found:
+        raise ValueError("`data` yielded no batches.")
+    if jit_compile == "auto":
+        jit_compile = bool(getattr(model, "jit_compile", True))
+
+    layers = observed_layers(model)
+    taps = Taps(layers)
+    every_layer = all_layers(model)
+    counters = {
+        kind: [
+            RangeCounter(fmt, 1.0 if kind == "activations" else scale)
+            for _ in range(len(layers) + 1)
+        ]
+        for kind in ("activations", "activation_gradients", "weight_gradients")
+    }
+    dtypes, reference_dtypes = {}, {}  # layer index -> dtype, call order
+
+    # As Keras's trainers do: `training` only where call() takes it.
+    parameters = inspect.signature(model.call).parameters
+    training = {"training": True} if "training" in parameters else {}
+
+    def make_pass(loss_multiplier):
+        def loss_of(values, args, tap):
+            x, y, non_trainable = args
+            taps.tap = tap
+            try:
+                y_pred, _ = model.stateless_call(
+                    values, non_trainable, x, **training
+                )
+            finally:
+                taps.tap = None
+            return ops.multiply(loss_fn(y, y_pred), loss_multiplier)
+
+        return backend.taped_gradients(loss_of, jit_compile)
+
+    values = [v.value for v in model.trainable_variables]
+    non_trainable = [v.value for v in model.non_trainable_variables]
+    owners = _owners(layers, model)
+    progress = keras.utils.Progbar(len(found), unit_name="batch")
+    with taps:
+        reference_pass, mixed_pass = make_pass(1.0), make_pass(scale)
+        for step, (x, y) in enumerate(found):
+            with dtype_policies(every_layer, "float32"):
+                reference = reference_pass(values, x, y, non_trainable)
+            with dtype_policies(switched, policy):
+                mixed = mixed_pass(values, x, y, non_trainable)
+            _count(counters, reference, mixed, owners, dtypes, reference_dtypes)
+            if verbose:
+                progress.update(step + 1)
+    notes = [
+        f"{layers[i].path or layers[i].name} computed in {dtype} in the "
+        "float32 reference (its code fixes the dtype)"
+        for i, dtype in sorted(reference_dtypes.items())
+        if dtype != "float32"
+    ]
+    if not getattr(model, "outputs", None):
+        notes.append(
+            "subclassed model: outputs are observed at each layer; "
+            "operations its call() runs between layers are not"
+        )
+    notes += [
+        f"{layer.path or layer.name} ({type(layer).__name__}) runs its inner "
+        "layers in a loop: observed as a whole"
+        for layer in layers
+        if isinstance(layer, LOOPING)
+    ]
+    return build_diagnosis(
+        model=model,
+        layers=layers,
+        order=list(dtypes),
+        counters=counters,
+        dtypes=dtypes,
+        policy=policy,
+        scale=scale,
+        batches=len(found),
+        examples=sum(len(keras.tree.flatten(x)[0]) for x, _ in found),
+        float32_inside=[isinstance(x, _FLOAT32_INSIDE) for x in layers],
+        notes=notes,
+    )
+
+
+def _count(counters, reference, mixed, owners, dtypes, reference_dtypes):
+    """Adds one batch's two passes to the counters."""
+    _, keys, ref_taps, ref_value_grads, ref_tap_grads = reference
+    _, mixed_keys, mixed_taps, mixed_value_grads, mixed_tap_grads = mixed
+    if keys != mixed_keys:
+        raise RuntimeError(
+            "The model called its layers in a different order in float32 "
+            "and under the mixed policy; diagnose cannot pair their outputs."
+        )
+    for j, index in enumerate(keys):
+        dtypes.setdefault(
+            index, keras.backend.standardize_dtype(mixed_taps[j].dtype)
+        )
+        reference_dtypes.setdefault(
+            index, keras.backend.standardize_dtype(ref_taps[j].dtype)
+        )
+        counters["activations"][index].add(
+            ops.convert_to_numpy(ref_taps[j]),
+            ops.convert_to_numpy(mixed_taps[j]),
+        )
+        if ref_tap_grads[j] is not None:
+            counters["activation_gradients"][index].add(
+                ops.convert_to_numpy(ref_tap_grads[j]),
+                None
+                if mixed_tap_grads[j] is None
+                else ops.convert_to_numpy(mixed_tap_grads[j]),
+            )
+    for index, ref_grad, mixed_grad in zip(
+        owners, ref_value_grads, mixed_value_grads
+    ):
+        if ref_grad is not None:
+            counters["weight_gradients"][index].add(
+                ops.convert_to_numpy(ref_grad),
+                None
+                if mixed_grad is None
+                else ops.convert_to_numpy(mixed_grad),
+            )

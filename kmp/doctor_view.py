@@ -1,0 +1,287 @@
+"""How a `kmp.diagnose` report looks: rich tables and a PNG.
+
+`Diagnosis.show()` and `Diagnosis.plot(path)` call into this module; it
+only reads the report.
+"""
+
+import math
+
+import numpy as np
+
+from kmp.numerics import LOG2_MAX
+from kmp.numerics import LOG2_MIN
+
+
+def _percent(fraction):
+    if fraction is None:
+        return "-"
+    if fraction == 0:
+        return "0"
+    if fraction < 1e-4:
+        return "<0.01%"
+    return f"{fraction:.2%}"
+
+
+def _number(value, fmt="{:.3g}"):
+    if value is None:
+        return "-"
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    return fmt.format(value)
+
+
+def _binade(value):
+    exponent = math.log2(value)
+    return f"2^{exponent:g}" if exponent == round(exponent) else f"{value:g}"
+
+
+def activation_rows(diagnosis):
+    """Header and rows of the activations table, as strings."""
+    fmt = diagnosis.format
+    header = [
+        "layer",
+        "class",
+        "dtype",
+        "max |x|",
+        "headroom (2^k)",
+        f"> {fmt.max:g}",
+        f"< {_binade(fmt.min_subnormal)}",
+        f"< {_binade(fmt.min_normal)}",
+        "rel. error",
+        "verdict",
+    ]
+    rows = []
+    for layer in diagnosis.layers:
+        act = layer.activations
+        rows.append(
+            [
+                layer.path,
+                layer.class_name,
+                layer.dtype or "-",
+                _number(act and act.max_abs),
+                _number(act and act.headroom, "{:.1f}"),
+                _percent(act and act.overflow),
+                _percent(act and act.lost),
+                _percent(act and act.subnormal),
+                _number(act and act.relative_error, "{:.1e}"),
+                layer.verdict,
+            ]
+        )
+    return header, rows
+
+
+def gradient_rows(diagnosis):
+    """Header and rows of the gradients table, as strings."""
+    scale = _binade(diagnosis.loss_scale)
+    lost = f"< {_binade(diagnosis.format.min_subnormal)}"
+    header = ["layer"]
+    for kind in ("act. grad", "weight grad"):
+        header += [
+            f"{kind} max",
+            f"{kind} {lost} at 1",
+            f"at {scale}",
+            "0 in run",
+            "rel. error",
+        ]
+    rows = []
+    for layer in diagnosis.layers:
+        row = [layer.path]
+        for report in (layer.activation_gradients, layer.weight_gradients):
+            if report is None:
+                row += ["-"] * 5
+                continue
+            row += [
+                _number(report.max_abs),
+                _percent(report.lost),
+                _percent(report.lost_scaled),
+                _percent(report.measured_lost),
+                _number(report.relative_error, "{:.1e}"),
+            ]
+        rows.append(row)
+    return header, rows
+
+
+def show(diagnosis) -> None:
+    """Prints the two tables, the verdicts and the summary."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)  # logs and pipes: do not squash
+    title = (
+        f"kmp doctor: {diagnosis.model} under {diagnosis.policy}, loss "
+        f"scale {diagnosis.loss_scale:g}, {diagnosis.batches} batch(es), "
+        f"{diagnosis.examples} examples ({diagnosis.backend})"
+    )
+    for name, (header, rows) in (
+        (
+            "activations (float32 reference vs mixed run)",
+            activation_rows(diagnosis),
+        ),
+        ("gradients (fractions of nonzero values)", gradient_rows(diagnosis)),
+    ):
+        table = Table(title=f"{title}\n{name}" if "activ" in name else name)
+        widest = max((len(row[0]) for row in rows), default=5)
+        for i, column in enumerate(header):
+            if i == 0:  # layer paths are what the reader looks up
+                table.add_column(
+                    column, no_wrap=True, min_width=min(widest, 44)
+                )
+            else:
+                table.add_column(column, justify="right")
+        for row in rows:
+            style = "bold red" if row[-1] == "pin to float32" else None
+            # Text, not markup: a path may hold "[".
+            table.add_row(*map(Text, row), style=style)
+        console.print(table)
+    for verdict in diagnosis.verdicts:
+        console.print(f"- {verdict}", highlight=False, markup=False)
+    for layer in diagnosis.layers:
+        for reason in layer.reasons:
+            if reason.startswith("note:"):
+                console.print(
+                    f"- {layer.path}: {reason}", highlight=False, markup=False
+                )
+    for note in diagnosis.notes:
+        console.print(f"- note: {note}", highlight=False, markup=False)
+    console.print(diagnosis.summary(), highlight=False, markup=False)
+
+
+def _curve(histogram, total):
+    """x (binade) and y (fraction of `total`) of a trimmed histogram."""
+    counts = np.append(np.asarray(histogram["counts"], float), 0.0)
+    x = histogram["start"] + np.arange(counts.size)
+    return x, counts / max(total, 1)
+
+
+def plot(diagnosis, path, worst=3) -> str:
+    """Draws the doctor's PNG; see `Diagnosis.plot`."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; no display needed
+    import matplotlib.pyplot as plt
+
+    fmt = diagnosis.format
+    shift = math.log2(diagnosis.loss_scale)
+    figure, axes = plt.subplots(1, 2, figsize=(13, 4.6), sharey=False)
+    kinds = (
+        ("activation_gradients", "Activation gradients"),
+        ("weight_gradients", "Weight gradients"),
+    )
+    lost_edge = math.log2(fmt.min_subnormal)
+    normal_edge = math.log2(fmt.min_normal)
+    max_edge = math.log2(fmt.max)
+    for axis, (kind, title) in zip(axes, kinds):
+        reports = [
+            (layer.path, getattr(layer, kind))
+            for layer in diagnosis.layers
+            if layer.dtype in ("float16", "bfloat16")
+            and getattr(layer, kind) is not None
+            and getattr(layer, kind).histogram["counts"]
+        ]
+        low, high = lost_edge - 6, max_edge + 2
+        if reports:
+            pooled = np.zeros(LOG2_MAX - LOG2_MIN + 1)
+            total = 0
+            for _, report in reports:
+                start = report.histogram["start"] - LOG2_MIN
+                counts = report.histogram["counts"]
+                pooled[start : start + len(counts)] += counts
+                total += sum(counts)
+            nonzero = np.flatnonzero(pooled)
+            x = np.arange(pooled.size) + LOG2_MIN
+            low = min(low, x[nonzero[0]] - 1)
+            high = max(high, x[nonzero[-1]] + shift + 2)
+            axis.step(
+                x,
+                pooled / total,
+                where="post",
+                color="black",
+                linewidth=2,
+                label="all layers, unscaled",
+            )
+            if shift:
+                axis.step(
+                    x + shift,
+                    pooled / total,
+                    where="post",
+                    color="black",
+                    linestyle="--",
+                    linewidth=1.5,
+                    label=f"all layers x {_binade(diagnosis.loss_scale)}",
+                )
+            ranked = sorted(
+                reports,
+                key=lambda item: (item[1].lost_scaled, item[1].lost),
+                reverse=True,
+            )
+            for name, report in ranked[:worst]:
+                cx, cy = _curve(
+                    report.histogram, sum(report.histogram["counts"])
+                )
+                axis.step(
+                    cx,
+                    cy,
+                    where="post",
+                    linewidth=1,
+                    alpha=0.8,
+                    label=f"{name} (unscaled)",
+                )
+        else:
+            axis.text(
+                0.5,
+                0.5,
+                "no half-precision gradients",
+                ha="center",
+                va="center",
+                transform=axis.transAxes,
+            )
+        axis.axvspan(
+            low,
+            lost_edge,
+            color="tab:red",
+            alpha=0.12,
+            label=f"lost (< 2^{lost_edge:g})",
+        )
+        axis.axvspan(
+            lost_edge,
+            normal_edge,
+            color="tab:orange",
+            alpha=0.15,
+            label="subnormal",
+        )
+        axis.axvspan(
+            normal_edge,
+            max_edge,
+            color="tab:green",
+            alpha=0.08,
+            label=f"{fmt.name} normal",
+        )
+        axis.axvspan(
+            max_edge,
+            high,
+            color="tab:red",
+            alpha=0.25,
+            label=f"overflow (> {fmt.max:g})",
+        )
+        axis.set_xlim(low, high)
+        axis.set(
+            title=title,
+            xlabel="log2 |value|",
+            ylabel="fraction of nonzero values per binade",
+        )
+        axis.legend(fontsize=7, loc="upper left")
+    note = ""
+    if diagnosis.scale_range is not None:
+        lo, hi = diagnosis.scale_range
+        note = f"; scales keeping 99% representable: 2^{lo} .. 2^{hi}"
+    figure.suptitle(
+        f"{diagnosis.model} under {diagnosis.policy}: gradient magnitudes vs "
+        f"{fmt.name}'s range (loss scale {diagnosis.loss_scale:g}{note})"
+    )
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path

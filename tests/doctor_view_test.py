@@ -1,0 +1,63 @@
+"""The doctor's tables and PNG."""
+
+import numpy as np
+from diagnosis_test import _diagnose
+from diagnosis_test import _noisy
+
+from kmp import doctor_view
+
+
+def _report(policy="mixed_float16", scale=2.0**15):
+    ref = np.linspace(1, 2, 64)
+    return _diagnose(
+        [
+            ("first", policy.split("_")[1], *_noisy(ref, 1e-3)),
+            ("jump", policy.split("_")[1], *_noisy(ref, 0.5)),
+        ],
+        scale=scale,
+        policy=policy,
+    )
+
+
+def test_rows_show_fractions_errors_and_verdicts():
+    report = _report()
+    header, rows = doctor_view.activation_rows(report)
+    assert header[5:8] == ["> 65504", "< 2^-24", "< 2^-14"]
+    assert rows[0][0] == "first" and rows[0][-1] == "ok"
+    assert rows[1][-1] == "pin to float32"
+    assert rows[1][8] == "5.0e-01"
+    header, rows = doctor_view.gradient_rows(report)
+    assert "at 2^15" in header
+    assert rows[0][1] == "0.000977"  # 2^-10
+
+
+def test_show_prints_tables_verdicts_and_summary(capsys):
+    _report().show()
+    out = capsys.readouterr().out
+    assert "kmp doctor: m under mixed_float16, loss scale 32768" in out
+    assert "pin jump: relative error" in out
+    assert 'kmp.pin_float32(model, also=[r"jump"])' in out
+
+
+def test_percent_and_number_cells():
+    assert doctor_view._percent(0) == "0"
+    assert doctor_view._percent(1e-6) == "<0.01%"
+    assert doctor_view._percent(0.0123) == "1.23%"
+    assert doctor_view._number(float("inf")) == "inf"
+    assert doctor_view._number(None) == "-"
+
+
+def test_plot_writes_a_png_for_float16_and_bfloat16(tmp_path):
+    for policy, scale in (("mixed_float16", 2.0**15), ("mixed_bfloat16", 1.0)):
+        path = tmp_path / f"{policy}.png"
+        assert _report(policy, scale).plot(str(path)) == str(path)
+        assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plot_without_half_precision_gradients(tmp_path):
+    report = _report()
+    for row in report.layers:
+        row.dtype = "float32"
+    path = tmp_path / "empty.png"
+    report.plot(str(path))
+    assert path.read_bytes()[:4] == b"\x89PNG"
