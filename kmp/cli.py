@@ -295,7 +295,8 @@ def doctor(args):
     report.show()
     os.makedirs(values.output_dir, exist_ok=True)
     with open(os.path.join(values.output_dir, "doctor.json"), "w") as f:
-        f.write(report.to_json() + "\n")
+        record = {"command": "kmp " + " ".join(args.argv)}
+        json.dump({**record, **json.loads(report.to_json())}, f, indent=2)
     report.plot(os.path.join(values.output_dir, "doctor.png"))
     print(f"wrote {values.output_dir}/doctor.json and doctor.png")
     return report

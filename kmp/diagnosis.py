@@ -27,6 +27,7 @@ import math
 import keras
 import numpy as np
 
+from kmp import backend
 from kmp.numerics import FORMATS
 from kmp.numerics import LOG2_MIN
 from kmp.numerics import RangeCounter
@@ -156,6 +157,8 @@ class Diagnosis:
         pin: Paths of the layers to pin to float32.
         verdicts: Model-level verdicts, one sentence each.
         notes: What the diagnosis could not see, and other remarks.
+        environment: Versions and hardware it ran on
+            (`kmp.backend.environment()`).
     """
 
     model: str
@@ -171,6 +174,7 @@ class Diagnosis:
     pin: list
     verdicts: list
     notes: list
+    environment: dict = dataclasses.field(default_factory=dict)
 
     @property
     def format(self):
@@ -369,6 +373,7 @@ def build_diagnosis(
         pin=pin,
         verdicts=verdicts,
         notes=notes,
+        environment=backend.environment(),
     )
 
 
