@@ -229,8 +229,9 @@ def taped_gradients(loss_fn: Callable, jit_compile: bool = False):
         `run(values, *args)` -> `(loss, keys, tapped, value_grads,
         tap_grads)`: `keys` in the order `tap` was called; each tapped
         tensor's gradient has its dtype (so a float16 activation's
-        gradient is the float16 one backpropagation computed), or is None
-        where the loss does not depend on it.
+        gradient is the float16 one backpropagation computed). Where the
+        loss does not depend on a tapped tensor, its gradient is None on
+        TensorFlow and zeros on JAX.
     """
     keys = []
 
@@ -258,11 +259,20 @@ def taped_gradients(loss_fn: Callable, jit_compile: bool = False):
         if jit_compile:
             grad = jax.jit(grad)
 
+        shapes_by_input = {}
+
         def run(values, *args):
-            _, shapes = jax.eval_shape(
-                lambda v, a: traced(v, None, a), values, args
+            signature = tuple(
+                (tuple(jnp.shape(a)), str(jnp.result_type(a)))
+                for a in jax.tree_util.tree_leaves(args)
             )
-            zeros = [jnp.zeros(s.shape, s.dtype) for s in shapes]
+            if signature not in shapes_by_input:  # trace once per shape
+                _, shapes_by_input[signature] = jax.eval_shape(
+                    lambda v, a: traced(v, None, a), values, args
+                )
+            zeros = [
+                jnp.zeros(s.shape, s.dtype) for s in shapes_by_input[signature]
+            ]
             (loss, taps), (value_grads, tap_grads) = grad(values, zeros, args)
             return loss, list(keys), taps, value_grads, tap_grads
 

@@ -236,6 +236,12 @@ def _doctor_flags(values, target):
         "batch_size", 128, "Batch size.", lower_bound=1, flag_values=values
     )
     flags.DEFINE_string(
+        "loss",
+        "",
+        "A Keras loss name (default: the saved model's compiled loss).",
+        flag_values=values,
+    )
+    flags.DEFINE_string(
         "output_dir",
         "runs/doctor",
         "Where doctor.json and doctor.png go.",
@@ -284,14 +290,18 @@ def doctor(args):
         raise SystemExit(f"{name}: {error}") from None
     import kmp
 
-    report = kmp.diagnose(
-        model,
-        data,
-        batches=values.batches,
-        batch_size=values.batch_size,
-        loss_scale=values.loss_scale or None,
-        policy=None if module else (values.policy or None),
-    )
+    try:
+        report = kmp.diagnose(
+            model,
+            data,
+            loss=None if module else (values.loss or None),
+            batches=values.batches,
+            batch_size=values.batch_size,
+            loss_scale=values.loss_scale or None,
+            policy=None if module else (values.policy or None),
+        )
+    except (ValueError, TypeError) as error:
+        raise SystemExit(f"{name}: {error}") from None
     report.show()
     os.makedirs(values.output_dir, exist_ok=True)
     with open(os.path.join(values.output_dir, "doctor.json"), "w") as f:

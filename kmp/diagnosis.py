@@ -345,7 +345,13 @@ def build_diagnosis(
 
     gradients = TensorReport.from_counter(pooled)
     verdicts, recommended, found_range = [], policy, None
-    if fmt.name == "float16" and gradients is not None:
+    if fmt.name == "float16" and not pooled.nonzero:
+        verdicts.append(
+            "no nonzero half-precision gradients were measured: the loss "
+            "scale cannot be judged (are the weights feeding the loss "
+            "zero, or the half-precision layers frozen?)"
+        )
+    elif fmt.name == "float16":
         found_range = scale_range(pooled)
         verdicts.append(_scale_verdict(found_range, pooled, scale, fmt))
         if found_range is None:

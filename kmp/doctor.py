@@ -18,14 +18,13 @@ restored in a `finally`.
 """
 
 import inspect
-import itertools
 import math
 
 import keras
-import numpy as np
 from keras import ops
 
 from kmp import backend
+from kmp import doctor_inputs
 from kmp.diagnosis import Diagnosis
 from kmp.diagnosis import build_diagnosis
 from kmp.islands import all_layers
@@ -36,125 +35,13 @@ from kmp.taps import Taps
 from kmp.taps import dtype_policies
 from kmp.taps import observed_layers
 
-_HALF = {"float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}
 # Keras computes these in float32 under a mixed policy (their outputs are
 # cast back), so their weight gradients are float32 ones.
 _FLOAT32_INSIDE = (
     keras.layers.BatchNormalization,
     keras.layers.LayerNormalization,
     keras.layers.GroupNormalization,
-    keras.layers.RMSNormalization,
 )
-
-
-def _policy_under_test(model, policy):
-    """`(policy name, layers to switch to it)` for the mixed pass."""
-    layers = all_layers(model)
-    half = [layer for layer in layers if layer.compute_dtype in _HALF]
-    if policy is None:
-        if half:
-            dtypes = {layer.compute_dtype for layer in half}
-            dtype = "float16" if "float16" in dtypes else "bfloat16"
-            return _HALF[dtype], []
-        policy = "mixed_float16"
-    name = policy.name if isinstance(policy, keras.DTypePolicy) else policy
-    if name not in _HALF.values():
-        raise ValueError(
-            f"diagnose tests a mixed policy; got policy={policy!r}. Pass "
-            "'mixed_float16' or 'mixed_bfloat16', or None to test the "
-            "model's own policies."
-        )
-    # Half layers switch half type; pinned ones stay float32. A float32
-    # model is tested as if built under the policy: every layer switches.
-    return name, half or layers
-
-
-def _batches(data, batches, batch_size):
-    """Up to `batches` `(x, y)` batches of NumPy values."""
-    if isinstance(data, (tuple, list)) and len(data) in (2, 3):
-        x, y = data[0], data[1]
-        sizes = {len(a) for a in keras.tree.flatten((x, y))}
-        if len(sizes) == 1 and all(
-            hasattr(a, "shape") for a in keras.tree.flatten((x, y))
-        ):
-            (size,) = sizes
-            return [
-                keras.tree.map_structure(
-                    lambda a, i=i: np.asarray(a[i : i + batch_size]), (x, y)
-                )
-                for i in range(0, size, batch_size)
-            ][:batches]
-    try:
-        iterator = iter(data)
-    except TypeError:
-        raise ValueError(
-            "`data` must be (x, y) arrays, a tf.data.Dataset, a "
-            "keras.utils.PyDataset or an iterable of (x, y) batches; got "
-            f"{type(data).__name__}."
-        ) from None
-    found = []
-    for batch in itertools.islice(iterator, batches):
-        if not isinstance(batch, (tuple, list)) or len(batch) not in (2, 3):
-            raise ValueError(
-                "Each batch must be (x, y) or (x, y, sample_weight); got "
-                f"{type(batch).__name__}."
-            )
-        found.append(keras.tree.map_structure(np.asarray, tuple(batch[:2])))
-    return found
-
-
-def _loss_function(model, loss):
-    """The loss as `(y, y_pred) -> scalar` (mean over the batch)."""
-    spec = loss if loss is not None else getattr(model, "loss", None)
-    if spec is None:
-        raise ValueError(
-            "diagnose needs a loss to take gradients: compile the model "
-            "with one, or pass loss=... (e.g. "
-            "'sparse_categorical_crossentropy')."
-        )
-
-    def resolve(item):
-        item = keras.losses.get(item)
-        # A bare function would compute in y_pred's dtype; Keras's compile
-        # wraps it in a Loss, which computes in float32: so does diagnose.
-        return item if isinstance(item, keras.losses.Loss) else _Loss(item)
-
-    if isinstance(spec, (list, tuple, dict)):
-        losses = [resolve(item) for item in keras.tree.flatten(spec)]
-
-        def total(y, y_pred):
-            ys, preds = keras.tree.flatten(y), keras.tree.flatten(y_pred)
-            if not len(losses) == len(ys) == len(preds):
-                raise ValueError(
-                    f"{len(losses)} losses for {len(preds)} model outputs "
-                    f"and {len(ys)} targets; pass one loss per output."
-                )
-            return sum(fn(t, p) for fn, t, p in zip(losses, ys, preds))
-
-        return total
-    return resolve(spec)
-
-
-class _Loss(keras.losses.Loss):
-    """A loss function as a `keras.losses.Loss` (float32, batch mean)."""
-
-    def __init__(self, fn):
-        super().__init__(name=getattr(fn, "__name__", "loss"))
-        self.fn = fn
-
-    def call(self, y_true, y_pred):
-        return self.fn(y_true, y_pred)
-
-
-def _current_scale(model, policy):
-    if policy == "mixed_bfloat16":
-        return 1.0  # bfloat16 has float32's range: no scaling
-    optimizer = getattr(model, "optimizer", None)
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        if optimizer.built:
-            return float(ops.convert_to_numpy(optimizer.dynamic_scale))
-        return float(optimizer.initial_scale)
-    return 1.0
 
 
 def _owners(layers, model):
@@ -197,9 +84,11 @@ def diagnose(
         model: A built Keras model (Sequential, Functional or subclassed).
         data: `(x, y)` arrays, a `tf.data.Dataset`, a
             `keras.utils.PyDataset` or an iterable of `(x, y)` batches.
-        loss: The loss (name, function, `keras.losses.Loss`, or one per
-            output); default: the model's compiled loss. Regularization
-            terms and loss weights are not included.
+        loss: The loss as `compile` takes it (a name, function or
+            `keras.losses.Loss` for all outputs, a list, or a dict by
+            output name); default: the model's compiled loss. Loss
+            weights, regularization terms and sample weights are not
+            applied.
         batches: How many batches to run.
         loss_scale: The loss scale to test; default: the model's
             `LossScaleOptimizer`'s current scale, else 1.
@@ -207,11 +96,13 @@ def diagnose(
             `"mixed_bfloat16"`. Default: the model's own (half-precision
             layers as built, pinned ones float32); a float32 model is
             tested under `"mixed_float16"`. Given a policy, the model's
-            half-precision layers switch to it, or, in a float32 model,
-            every layer.
+            half-precision layers switch to it; in a float32 model every
+            layer does except outputs and softmax/sigmoid layers, which
+            stay float32 as `kmp.pin_float32` would leave them.
         batch_size: Batch size when `data` is arrays.
         jit_compile: Compile both passes with XLA; `"auto"`: the model's
-            own `jit_compile` setting (True when it is not compiled).
+            own `jit_compile` (Keras: XLA, except TensorFlow on a CPU-only
+            machine).
         verbose: Show a progress bar.
 
     Returns:
@@ -251,66 +142,64 @@ def diagnose(
             "`loss_scale` must be a positive finite number, got "
             f"{loss_scale!r}."
         )
-    policy, switched = _policy_under_test(model, policy)
-    scale = float(loss_scale or _current_scale(model, policy))
+    policy, switched = doctor_inputs.policy_under_test(model, policy)
+    scale = float(loss_scale or doctor_inputs.current_scale(model, policy))
     fmt = FORMATS[keras.DTypePolicy(policy).compute_dtype]
-    loss_fn = _loss_function(model, loss)
-    found = _batches(data, batches, batch_size)
+    loss_fn = doctor_inputs.loss_function(model, loss)
+    found = doctor_inputs.batches_of(data, batches, batch_size)
     if not found:
         raise ValueError("`data` yielded no batches.")
     if jit_compile == "auto":
-        jit_compile = bool(getattr(model, "jit_compile", True))
+        jit_compile = _model_jit_compile(model)
 
-    layers = observed_layers(model)
-    taps = Taps(layers)
-    every_layer = all_layers(model)
-    counters = {
-        kind: [
-            RangeCounter(fmt, 1.0 if kind == "activations" else scale)
-            for _ in range(len(layers) + 1)
-        ]
-        for kind in ("activations", "activation_gradients", "weight_gradients")
-    }
-    dtypes, reference_dtypes = {}, {}  # layer index -> dtype, call order
+    def run(layers):
+        return _run(
+            model,
+            layers,
+            found,
+            loss_fn,
+            scale,
+            policy,
+            switched,
+            fmt,
+            jit_compile,
+            verbose,
+        )
 
-    # As Keras's trainers do: `training` only where call() takes it.
-    parameters = inspect.signature(model.call).parameters
-    training = {"training": True} if "training" in parameters else {}
-
-    def make_pass(loss_multiplier):
-        def loss_of(values, args, tap):
-            x, y, non_trainable = args
-            taps.tap = tap
-            try:
-                y_pred, _ = model.stateless_call(
-                    values, non_trainable, x, **training
-                )
-            finally:
-                taps.tap = None
-            return ops.multiply(loss_fn(y, y_pred), loss_multiplier)
-
-        return backend.taped_gradients(loss_of, jit_compile)
-
-    values = [v.value for v in model.trainable_variables]
-    non_trainable = [v.value for v in model.non_trainable_variables]
-    owners = _owners(layers, model)
-    progress = keras.utils.Progbar(len(found), unit_name="batch")
-    with taps:
-        reference_pass, mixed_pass = make_pass(1.0), make_pass(scale)
-        for step, (x, y) in enumerate(found):
-            with dtype_policies(every_layer, "float32"):
-                reference = reference_pass(values, x, y, non_trainable)
-            with dtype_policies(switched, policy):
-                mixed = mixed_pass(values, x, y, non_trainable)
-            _count(counters, reference, mixed, owners, dtypes, reference_dtypes)
-            if verbose:
-                progress.update(step + 1)
-    notes = [
+    notes = []
+    layers, top_level = observed_layers(model), observed_layers(model, False)
+    try:
+        counters, dtypes, reference_dtypes = run(layers)
+    except Exception as error:
+        if len(top_level) == len(layers):
+            raise
+        # A layer may call its inner layers inside a loop or a traced
+        # transformation (lax.scan, tf.while_loop in a graph, remat),
+        # where a tap cannot reach: observe the model's own layers only.
+        # If that fails too, the first error is the one to see.
+        try:
+            counters, dtypes, reference_dtypes = run(top_level)
+        except Exception:
+            raise error from None
+        layers = top_level
+        notes.append(
+            "observing nested layers failed "
+            f"({type(error).__name__}: {_first_line(error)}); "
+            "only the model's top-level layers are observed"
+        )
+    notes += [
         f"{layers[i].path or layers[i].name} computed in {dtype} in the "
         "float32 reference (its code fixes the dtype)"
         for i, dtype in sorted(reference_dtypes.items())
         if dtype != "float32"
     ]
+    if switched and not any(
+        x.compute_dtype in doctor_inputs.HALF for x in all_layers(model)
+    ):
+        notes.append(
+            f"float32 model: tested under {policy} with its outputs and "
+            "softmax/sigmoid layers kept float32, as kmp.pin_float32 would"
+        )
     if not getattr(model, "outputs", None):
         notes.append(
             "subclassed model: outputs are observed at each layer; "
@@ -335,6 +224,80 @@ def diagnose(
         float32_inside=[isinstance(x, _FLOAT32_INSIDE) for x in layers],
         notes=notes,
     )
+
+
+def _first_line(error):
+    return (str(error).splitlines() or [""])[0][:120]
+
+
+def _model_jit_compile(model):
+    """The model's `jit_compile`, without Keras's first read storing its
+    resolution of "auto" on the model."""
+    saved = getattr(model, "_jit_compile", None)
+    try:
+        return bool(getattr(model, "jit_compile", True))
+    finally:
+        if hasattr(model, "_jit_compile"):
+            model._jit_compile = saved
+
+
+def _run(
+    model,
+    layers,
+    found,
+    loss_fn,
+    scale,
+    policy,
+    switched,
+    fmt,
+    jit_compile,
+    verbose,
+):
+    """Both passes over every batch; returns the counters and dtypes."""
+    taps = Taps(layers)
+    every_layer = all_layers(model)
+    counters = {
+        kind: [
+            RangeCounter(fmt, 1.0 if kind == "activations" else scale)
+            for _ in range(len(layers) + 1)
+        ]
+        for kind in ("activations", "activation_gradients", "weight_gradients")
+    }
+    dtypes, reference_dtypes = {}, {}  # layer index -> dtype, call order
+
+    # As Keras's trainers do: `training` only where call() takes it.
+    parameters = inspect.signature(model.call).parameters
+    training = {"training": True} if "training" in parameters else {}
+
+    def make_pass(loss_multiplier):
+        def loss_of(values, args, tap):
+            x, y, non_trainable = args
+            taps.start(tap)
+            try:
+                y_pred, _ = model.stateless_call(
+                    values, non_trainable, x, **training
+                )
+            finally:
+                taps.stop()
+            return ops.multiply(loss_fn(y, y_pred), loss_multiplier)
+
+        return backend.taped_gradients(loss_of, jit_compile)
+
+    values = [v.value for v in model.trainable_variables]
+    non_trainable = [v.value for v in model.non_trainable_variables]
+    owners = _owners(layers, model)
+    progress = keras.utils.Progbar(len(found), unit_name="batch")
+    with taps:
+        reference_pass, mixed_pass = make_pass(1.0), make_pass(scale)
+        for step, (x, y) in enumerate(found):
+            with dtype_policies(every_layer, "float32"):
+                reference = reference_pass(values, x, y, non_trainable)
+            with dtype_policies(switched, policy):
+                mixed = mixed_pass(values, x, y, non_trainable)
+            _count(counters, reference, mixed, owners, dtypes, reference_dtypes)
+            if verbose:
+                progress.update(step + 1)
+    return counters, dtypes, reference_dtypes
 
 
 def _count(counters, reference, mixed, owners, dtypes, reference_dtypes):

@@ -80,6 +80,7 @@ def gradient_rows(diagnosis):
             f"{kind} max",
             f"{kind} {lost} at 1",
             f"at {scale}",
+            f"> {diagnosis.format.max:g} at {scale}",
             "0 in run",
             "rel. error",
         ]
@@ -88,12 +89,13 @@ def gradient_rows(diagnosis):
         row = [layer.path]
         for report in (layer.activation_gradients, layer.weight_gradients):
             if report is None:
-                row += ["-"] * 5
+                row += ["-"] * 6
                 continue
             row += [
                 _number(report.max_abs),
                 _percent(report.lost),
                 _percent(report.lost_scaled),
+                _percent(report.overflow_scaled),
                 _percent(report.measured_lost),
                 _number(report.relative_error, "{:.1e}"),
             ]
@@ -158,14 +160,14 @@ def _curve(histogram, total):
 
 def plot(diagnosis, path, worst=3) -> str:
     """Draws the doctor's PNG; see `Diagnosis.plot`."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only; no display needed
-    import matplotlib.pyplot as plt
+    # A bare Figure, not pyplot: the user's matplotlib backend and open
+    # figures stay as they are.
+    from matplotlib.figure import Figure
 
     fmt = diagnosis.format
     shift = math.log2(diagnosis.loss_scale)
-    figure, axes = plt.subplots(1, 2, figsize=(13, 4.6), sharey=False)
+    figure = Figure(figsize=(13, 4.6))
+    axes = figure.subplots(1, 2)
     kinds = (
         ("activation_gradients", "Activation gradients"),
         ("weight_gradients", "Weight gradients"),
@@ -283,5 +285,4 @@ def plot(diagnosis, path, worst=3) -> str:
     )
     figure.tight_layout()
     figure.savefig(path, dpi=100)
-    plt.close(figure)
     return path

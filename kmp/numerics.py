@@ -145,7 +145,9 @@ class RangeCounter:
         self.subnormal_scaled += int(
             np.count_nonzero(nonzero < fmt.min_normal / scale)
         )
-        self.sum_squares += float(np.dot(reference, reference))
+        # float64: squares of gradients below ~1e-19 underflow float32.
+        wide = reference.astype(np.float64)
+        self.sum_squares += float(np.dot(wide, wide))
         if measured is None:
             return
         measured = np.asarray(measured, np.float32).ravel()
@@ -161,7 +163,7 @@ class RangeCounter:
         self.measured_lost += int(
             np.count_nonzero((measured == 0) & (magnitude > 0))
         )
-        error = measured / np.float32(scale) - reference
+        error = measured.astype(np.float64) / scale - wide
         self.error_squares += float(np.dot(error, error))
 
     def fraction(self, count: int) -> float:

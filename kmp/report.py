@@ -131,12 +131,12 @@ def plot(results, path, loss_scales=None) -> str:
     Returns:
         `path`.
     """
-    import matplotlib
+    # A bare Figure, not pyplot: the user's matplotlib backend and open
+    # figures stay as they are.
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")  # files only; no display needed
-    import matplotlib.pyplot as plt
-
-    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    figure = Figure(figsize=(11, 4))
+    left, right = figure.subplots(1, 2)
     steps = results.get("step_losses") or []
     left.plot(range(1, len(steps) + 1), steps, label="train (running mean)")
     val = results.get("history", {}).get("val_loss")
@@ -164,5 +164,4 @@ def plot(results, path, loss_scales=None) -> str:
     )
     figure.tight_layout()
     figure.savefig(path, dpi=100)
-    plt.close(figure)
     return path

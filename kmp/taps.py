@@ -26,15 +26,21 @@ from kmp.islands import all_layers
 LOOPING = (keras.layers.RNN, keras.layers.TimeDistributed)
 
 
-def observed_layers(model):
-    """The layers whose outputs are tapped, in depth-first order."""
+def observed_layers(model, nested=True):
+    """The layers whose outputs are tapped, in depth-first order; with
+    `nested=False`, the model's own layers only."""
     inside_loops = set()
     for layer in all_layers(model):
         if isinstance(layer, LOOPING):
             inside_loops.update(id(inner) for inner in all_layers(layer)[1:])
+    candidates = (
+        all_layers(model)
+        if nested
+        else list(model._flatten_layers(include_self=False, recursive=False))
+    )
     return [
         layer
-        for layer in all_layers(model)
+        for layer in candidates
         if not isinstance(layer, (keras.layers.InputLayer, keras.Model))
         and id(layer) not in inside_loops
     ]
@@ -56,6 +62,24 @@ class Taps:
     def __init__(self, layers):
         self.layers = layers
         self.tap = None  # set by each pass, while it traces or runs
+        self._tapped = set()
+
+    def start(self, tap):
+        """Routes outputs to `tap(index, x)` until `stop()`."""
+        self.tap, self._tapped = tap, set()
+
+    def stop(self):
+        self.tap, self._tapped = None, set()
+
+    def _tap_once(self, index, x):
+        # A layer that returns a sublayer's output (MultiHeadAttention
+        # returns its output projection's) would count it twice. The
+        # tapped tensors live until the pass ends, so ids stay unique.
+        if id(x) in self._tapped:
+            return x
+        tapped = self.tap(index, x)
+        self._tapped.add(id(tapped))
+        return tapped
 
     def _wrap(self, index, layer, call):
         random = is_random(layer)
@@ -67,7 +91,8 @@ class Taps:
             if self.tap is None or random:
                 return outputs
             return keras.tree.map_structure(
-                lambda x: self.tap(index, x) if is_float(x) else x, outputs
+                lambda x: self._tap_once(index, x) if is_float(x) else x,
+                outputs,
             )
 
         return tapped_call

@@ -229,6 +229,8 @@ def test_doctor_reads_a_saved_model_and_npz(tmp_path, capsys):
     )
     report = json.loads((tmp_path / "out" / "doctor.json").read_text())
     assert report["policy"] == "mixed_bfloat16"
+    assert report["command"].startswith("kmp doctor ")
+    assert report["environment"]["versions"]["keras"] == keras.__version__
     assert report["examples"] == 8 and report["batches"] == 2
     assert "recommended policy: mixed_bfloat16" in capsys.readouterr().out
 
@@ -241,6 +243,7 @@ def test_doctor_reads_a_saved_model_and_npz(tmp_path, capsys):
         (["cifar10", "--batches=0"], "--batches=0"),
         (["MODEL", "--data=BAD"], "--data must name a .npz file"),
         (["MODEL", "--data=NPZ"], "it needs x and y"),
+        (["MODEL", "--data=XY"], "needs a loss"),  # saved uncompiled
     ],
 )
 def test_doctor_bad_input_is_one_line(tmp_path, argv, phrase):
@@ -250,7 +253,9 @@ def test_doctor_bad_input_is_one_line(tmp_path, argv, phrase):
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
     model.save(str(tmp_path / "m.keras"))
     np.savez(str(tmp_path / "d.npz"), inputs=np.ones((2, 4)))
+    np.savez(str(tmp_path / "xy.npz"), x=np.ones((2, 4)), y=np.ones((2, 2)))
     replace = {
+        "--data=XY": "--data=" + str(tmp_path / "xy.npz"),
         "MODEL": str(tmp_path / "m.keras"),
         "--data=BAD": "--data=" + str(tmp_path / "missing.npz"),
         "--data=NPZ": "--data=" + str(tmp_path / "d.npz"),

@@ -160,7 +160,7 @@ class DoctorTest(parameterized.TestCase):
             "float32",
         )
         y = np.zeros_like(x)
-        scale = 512.0
+        scale = 1024.0  # 700 / 8 * 1024 overflows float16: one value
         report = kmp.diagnose(
             model, (x, y), loss_scale=scale, batch_size=4, verbose=False
         )
@@ -181,8 +181,20 @@ class DoctorTest(parameterized.TestCase):
         assert grads.max_abs == pytest.approx(700.0 / 8)
         assert grads.lost == np.mean(reference < 2.0**-24)
         assert grads.lost_scaled == np.mean(reference * scale < 2.0**-24)
-        measured = (x16 / 8 * scale).astype("float16")
+        assert grads.overflow_scaled == np.mean(reference * scale > 65504)
+        assert grads.overflow_scaled == 1 / 14  # 14 nonzero values
+        with np.errstate(over="ignore"):
+            measured = (x16 / 8 * scale).astype("float16")
         assert grads.measured_lost == np.mean(measured[x != 0] == 0)
+        assert grads.measured_nonfinite == np.mean(np.isinf(measured))
+
+        # The kernel's gradient: x^T (x / 8), in float32.
+        kernel = _row(report, "identity").weight_gradients
+        expected = np.abs(x.T.astype("float64") @ (x / 8))
+        nonzero = expected[expected != 0]
+        assert kernel.max_abs == pytest.approx(nonzero.max(), rel=1e-6)
+        assert kernel.lost == np.mean(nonzero < 2.0**-24)
+        assert kernel.overflow_scaled == np.mean(nonzero * scale > 65504)
 
     def test_clean_convnet_gets_no_pin(self):
         with kmp.policy_scope("mixed_float16"):
@@ -228,13 +240,21 @@ class DoctorTest(parameterized.TestCase):
         )
         assert report.pin == []
         paths = [r.path for r in report.layers]
-        # Inside MultiHeadAttention: its projections and its softmax.
-        assert "multi_head_attention/query" in paths
-        assert paths.index("multi_head_attention/query") < paths.index(
-            "multi_head_attention"
-        )
+        # Inside MultiHeadAttention, in call order. The attention layer
+        # returns its output projection's tensor: one row, not two.
+        inside = [p for p in paths if p.startswith("multi_head_attention")]
+        assert inside[:3] == [
+            "multi_head_attention/query",
+            "multi_head_attention/key",
+            "multi_head_attention/value",
+        ]
+        assert inside[-1] == "multi_head_attention/attention_output"
+        assert "multi_head_attention" not in paths
         # Dropout is off in both runs (same values), so not a row.
         assert not any("dropout" in p for p in paths)
+        # The token embedding's gradient (IndexedSlices on TensorFlow).
+        tokens = _row(report, "token_and_position_embedding/embedding")
+        assert tokens.weight_gradients.max_abs > 0
 
     def test_leaves_model_and_policy_unchanged_on_error_too(self):
         with kmp.policy_scope("mixed_float16"):
@@ -314,6 +334,9 @@ class DoctorTest(parameterized.TestCase):
         report = kmp.diagnose(model, data, verbose=False)
         assert report.policy == "mixed_float16"
         assert _row(report, "hidden").dtype == "float16"
+        # As kmp.pin_float32 would leave it: the softmax output float32.
+        assert _row(report, "probabilities").dtype == "float32"
+        assert "float32 model" in report.notes[-1]
         assert all(
             layer.compute_dtype == "float32"
             for layer in model._flatten_layers()
@@ -335,14 +358,144 @@ class DoctorTest(parameterized.TestCase):
         assert _row(report, "probabilities").dtype == "float32"
         assert model.get_layer("hidden").compute_dtype == "float16"
 
-    @parameterized.parameters(True, False)
-    def test_with_and_without_xla(self, jit_compile):
-        if not jit_compile and keras.backend.backend() == "jax":
-            self.skipTest("JAX runs op by op without jit: slow, same code")
+    def test_with_and_without_xla_agree(self):
+        model, data = _mlp(), _classification()
+        reports = [
+            kmp.diagnose(model, data, jit_compile=jit, verbose=False)
+            for jit in (True, False)
+        ]
+        assert reports[0].pin == reports[1].pin == []
+        assert reports[0].scale_range == reports[1].scale_range
+        for a, b in zip(reports[0].layers, reports[1].layers):
+            assert a.path == b.path
+            assert a.activations.max_abs == pytest.approx(
+                b.activations.max_abs, rel=1e-3
+            )
+            assert a.activations.lost == b.activations.lost
+
+    def test_several_outputs_take_their_losses_by_name(self):
+        with kmp.policy_scope("float32"):
+            inputs = keras.Input((16,))
+            hidden = keras.layers.Dense(8, name="hidden")(inputs)
+            zeta = keras.layers.Dense(1, name="zeta")(hidden)
+            alpha = keras.layers.Dense(3, name="alpha")(hidden)
+            model = keras.Model(inputs, [zeta, alpha])
+        x, _ = _classification(16)
+        yz = np.full((16, 1), 100.0, "float32")  # far: mae's gradient 1/16
+        ya = np.zeros((16, 3), "float32")
+
+        def grad_max(report, name):
+            grads = _row(report, name).activation_gradients
+            return 0.0 if grads is None else grads.max_abs
+
+        # Dict keys in another order than the outputs: matched by name.
         report = kmp.diagnose(
-            _mlp(), _classification(), jit_compile=jit_compile, verbose=False
+            model,
+            (x, {"alpha": ya, "zeta": yz}),
+            loss={"alpha": "mse", "zeta": "mae"},
+            batch_size=16,
+            verbose=False,
         )
-        assert report.pin == [] and report.scale_range is not None
+        assert grad_max(report, "zeta") == pytest.approx(1 / 16)
+        # mse on alpha: 2 (y_pred - 0) / (16 * 3), y_pred from float32.
+        alpha_pred = keras.ops.convert_to_numpy(model(x)[1])
+        mse_grad = np.abs(2 * alpha_pred / 48).max()
+        assert grad_max(report, "alpha") == pytest.approx(mse_grad, rel=1e-5)
+        # A None entry: no loss on that output.
+        report = kmp.diagnose(
+            model,
+            (x, [yz, ya]),
+            loss=[None, "mse"],
+            batch_size=16,
+            verbose=False,
+        )
+        assert grad_max(report, "zeta") == 0.0
+        # One loss for every output, as compile takes it.
+        report = kmp.diagnose(
+            model, (x, [yz, ya]), loss="mae", batch_size=16, verbose=False
+        )
+        assert grad_max(report, "zeta") == pytest.approx(1 / 16)
+        assert grad_max(report, "alpha") == pytest.approx(1 / 48)
+
+    def test_all_zero_half_precision_gradients_are_said_not_crashed_on(self):
+        with kmp.policy_scope("mixed_float16"):
+            inputs = keras.Input((16,))
+            x = keras.layers.Dense(8, name="body")(inputs)
+            outputs = keras.layers.Dense(
+                1, kernel_initializer="zeros", name="head"
+            )(x)
+            model = kmp.pin_float32(keras.Model(inputs, outputs))
+        model.compile(optimizer=kmp.wrap("sgd"), loss="mse")
+        x, _ = _classification()
+        report = kmp.diagnose(model, (x, np.ones((64, 1))), verbose=False)
+        assert report.verdicts[0].startswith(
+            "no nonzero half-precision gradients were measured"
+        )
+        assert report.recommended_policy == "mixed_float16"
+        assert "loss scale: no gradients measured" in report.summary()
+
+    def test_layers_inside_a_loop_fall_back_to_top_level(self):
+        # TensorFlow's XLA cannot differentiate this unbounded while loop
+        # (fit with jit_compile=True fails too): eager there, jit on JAX.
+        jit_compile = keras.backend.backend() == "jax"
+
+        class Twice(keras.layers.Layer):
+            def __init__(self, **kwargs):
+                super().__init__(**kwargs)
+                self.inner = keras.layers.Dense(16, name="inner")
+
+            def build(self, shape):
+                self.inner.build(shape)
+
+            def call(self, x):
+                return keras.ops.fori_loop(0, 2, lambda i, h: self.inner(h), x)
+
+        with kmp.policy_scope("mixed_float16"):
+            inputs = keras.Input((16,))
+            x = Twice(name="twice")(inputs)
+            outputs = keras.layers.Dense(10, name="head")(x)
+            model = keras.Model(inputs, outputs)
+        report = kmp.diagnose(
+            model,
+            _classification(),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            jit_compile=jit_compile,
+            verbose=False,
+        )
+        paths = [r.path for r in report.layers]
+        assert paths[-1] == "head"
+        if paths[0] == "twice/inner":
+            # An eager loop (TensorFlow without XLA) runs the inner layer
+            # twice in Python: both calls are tapped, and "twice" returns
+            # inner's tensor, so it is not a row of its own.
+            assert not report.notes
+        else:  # a traced loop: lax.fori_loop, or tf.while_loop in a graph
+            assert paths == ["twice", "head"]
+            assert "only the model's top-level layers" in report.notes[0]
+
+    def test_a_failure_in_the_mixed_run_restores_everything(self):
+        class Fragile(keras.layers.Dense):
+            def call(self, x):
+                if self.compute_dtype == "bfloat16":
+                    raise FloatingPointError("no bfloat16 here")
+                return super().call(x)
+
+        with kmp.policy_scope("float32"):
+            inputs = keras.Input((16,))
+            x = Fragile(8, name="fragile")(inputs)
+            outputs = keras.layers.Dense(10, name="head")(x)
+            model = keras.Model(inputs, outputs)
+        model.compile(optimizer="sgd", loss="mse")
+        before = _state(model)
+        with pytest.raises(FloatingPointError, match="no bfloat16"):
+            kmp.diagnose(
+                model,
+                (np.ones((4, 16), "float32"), np.zeros((4, 10), "float32")),
+                policy="mixed_bfloat16",
+                verbose=False,
+            )
+        after = _state(model)
+        _assert_unchanged(before, after)
 
     def test_data_forms(self):
         model = _mlp()

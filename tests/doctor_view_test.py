@@ -61,3 +61,15 @@ def test_plot_without_half_precision_gradients(tmp_path):
     path = tmp_path / "empty.png"
     report.plot(str(path))
     assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plot_leaves_the_matplotlib_backend_alone(tmp_path):
+    import matplotlib
+
+    before = matplotlib.get_backend()
+    matplotlib.use("svg")
+    try:
+        _report().plot(str(tmp_path / "a.png"))
+        assert matplotlib.get_backend() == "svg"
+    finally:
+        matplotlib.use(before)

@@ -34,9 +34,9 @@ def test_taps_see_outputs_in_call_order_and_restore_calls():
     taps = Taps(layers)
     x = np.ones((2, 6, 4), "float32")
     with taps:
-        taps.tap = lambda key, value: seen.append(key) or value
+        taps.start(lambda key, value: seen.append(key) or value)
         tapped = model(x, training=True)
-        taps.tap = None
+        taps.stop()
     # Dropout ran with training=False (untapped); the LSTM's cell inside
     # its loop is not tapped, the LSTM is.
     assert seen == [0, 2, 3]
@@ -73,3 +73,24 @@ def test_dtype_policies_restore_the_same_objects():
     assert all(
         a is b for a, b in zip(before, [la._dtype_policy for la in layers])
     )
+
+
+def test_a_sublayer_output_returned_by_its_parent_is_tapped_once():
+    class Wrapper(keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.inner = keras.layers.Dense(3, name="inner")
+
+        def call(self, x):
+            return self.inner(x)
+
+    wrapper = Wrapper(name="wrapper")
+    model = keras.Sequential([keras.Input((2,)), wrapper])
+    layers = observed_layers(model)
+    assert [layer.name for layer in layers] == ["wrapper", "inner"]
+    seen = []
+    with Taps(layers) as taps:
+        taps.start(lambda key, value: seen.append(key) or value)
+        model(np.ones((1, 2), "float32"))
+        taps.stop()
+    assert seen == [1]  # inner's output; the wrapper returns the same tensor
