@@ -314,19 +314,19 @@ def doctor(args):
 
 def _example_inputs(module, values):
     """The example's compiled model (under --policy) and training data."""
+    import keras
+
     from kmp import data as kmp_data
     from kmp import policy as policy_lib
     from kmp import recipes
 
     config = recipes.config_from_flags(module.Config, values).check()
+    keras.utils.set_random_seed(config.seed)  # data order, augmentation
     try:
         splits = module.load_splits(config)
     except kmp_data.DataUnavailable as error:
         raise ValueError(str(error)) from None
     train_data, _ = module.make_datasets(splits, config)
-    import keras
-
-    keras.utils.set_random_seed(config.seed)
     with policy_lib.policy_scope(config.policy):
         model = module.compile_model(config, steps=1)
     return model, train_data

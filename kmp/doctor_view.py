@@ -11,6 +11,12 @@ import numpy as np
 from kmp.numerics import LOG2_MAX
 from kmp.numerics import LOG2_MIN
 
+GRADIENT_KEY = (
+    "a.grad: gradient by the layer's outputs; w.grad: by its weights. @1: "
+    "without scaling; @S: at the loss scale S; 0 in run: nonzero in "
+    "float32, 0 in the mixed run."
+)
+
 
 def _percent(fraction):
     if fraction is None:
@@ -73,16 +79,16 @@ def activation_rows(diagnosis):
 def gradient_rows(diagnosis):
     """Header and rows of the gradients table, as strings."""
     scale = _binade(diagnosis.loss_scale)
-    lost = f"< {_binade(diagnosis.format.min_subnormal)}"
+    lost = f"<{_binade(diagnosis.format.min_subnormal)}"
     header = ["layer"]
-    for kind in ("act. grad", "weight grad"):
+    for kind in ("a.grad", "w.grad"):
         header += [
             f"{kind} max",
-            f"{kind} {lost} at 1",
-            f"at {scale}",
-            f"> {diagnosis.format.max:g} at {scale}",
+            f"{lost} @1",
+            f"@{scale}",
+            f">{diagnosis.format.max:g} @{scale}",
             "0 in run",
-            "rel. error",
+            "rel.err",
         ]
     rows = []
     for layer in diagnosis.layers:
@@ -124,7 +130,10 @@ def show(diagnosis) -> None:
         ),
         ("gradients (fractions of nonzero values)", gradient_rows(diagnosis)),
     ):
-        table = Table(title=f"{title}\n{name}" if "activ" in name else name)
+        table = Table(
+            title=f"{title}\n{name}" if "activ" in name else name,
+            caption=None if "activ" in name else GRADIENT_KEY,
+        )
         widest = max((len(row[0]) for row in rows), default=5)
         for i, column in enumerate(header):
             if i == 0:  # layer paths are what the reader looks up
