@@ -19,6 +19,8 @@ restored in a `finally`.
 
 import inspect
 import math
+from typing import Callable
+from typing import NamedTuple
 
 import keras
 from keras import ops
@@ -29,6 +31,7 @@ from kmp.diagnosis import Diagnosis
 from kmp.diagnosis import build_diagnosis
 from kmp.islands import all_layers
 from kmp.numerics import FORMATS
+from kmp.numerics import Format
 from kmp.numerics import RangeCounter
 from kmp.taps import LOOPING
 from kmp.taps import Taps
@@ -152,19 +155,20 @@ def diagnose(
     if jit_compile == "auto":
         jit_compile = _model_jit_compile(model)
 
+    setup = _Setup(
+        model,
+        found,
+        loss_fn,
+        scale,
+        policy,
+        switched,
+        fmt,
+        jit_compile,
+        verbose,
+    )
+
     def run(layers):
-        return _run(
-            model,
-            layers,
-            found,
-            loss_fn,
-            scale,
-            policy,
-            switched,
-            fmt,
-            jit_compile,
-            verbose,
-        )
+        return _run(setup, layers)
 
     notes = []
     layers, top_level = observed_layers(model), observed_layers(model, False)
@@ -241,19 +245,23 @@ def _model_jit_compile(model):
             model._jit_compile = saved
 
 
-def _run(
-    model,
-    layers,
-    found,
-    loss_fn,
-    scale,
-    policy,
-    switched,
-    fmt,
-    jit_compile,
-    verbose,
-):
+class _Setup(NamedTuple):
+    """What both passes share; checked by `diagnose`."""
+
+    model: keras.Model
+    found: list  # (x, y) batches
+    loss_fn: Callable
+    scale: float
+    policy: str
+    switched: list  # layers given `policy` in the mixed pass
+    fmt: Format
+    jit_compile: bool
+    verbose: bool
+
+
+def _run(setup, layers):
     """Both passes over every batch; returns the counters and dtypes."""
+    model, found, loss_fn, scale, policy, switched, fmt = setup[:7]
     taps = Taps(layers)
     every_layer = all_layers(model)
     counters = {
@@ -281,7 +289,7 @@ def _run(
                 taps.stop()
             return ops.multiply(loss_fn(y, y_pred), loss_multiplier)
 
-        return backend.taped_gradients(loss_of, jit_compile)
+        return backend.taped_gradients(loss_of, setup.jit_compile)
 
     values = [v.value for v in model.trainable_variables]
     non_trainable = [v.value for v in model.non_trainable_variables]
@@ -295,7 +303,7 @@ def _run(
             with dtype_policies(switched, policy):
                 mixed = mixed_pass(values, x, y, non_trainable)
             _count(counters, reference, mixed, owners, dtypes, reference_dtypes)
-            if verbose:
+            if setup.verbose:
                 progress.update(step + 1)
     return counters, dtypes, reference_dtypes
 

@@ -9,6 +9,22 @@ from kmp import cli
 from kmp import demo
 
 
+def _fails_in_one_line(argv, phrase):
+    """Runs `kmp ARGV` in a subprocess: it must fail with `phrase` on
+    stderr and no traceback. Returns its exit status."""
+    result = subprocess.run(
+        [sys.executable, "-m", "kmp.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ),
+    )
+    assert result.returncode != 0
+    assert phrase in result.stderr
+    assert "Traceback" not in result.stderr
+    return result.returncode
+
+
 def test_info_reports_versions_devices_and_recommendation(capsys):
     report = cli.info(as_json=True)
     printed = json.loads(capsys.readouterr().out)
@@ -58,16 +74,7 @@ def test_demo_under_float32_needs_no_scaler():
     ],
 )
 def test_bad_flags_get_one_clear_line_not_a_traceback(argv, phrase):
-    result = subprocess.run(
-        [sys.executable, "-m", "kmp.cli", *argv],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=dict(os.environ),
-    )
-    assert result.returncode == 2
-    assert phrase in result.stderr
-    assert "Traceback" not in result.stderr
+    assert _fails_in_one_line(argv, phrase) == 2  # argparse's usage error
 
 
 def test_audit_command_reads_a_saved_model(tmp_path, capsys):
@@ -107,15 +114,7 @@ def test_audit_command_rejects_a_path_that_is_not_a_keras_file(tmp_path):
     ],
 )
 def test_train_bad_flag_is_one_line(flags, phrase):
-    result = subprocess.run(
-        [sys.executable, "-m", "kmp.cli", "train", "cifar10", *flags],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode != 0
-    assert phrase in result.stderr
-    assert "Traceback" not in result.stderr
+    _fails_in_one_line(["train", "cifar10", *flags], phrase)
 
 
 def test_train_help_lists_the_example_flags(capsys):
@@ -260,16 +259,7 @@ def test_doctor_bad_input_is_one_line(tmp_path, argv, phrase):
         "--data=BAD": "--data=" + str(tmp_path / "missing.npz"),
         "--data=NPZ": "--data=" + str(tmp_path / "d.npz"),
     }
-    argv = [replace.get(a, a) for a in argv]
-    result = subprocess.run(
-        [sys.executable, "-m", "kmp.cli", "doctor", *argv],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode != 0
-    assert phrase in result.stderr
-    assert "Traceback" not in result.stderr
+    _fails_in_one_line(["doctor", *[replace.get(a, a) for a in argv]], phrase)
 
 
 def test_doctor_help_lists_example_and_doctor_flags(capsys):
