@@ -10,6 +10,10 @@ Run (from the repository root, after `pip install -e .`):
     python examples/cifar10.py --policy=float32 --steps=50 --epochs=2
     python examples/cifar10.py --data=synthetic         # no download
 
+Before a long run, `kmp doctor cifar10` (same flags) shows which layers
+float16 hurts and the loss scales that keep the gradients in range
+(README, "Numerics doctor").
+
 Several GPUs on one machine: `--strategy=mirrored`. Several machines: the
 same command on each host, with `--strategy=multiworker` and a TF_CONFIG
 that lists every host and this host's index (see README, "Multi-GPU and

@@ -13,6 +13,7 @@ Run (from the repository root, after `pip install -e .`):
     python examples/imdb.py --policy=float32 --steps=50 --epochs=1
     python examples/imdb.py --data=synthetic            # no download
     kmp train imdb --steps=20                           # the same code
+    kmp doctor imdb --data=synthetic                    # numerics check
 
 `--strategy=mirrored|multiworker` as in examples/cifar10.py.
 
