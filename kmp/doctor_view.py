@@ -111,13 +111,12 @@ def gradient_rows(diagnosis):
 
 def show(diagnosis) -> None:
     """Prints the two tables, the verdicts and the summary."""
-    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=160)  # logs and pipes: do not squash
+    from kmp.report import make_console
+
+    console = make_console()
     title = (
         f"kmp doctor: {diagnosis.model} under {diagnosis.policy}, loss "
         f"scale {diagnosis.loss_scale:g}, {diagnosis.batches} batch(es), "

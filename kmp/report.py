@@ -51,15 +51,21 @@ def markdown(runs, columns=COLUMNS) -> str:
     return "\n".join(lines)
 
 
+def make_console():
+    """A rich console: the terminal's width, or 160 columns for logs and
+    pipes (rich would otherwise squash tables to 80)."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=160)
+
+
 def show(runs, title, columns=COLUMNS, note=None) -> None:
     """Prints runs as a rich table: one row per run, or, for a single
     run, one row per figure (readable in 80 columns)."""
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=160)  # logs and pipes: do not squash
+    console = make_console()
     table = Table(title=title, caption=note, show_header=len(runs) > 1)
     header, body = rows(runs, columns)
     if len(body) == 1:
