@@ -12,13 +12,13 @@ import statistics
 import sys
 
 from kmp import backend
-from kmp.bench import time_interleaved as _time_interleaved
+from kmp.app.bench import time_interleaved as _time_interleaved
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 def time_interleaved(runs, rounds, unit=None):
-    """`kmp.bench.time_interleaved`, printing a line per round."""
+    """`kmp.app.bench.time_interleaved`, printing a line per round."""
     return _time_interleaved(
         runs, rounds, lambda line: print(line, flush=True), unit
     )

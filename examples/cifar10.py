@@ -35,8 +35,8 @@ import keras
 import numpy as np
 
 import kmp
-from kmp import data as kmp_data
-from kmp import recipes
+from kmp.app import data as kmp_data
+from kmp.app import recipes
 
 MEAN = np.array([0.4914, 0.4822, 0.4465], "float32") * 255
 STD = np.array([0.2470, 0.2435, 0.2616], "float32") * 255

@@ -30,8 +30,8 @@ import keras
 from keras import ops
 
 import kmp
-from kmp import data as kmp_data
-from kmp import recipes
+from kmp.app import data as kmp_data
+from kmp.app import recipes
 
 
 @dataclasses.dataclass

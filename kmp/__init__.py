@@ -1,19 +1,32 @@
 """kmp: mixed-precision training for Keras 3 that a week-long run can trust.
 
-The whole public API is imported here, name by name.
+The whole public API is imported here, name by name. The folders say
+what the parts are (BUILD_NOTES.md, "Architecture", draws them):
+
+    kmp/              the core: dtype policies, the loss scaler, float32
+                      islands and their layers, callbacks, the audit, and
+                      `backend`, the one place where backends differ
+    kmp/doctor/       the numerics doctor, `kmp.diagnose`
+    kmp/distributed/  `fit` under tf.distribute, and the cluster helpers
+    kmp/app/          the `kmp` command, the example trainers' plumbing,
+                      `kmp bench`, reports and datasets
+
+Data flows one way: the core imports no wing, a wing imports the core
+only, and the application imports everything above it.
 """
 
 from kmp import callbacks
 from kmp import layers
+from kmp._version import __version__
 from kmp.audit import AuditReport
 from kmp.audit import Finding
 from kmp.audit import audit
-from kmp.cluster import is_chief
-from kmp.cluster import multi_worker_strategy
-from kmp.cluster import parse_tf_config
-from kmp.diagnosis import Diagnosis
-from kmp.distributed import distribute
-from kmp.doctor import diagnose
+from kmp.distributed.cluster import is_chief
+from kmp.distributed.cluster import multi_worker_strategy
+from kmp.distributed.cluster import parse_tf_config
+from kmp.distributed.fit import distribute
+from kmp.doctor.diagnose import diagnose
+from kmp.doctor.diagnosis import Diagnosis
 from kmp.islands import pin_float32
 from kmp.loss_scale_optimizer import LossScaleOptimizer
 from kmp.loss_scale_optimizer import wrap
@@ -22,8 +35,6 @@ from kmp.policy import disable
 from kmp.policy import enable
 from kmp.policy import policy_scope
 from kmp.policy import recommend_policy
-
-__version__ = "0.1.0"
 
 __all__ = [
     "AuditReport",

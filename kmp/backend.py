@@ -130,11 +130,11 @@ def environment() -> dict:
     """Versions and hardware, as recorded with every benchmark result."""
     import os
 
-    import kmp
+    from kmp._version import __version__
 
     return {
         "versions": {
-            "kmp": kmp.__version__,
+            "kmp": __version__,
             "python": platform.python_version(),
             **framework_versions(),
         },

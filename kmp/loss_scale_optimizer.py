@@ -7,34 +7,21 @@ are.
 """
 
 import inspect
-import math
-import numbers
 
 import keras
 from keras import ops
 
 from kmp import backend
+from kmp._scale_rule import ScaleRule
+from kmp._scale_rule import ScaleState
+from kmp._scale_rule import check_rule
+from kmp._scale_rule import next_scale_state
+from kmp._tf_keras_api import TfKerasLossScaleAPI
 
 _StockLossScaleOptimizer = keras.optimizers.LossScaleOptimizer
 
 
-def _is_number(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def _check_count(arg_name, value):
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
-        raise ValueError(
-            f"`{arg_name}` must be a positive int, got {value!r} of type "
-            f"{type(value).__name__}. Pass a whole number such as 2000."
-        )
-    if value < 1:
-        raise ValueError(
-            f"`{arg_name}` must be a positive int (>= 1), got {value}."
-        )
-
-
-def _validate_inner(inner_optimizer):
+def _check_inner(inner_optimizer):
     if isinstance(inner_optimizer, _StockLossScaleOptimizer):
         raise ValueError(
             "`inner_optimizer` is already a LossScaleOptimizer "
@@ -49,66 +36,8 @@ def _validate_inner(inner_optimizer):
         )
 
 
-def _validate_scale_args(
-    initial_scale,
-    dynamic_growth_steps,
-    growth_factor,
-    backoff_factor,
-    min_scale,
-    max_scale,
-    hysteresis,
-    dynamic,
-):
-    if not isinstance(dynamic, bool):
-        raise ValueError(f"`dynamic` must be a bool, got {dynamic!r}.")
-    for arg_name, value in (
-        ("initial_scale", initial_scale),
-        ("growth_factor", growth_factor),
-        ("backoff_factor", backoff_factor),
-        ("min_scale", min_scale),
-        ("max_scale", max_scale),
-    ):
-        if not _is_number(value) or not math.isfinite(value):
-            raise ValueError(
-                f"`{arg_name}` must be a finite number, got {value!r}."
-            )
-    if growth_factor <= 1:
-        raise ValueError(
-            f"`growth_factor` must be > 1, got {growth_factor}. The scale "
-            "is multiplied by it after `dynamic_growth_steps` finite steps; "
-            "2.0 is the usual value."
-        )
-    if not 0 < backoff_factor < 1:
-        raise ValueError(
-            f"`backoff_factor` must be in the open interval (0, 1), got "
-            f"{backoff_factor}. The scale is multiplied by it on overflow; "
-            "0.5 is the usual value."
-        )
-    if min_scale <= 0:
-        raise ValueError(
-            f"`min_scale` must be > 0, got {min_scale}. A zero scale zeroes "
-            "every gradient and the unscaling then divides by zero."
-        )
-    if min_scale > max_scale:
-        raise ValueError(
-            f"`min_scale` ({min_scale}) must be <= `max_scale` ({max_scale})."
-        )
-    if max_scale > float(2**127):
-        raise ValueError(
-            f"`max_scale` must be <= 2**127 so that the scale and its "
-            f"growth stay finite in float32, got {max_scale}."
-        )
-    if not min_scale <= initial_scale <= max_scale:
-        raise ValueError(
-            f"`initial_scale` must lie in [min_scale, max_scale] = "
-            f"[{min_scale}, {max_scale}], got {initial_scale}."
-        )
-    _check_count("dynamic_growth_steps", dynamic_growth_steps)
-    _check_count("hysteresis", hysteresis)
-
-
 @keras.saving.register_keras_serializable(package="kmp")
-class LossScaleOptimizer(_StockLossScaleOptimizer):
+class LossScaleOptimizer(TfKerasLossScaleAPI, _StockLossScaleOptimizer):
     """A loss-scaling optimizer with a floor, a cap and skip accounting.
 
     Mixed float16 training multiplies the loss by a scale so that small
@@ -199,34 +128,30 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         name=None,
         **kwargs,
     ):
-        _validate_inner(inner_optimizer)
-        _validate_scale_args(
+        _check_inner(inner_optimizer)
+        rule = check_rule(
             initial_scale,
-            dynamic_growth_steps,
-            growth_factor,
-            backoff_factor,
-            min_scale,
-            max_scale,
-            hysteresis,
-            dynamic,
+            dynamic_growth_steps=dynamic_growth_steps,
+            growth_factor=growth_factor,
+            backoff_factor=backoff_factor,
+            min_scale=min_scale,
+            max_scale=max_scale,
+            hysteresis=hysteresis,
+            dynamic=dynamic,
         )
         super().__init__(
             inner_optimizer,
             initial_scale=float(initial_scale),
-            dynamic_growth_steps=int(dynamic_growth_steps),
+            dynamic_growth_steps=rule.dynamic_growth_steps,
             name=name,
             **kwargs,
         )
-        self.growth_factor = float(growth_factor)
-        self.backoff_factor = float(backoff_factor)
-        self.min_scale = float(min_scale)
-        self.max_scale = float(max_scale)
-        self.hysteresis = int(hysteresis)
-        self.dynamic = dynamic
-        # Gradients returned by `get_unscaled_gradients`, which the next
-        # `apply` must not divide by the scale again (tf-keras semantics).
-        self._user_unscaled = None
-        self._skip_unscale = False
+        self.growth_factor = rule.growth_factor
+        self.backoff_factor = rule.backoff_factor
+        self.min_scale = rule.min_scale
+        self.max_scale = rule.max_scale
+        self.hysteresis = rule.hysteresis
+        self.dynamic = rule.dynamic
 
     def build(self, var_list):
         super().build(var_list)
@@ -250,40 +175,32 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         """The current loss scale (a variable once built)."""
         return self.dynamic_scale if self.built else self.initial_scale
 
-    # --- The update rule: one function, used by both stateful and
-    # stateless paths (the latter runs it inside a StatelessScope). ---
-
     def _update_scale_state(self, finite):
-        """Assigns the next scale state; `finite` is a Python bool."""
+        """Assigns the state `next_scale_state` gives; `finite` is a
+        Python bool. Both the stateful and the stateless path (inside a
+        StatelessScope) come here."""
+        variables = ScaleState(
+            self.dynamic_scale,
+            self.step_counter,
+            self.overflow_streak,
+            self.skipped_steps,
+        )
         # `.value` reads the variable, or its stand-in inside a
-        # StatelessScope; JAX's `where` rejects variables themselves.
-        scale = self.dynamic_scale.value
-        counter = self.step_counter.value
-        streak = self.overflow_streak.value
-        one = ops.ones((), dtype=counter.dtype)
-        zero = ops.zeros((), dtype=counter.dtype)
-        if finite:
-            counter = ops.add(counter, one)
-            if self.dynamic:
-                grow = ops.greater_equal(counter, self.dynamic_growth_steps)
-                grown = ops.minimum(
-                    ops.multiply(scale, self.growth_factor), self.max_scale
-                )
-                self.dynamic_scale.assign(ops.where(grow, grown, scale))
-                counter = ops.where(grow, zero, counter)
-            self.step_counter.assign(counter)
-            self.overflow_streak.assign(zero)
-            return
-        streak = ops.add(streak, one)
-        if self.dynamic:
-            backoff = ops.greater_equal(streak, self.hysteresis)
-            lowered = ops.maximum(
-                ops.multiply(scale, self.backoff_factor), self.min_scale
-            )
-            self.dynamic_scale.assign(ops.where(backoff, lowered, scale))
-        self.step_counter.assign(zero)
-        self.overflow_streak.assign(streak)
-        self.skipped_steps.assign(ops.add(self.skipped_steps.value, one))
+        # StatelessScope.
+        state = ScaleState(*(v.value for v in variables))
+        rule = ScaleRule(
+            self.dynamic_growth_steps,
+            self.growth_factor,
+            self.backoff_factor,
+            self.min_scale,
+            self.max_scale,
+            self.hysteresis,
+            self.dynamic,
+        )
+        for variable, value in zip(
+            variables, next_scale_state(state, finite, rule)
+        ):
+            variable.assign(value)
 
     def _overwrites(self, variable):
         # Keras >= 3.6 lets a variable take its "gradient" as a new value
@@ -292,7 +209,7 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         return bool(check and check(variable))
 
     def _unscale(self, grads, trainable_variables):
-        if self._skip_unscale:
+        if self._given_unscaled:  # by get_unscaled_gradients (tf-keras)
             return list(grads)
         scale = self.dynamic_scale.value
         return [
@@ -387,53 +304,6 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         for variable, value in zip(tvs + self.variables, new_tvs + new_values):
             variable.assign(value)
 
-    def apply(self, grads, trainable_variables=None):
-        grads = list(grads)
-        pending, self._user_unscaled = self._user_unscaled, None
-        self._skip_unscale = pending is not None and _same_tensors(
-            grads, pending
-        )
-        try:
-            return super().apply(grads, trainable_variables)
-        finally:
-            self._skip_unscale = False
-
-    # --- tf-keras migration API. ---
-
-    def get_scaled_loss(self, loss):
-        """Returns `loss * loss_scale` (tf-keras API; Keras 3: `scale_loss`).
-
-        Args:
-            loss: A scalar tensor, or a callable returning one.
-
-        Returns:
-            The scaled loss, or a callable returning it if `loss` was
-            callable.
-        """
-        if callable(loss):
-            return lambda: self.scale_loss(loss())
-        return self.scale_loss(loss)
-
-    def get_unscaled_gradients(self, grads):
-        """Divides gradients of the scaled loss by the loss scale.
-
-        tf-keras custom loops call this and then `apply_gradients`. To keep
-        such loops correct, when the very tensors returned here are passed
-        to the next `apply_gradients`, they are not divided again. (Keras 3
-        loops instead pass the scaled gradients straight to
-        `apply_gradients`, which unscales them.)
-
-        Args:
-            grads: A list of gradient tensors (or `None`s).
-
-        Returns:
-            The unscaled gradients, as a list.
-        """
-        scale = self.loss_scale
-        unscaled = [g if g is None else ops.divide(g, scale) for g in grads]
-        self._user_unscaled = tuple(unscaled)
-        return unscaled
-
     def get_config(self):
         config = super().get_config()
         config.update(
@@ -447,12 +317,6 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             }
         )
         return config
-
-
-def _same_tensors(grads, pending):
-    return len(grads) == len(pending) and all(
-        g is p for g, p in zip(grads, pending)
-    )
 
 
 def _check_wrap_kwargs(kwargs):
@@ -471,7 +335,7 @@ def _check_wrap_kwargs(kwargs):
             f"kmp.wrap got unexpected arguments {sorted(extra)}. It accepts "
             f"the arguments of kmp.LossScaleOptimizer: {sorted(args)}."
         )
-    _validate_scale_args(**args)
+    check_rule(**args)
 
 
 def wrap(optimizer="adam", **kwargs) -> keras.optimizers.Optimizer:

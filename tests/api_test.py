@@ -1,4 +1,8 @@
+import pytest
+
 import kmp
+
+pytestmark = pytest.mark.backend_independent
 
 PUBLIC = {
     "AuditReport",

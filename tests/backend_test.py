@@ -24,6 +24,7 @@ def test_framework_versions_name_the_backend():
     assert versions[backend.name()]
 
 
+@pytest.mark.backend_independent
 @pytest.mark.parametrize(
     "value, expected",
     [("8.6", (8, 6)), ((7, 5), (7, 5)), ("9", (9, 0)), (None, None)],
@@ -79,6 +80,7 @@ def test_kmp_trains_with_jax_when_tensorflow_cannot_be_imported():
     assert "[32768.0]" in result.stdout
 
 
+@pytest.mark.slow
 @jax_only
 def test_examples_and_bench_run_with_jax_when_tensorflow_cannot_be_imported(
     tmp_path,
@@ -97,7 +99,7 @@ def test_examples_and_bench_run_with_jax_when_tensorflow_cannot_be_imported(
                     raise ImportError(f"No module named {{name!r}}")
 
         sys.meta_path.insert(0, NoTensorFlow())
-        from kmp import bench
+        from kmp.app import bench
         from kmp.examples import cifar10, imdb
         tiny = {{"imdb": {{"d_model": 16, "batch_size": 4,
                           "sequence_length": 8}}}}

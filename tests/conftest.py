@@ -1,8 +1,16 @@
-"""Test harness: TF32 off; the global dtype policy and Keras distribution
-restored after each test.
+"""Test harness: TF32 off; the global dtype policy, Keras distribution and
+Keras's global state restored after each test; the suite's two markers.
 
-The suite runs once per backend: `KERAS_BACKEND=tensorflow` (everything)
-and `KERAS_BACKEND=jax` (everything not marked TensorFlow-only).
+The suite runs once per backend (README: `KERAS_BACKEND=tensorflow`, then
+`KERAS_BACKEND=jax`):
+
+- `slow`: a whole job (a multi-worker or multi-replica subprocess, an
+  example trainer, a bench or doctor run of an example). The fast
+  development command deselects them: `pytest -m "not slow"`.
+- `backend_independent`: logic that no Keras backend changes (parsing,
+  counting, formatting, argument checks). It runs under TensorFlow and is
+  deselected under the other backends, so each behaviour is tested once,
+  or on every backend where it can differ.
 """
 
 import os
@@ -24,9 +32,33 @@ backend.disable_tf32()
 settings.register_profile("kmp", deadline=None, max_examples=25)
 settings.load_profile("kmp")
 
+# Where backend-independent tests run.
+INDEPENDENT_BACKEND = "tensorflow"
+
 
 def pytest_report_header(config):
     return f"keras {keras.__version__}, backend: {backend.name()}"
+
+
+def pytest_collection_modifyitems(config, items):
+    if backend.name() == INDEPENDENT_BACKEND:
+        return
+    independent = [
+        item
+        for item in items
+        if item.get_closest_marker("backend_independent") is not None
+    ]
+    if independent:
+        config.hook.pytest_deselected(items=independent)
+        items[:] = [item for item in items if item not in independent]
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if backend.name() != INDEPENDENT_BACKEND:
+        terminalreporter.write_line(
+            "backend_independent tests were deselected: they run under "
+            f"KERAS_BACKEND={INDEPENDENT_BACKEND}."
+        )
 
 
 @pytest.fixture(autouse=True)
@@ -35,4 +67,7 @@ def _restore_global_state():
     yield
     keras.config.set_dtype_policy(previous)
     keras.distribution.set_distribution(None)
-    keras.utils.clear_session()
+    # Fresh layer names and global state; no gc.collect() (free_memory),
+    # which took ~0.5 s per test, 40 % of the suite: Python's own
+    # collector frees the models of earlier tests.
+    keras.utils.clear_session(free_memory=False)

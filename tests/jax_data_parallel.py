@@ -3,7 +3,7 @@
     python tests/jax_data_parallel.py
 
 Prints one JSON line (prefix RESULT). A helper for
-tests/distribution_test.py: the device count must be set before JAX
+tests/replicas_test.py: the device count must be set before JAX
 initialises, so it runs in its own process.
 """
 

@@ -10,6 +10,7 @@ from keras import ops
 from util import classification_data
 from util import jax_only
 from util import mlp
+from util import reference_scale_rule
 from util import tf_only
 
 import kmp
@@ -278,25 +279,6 @@ def test_stateful_apply_on_jax_where_stock_keras_fails():
     np.testing.assert_array_equal(v.numpy(), [-1.0, 0.0])
 
 
-def _reference(kinds, initial, growth_steps, growth, backoff, lo, hi, hyst):
-    """The docstring's pseudo-code, in plain Python."""
-    scale, counter, streak, skipped = float(initial), 0, 0, 0
-    for kind in kinds:
-        if kind != "finite":
-            skipped += 1
-            counter = 0
-            streak += 1
-            if streak >= hyst:
-                scale = max(np.float32(scale) * np.float32(backoff), lo)
-        else:
-            streak = 0
-            counter += 1
-            if counter == growth_steps:
-                scale = min(np.float32(scale) * np.float32(growth), hi)
-                counter = 0
-    return float(np.float32(scale)), counter, streak, skipped
-
-
 @pytest.mark.parametrize("path", PATHS)
 @given(
     kinds=st.lists(
@@ -345,7 +327,7 @@ def test_random_non_finite_gradients_never_corrupt_state(
         assert np.isfinite(v.numpy()).all()
         scale = float(opt.dynamic_scale)
         assert 1.0 <= scale <= 2.0**8 and math.isfinite(scale)
-        expected = _reference(
+        expected = reference_scale_rule(
             kinds[: step + 1],
             2.0**initial_exp,
             growth_steps,
@@ -357,22 +339,6 @@ def test_random_non_finite_gradients_never_corrupt_state(
         )
         assert _state(opt) == pytest.approx(expected, rel=1e-6)
     assert int(opt.skipped_steps) == sum(k != "finite" for k in kinds)
-
-
-def test_tf_keras_migration_api_does_not_unscale_twice():
-    opt = kmp.LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=8)
-    v = keras.Variable([0.0, 0.0])
-    opt.build([v])
-    loss = ops.convert_to_tensor(2.0)
-    assert float(opt.get_scaled_loss(loss)) == 16.0
-    assert float(opt.get_scaled_loss(lambda: loss)()) == 16.0
-    scaled = [ops.convert_to_tensor([8.0, 16.0])]
-    unscaled = opt.get_unscaled_gradients(scaled)
-    np.testing.assert_array_equal(ops.convert_to_numpy(unscaled[0]), [1, 2])
-    opt.apply_gradients(zip(unscaled, [v]))  # tf-keras loop
-    np.testing.assert_array_equal(v.numpy(), [-1.0, -2.0])
-    opt.apply_gradients(zip(scaled, [v]))  # Keras 3 loop: unscales itself
-    np.testing.assert_array_equal(v.numpy(), [-2.0, -4.0])
 
 
 @tf_only
@@ -458,6 +424,7 @@ def _bad(**kwargs):
     return kmp.LossScaleOptimizer(keras.optimizers.SGD(), **kwargs)
 
 
+@pytest.mark.backend_independent
 @pytest.mark.parametrize(
     "kwargs, phrase",
     [
@@ -488,11 +455,13 @@ def test_bad_arguments_raise_value_error(kwargs, phrase):
         _bad(**kwargs)
 
 
+@pytest.mark.backend_independent
 def test_inner_optimizer_must_be_a_keras_optimizer():
     with pytest.raises(ValueError, match="must be a keras.optimizers"):
         kmp.LossScaleOptimizer("adam")
 
 
+@pytest.mark.backend_independent
 @pytest.mark.parametrize(
     "inner_class",
     [kmp.LossScaleOptimizer, keras.optimizers.LossScaleOptimizer],
@@ -503,6 +472,7 @@ def test_loss_scale_optimizer_cannot_wrap_one(inner_class):
         kmp.LossScaleOptimizer(inner)
 
 
+@pytest.mark.backend_independent
 def test_get_config_round_trip():
     opt = kmp.LossScaleOptimizer(
         keras.optimizers.Adam(0.5),
@@ -599,6 +569,7 @@ def test_state_survives_backup_and_restore(tmp_path):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.backend_independent
 @pytest.mark.parametrize(
     "policy, expected",
     [
@@ -621,6 +592,7 @@ def test_wrap_scales_only_under_float16(policy, expected):
         assert wrapped is adam
 
 
+@pytest.mark.backend_independent
 def test_wrap_replaces_an_unbuilt_stock_scaler():
     kmp.enable("mixed_float16")
     adam = keras.optimizers.Adam()
@@ -633,6 +605,7 @@ def test_wrap_replaces_an_unbuilt_stock_scaler():
     assert (wrapped.initial_scale, wrapped.dynamic_growth_steps) == (64, 10)
 
 
+@pytest.mark.backend_independent
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
 def test_wrap_rejects_bad_input_in_every_mode(policy):
     kmp.enable(policy)
@@ -646,6 +619,7 @@ def test_wrap_rejects_bad_input_in_every_mode(policy):
         kmp.wrap("adam", growth=2.0)
 
 
+@pytest.mark.backend_independent
 def test_compile_keeps_kmp_scaler():
     kmp.enable("mixed_float16")
     model = mlp()

@@ -20,6 +20,7 @@ def devices(monkeypatch):
     return use
 
 
+@pytest.mark.backend_independent
 @pytest.mark.parametrize("name", ["mixed_float16", "mixed_bfloat16", "float32"])
 def test_enable_sets_policy_and_returns_previous(name):
     keras.config.set_dtype_policy("float32")
@@ -31,18 +32,21 @@ def test_enable_sets_policy_and_returns_previous(name):
     assert keras.config.dtype_policy().name == "float32"
 
 
+@pytest.mark.backend_independent
 def test_disable_restores_float32():
     kmp.enable("mixed_bfloat16")
     assert kmp.disable().name == "mixed_bfloat16"
     assert keras.config.dtype_policy().name == "float32"
 
 
+@pytest.mark.backend_independent
 @pytest.mark.parametrize("bad", ["float16", "mixed", "", None, 3])
 def test_enable_rejects_unknown_policies(bad):
     with pytest.raises(ValueError, match="Unsupported dtype policy"):
         kmp.enable(bad)
 
 
+@pytest.mark.backend_independent
 def test_policy_scope_restores_on_exception():
     kmp.enable("mixed_bfloat16")
     with pytest.raises(RuntimeError):
@@ -53,6 +57,7 @@ def test_policy_scope_restores_on_exception():
     assert keras.config.dtype_policy().name == "mixed_bfloat16"
 
 
+@pytest.mark.backend_independent
 def test_auto_uses_the_recommendation_and_logs_reason_once(monkeypatch, caplog):
     monkeypatch.setattr(
         backend, "list_devices", lambda: [Device("gpu", "V100", (7, 0))]
@@ -66,6 +71,7 @@ def test_auto_uses_the_recommendation_and_logs_reason_once(monkeypatch, caplog):
     assert len(messages) == 1 and "'auto' -> mixed_float16" in messages[0]
 
 
+@pytest.mark.backend_independent
 def test_mixed_policy_on_cpu_warns_once(devices, caplog):
     devices(Device("cpu", "x"))
     with caplog.at_level(logging.WARNING, logger="kmp"):
@@ -77,6 +83,7 @@ def test_mixed_policy_on_cpu_warns_once(devices, caplog):
     assert "slower than float32" in warnings[0].message
 
 
+@pytest.mark.backend_independent
 def test_bfloat16_on_a_gpu_without_bfloat16_tensor_cores_warns(devices, caplog):
     devices(Device("gpu", "T4", (7, 5)))
     with caplog.at_level(logging.WARNING, logger="kmp"):
@@ -87,6 +94,7 @@ def test_bfloat16_on_a_gpu_without_bfloat16_tensor_cores_warns(devices, caplog):
     ]
 
 
+@pytest.mark.backend_independent
 @pytest.mark.parametrize(
     "devices, expected",
     [

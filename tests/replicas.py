@@ -1,12 +1,15 @@
-"""Runs one multi-replica scenario on 2 logical CPUs and prints JSON.
+"""Runs multi-replica scenarios on 2 logical CPUs and prints JSON.
 
     python tests/replicas.py one_inf kmp|stock BAD_REPLICA
     python tests/replicas.py clip kmp|stock
     python tests/replicas.py tf_keras_loop
     python tests/replicas.py fit
+    python tests/replicas.py all     # every scenario the tests read
 
-A helper for tests/distribution_test.py: logical devices must be set
-before TensorFlow initialises, so each scenario runs in its own process.
+A helper for tests/replicas_test.py: logical devices must be set before
+TensorFlow initialises, so the scenarios run in a process of their own;
+`all` runs them one after another in one process (each builds its own
+variables and optimizer), so the tests pay for one TensorFlow start.
 """
 
 import json
@@ -146,9 +149,22 @@ def fit():
     }
 
 
+# What `all` runs, in order; `fit` last, since it sets the global policy.
+ALL = {
+    "one_inf kmp 0": lambda: one_inf("kmp", 0),
+    "one_inf kmp 1": lambda: one_inf("kmp", 1),
+    "one_inf stock 1": lambda: one_inf("stock", 1),
+    "tf_keras_loop": tf_keras_loop,
+    "clip kmp": lambda: clip("kmp"),
+    "clip stock": lambda: clip("stock"),
+    "fit": fit,
+}
+
 if __name__ == "__main__":
     scenario = sys.argv[1]
-    if scenario == "one_inf":
+    if scenario == "all":
+        out = {name: run() for name, run in ALL.items()}
+    elif scenario == "one_inf":
         out = one_inf(sys.argv[2], int(sys.argv[3]))
     elif scenario == "tf_keras_loop":
         out = tf_keras_loop()

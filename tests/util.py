@@ -1,5 +1,11 @@
 """Helpers shared by the tests."""
 
+import json
+import os
+import socket
+import subprocess
+import sys
+
 import keras
 import numpy as np
 import pytest
@@ -32,3 +38,101 @@ def mlp(features=8, units=16, seed=0):
             keras.layers.Activation("softmax", dtype="float32"),
         ]
     )
+
+
+# --- Tests that need processes of their own (devices, TF_CONFIG and the
+# backend are fixed when a framework starts). ---
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def script_result(stdout):
+    """The JSON of a helper script's last `RESULT {...}` line."""
+    line = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
+    return json.loads(line[-1][len("RESULT ") :])
+
+
+def run_script(script, *args, backend="tensorflow", timeout=300):
+    """Runs `tests/<script> ARGS` under `backend`; returns its result."""
+    result = subprocess.run(
+        [sys.executable, os.path.join(HERE, script), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(os.environ, KERAS_BACKEND=backend),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return script_result(result.stdout)
+
+
+def free_ports(count):
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def run_processes(argvs, envs, timeout):
+    """Runs Python processes side by side (TensorFlow backend); returns
+    their stdouts."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, KERAS_BACKEND="tensorflow", **env),
+        )
+        for argv, env in zip(argvs, envs)
+    ]
+    try:
+        outputs = [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for p, (_, err) in zip(procs, outputs):
+        assert p.returncode == 0, err[-3000:]
+    return [out for out, _ in outputs]
+
+
+def fails_in_one_line(argv, phrase, capsys):
+    """Runs `kmp ARGV` in this process: it must exit non-zero with `phrase`
+    on stderr and no traceback (tests/app/cli_test.py says why this is the
+    shell's view). Returns the exit status a shell sees."""
+    from kmp.app import cli
+
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    code, stderr = exited.value.code, capsys.readouterr().err
+    if isinstance(code, str):  # Python prints it and exits with 1
+        code, stderr = 1, stderr + code + "\n"
+    assert code != 0
+    assert phrase in stderr
+    assert "Traceback" not in stderr
+    return code
+
+
+def reference_scale_rule(
+    kinds, initial, growth_steps, growth, backoff, lo, hi, hyst
+):
+    """kmp.LossScaleOptimizer's docstring pseudo-code, in plain Python:
+    `(scale, step_counter, overflow_streak, skipped_steps)` after the steps
+    `kinds` ("finite" or not), the scale rounded to float32."""
+    scale, counter, streak, skipped = float(initial), 0, 0, 0
+    for kind in kinds:
+        if kind != "finite":
+            skipped += 1
+            counter = 0
+            streak += 1
+            if streak >= hyst:
+                scale = max(np.float32(scale) * np.float32(backoff), lo)
+        else:
+            streak = 0
+            counter += 1
+            if counter == growth_steps:
+                scale = min(np.float32(scale) * np.float32(growth), hi)
+                counter = 0
+    return float(np.float32(scale)), counter, streak, skipped

@@ -1,0 +1,173 @@
+"""What the `kmp` commands do, once `kmp.app.cli` has parsed them:
+`info`, `demo`, `audit`, `train` and `bench` (`doctor` has a module of its
+own). Each imports what it needs (the examples, TensorFlow's data
+pipelines, plotting) when it runs.
+"""
+
+import json
+import os
+
+EXAMPLES = ("cifar10", "imdb")
+
+
+def info(as_json: bool = False) -> dict:
+    """Prints (and returns) versions, devices and the recommended policy."""
+    import kmp
+    from kmp import backend
+
+    recommendation = kmp.recommend_policy()
+    env = backend.environment()
+    report = {
+        **env["versions"],
+        "cpu": env["hardware"]["cpu"],
+        "devices": env["hardware"]["devices"],
+        "tf32": env["tf32"],
+        "recommended_policy": recommendation.policy,
+        "reason": recommendation.reason,
+    }
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return report
+    width = max(len(k) for k in report)
+    for key, value in report.items():
+        if key == "devices":
+            for i, d in enumerate(value):
+                cc = d["compute_capability"]
+                shown = f"{d['platform']}: {d['name']}"
+                shown += f" (compute capability {cc})" if cc else ""
+                print(f"{'device ' + str(i):<{width}}  {shown}")
+        else:
+            print(f"{key:<{width}}  {value}")
+    return report
+
+
+def demo(args) -> dict:
+    """Runs `kmp.app.demo.run` with the parsed flags and prints a summary."""
+    from kmp.app import demo as demo_lib
+
+    result = demo_lib.run(
+        policy=args.policy,
+        epochs=args.epochs,
+        steps_per_epoch=args.steps,
+        batch_size=args.batch_size,
+        initial_scale=args.initial_scale,
+        seed=args.seed,
+        verbose=2,
+    )
+    scale = result["loss_scale"]
+    print()
+    print(f"policy          {result['policy']}")
+    print(f"optimizer       {result['optimizer']}")
+    print(f"final loss      {result['loss']:.4f}")
+    print(f"final accuracy  {result['accuracy']:.4f}")
+    print(
+        "loss scale      "
+        + (
+            "none (this policy needs no scaling)"
+            if scale is None
+            else f"{scale:g}"
+        )
+    )
+    print(f"skipped steps   {result['skipped_steps']}")
+    print(f"examples/s      {result['examples_per_second']:.0f}")
+    return result
+
+
+def audit(args) -> list:
+    """Loads a `.keras` model and prints `kmp.audit`'s findings."""
+    if not args.path.endswith(".keras") or not os.path.isfile(args.path):
+        raise SystemExit(
+            f"kmp audit: {args.path!r} is not a .keras file. Save the model "
+            "with model.save('model.keras') first."
+        )
+    import keras
+
+    import kmp
+
+    model = keras.saving.load_model(args.path, compile=True)
+    report = kmp.audit(model, verbose=not args.json)
+    if args.json:
+        print(report.to_json())
+    return report
+
+
+def train(args) -> dict:
+    """Runs examples/<name>.py's `train` with its flags (absl syntax)."""
+    import importlib
+
+    from absl import flags
+
+    from kmp.app import data
+    from kmp.app import recipes
+
+    module = importlib.import_module(f"kmp.examples.{args.example}")
+    values = flags.FlagValues()
+    recipes.define_flags(module.Config, values)
+    if {"-h", "--help", "--helpfull"} & set(args.flags):
+        print(f"usage: kmp train {args.example} [--flag=value ...]\n")
+        print(values.get_help())
+        return {}
+    try:
+        values([f"kmp train {args.example}", *args.flags])
+        config = recipes.config_from_flags(module.Config, values)
+        config.check()
+    except (flags.Error, ValueError) as error:
+        raise SystemExit(f"kmp train {args.example}: {error}") from None
+    try:
+        results = module.train(config)
+    except data.DataUnavailable as error:
+        raise SystemExit(f"kmp train {args.example}: {error}") from None
+    from kmp.app import report
+
+    report.show(
+        [results],
+        f"kmp train {args.example}",
+        note="memory: " + results["peak_memory_note"],
+    )
+    print(recipes.summary(args.example, results))
+    return results
+
+
+def bench(args) -> list:
+    """Runs `kmp.app.bench` and prints / writes its tables."""
+    from kmp.app import bench as bench_module
+    from kmp.app import report
+
+    results = bench_module.run(args.models, args.size, args.steps, args.rounds)
+    for name in args.models:
+        rows = [r for r in results if r["model"] == name]
+        report.show(
+            rows,
+            f"kmp bench {name} ({backend_name()})",
+            columns=bench_module.COLUMNS,
+            note="memory: "
+            + rows[0]["peak_memory_note"]
+            + ", after compiling all variants (not per variant)",
+        )
+    text = bench_module.markdown(results)
+    if args.output:
+        os.makedirs(args.output, exist_ok=True)
+        with open(os.path.join(args.output, "bench.md"), "w") as f:
+            f.write(text + "\n")
+        with open(os.path.join(args.output, "bench.json"), "w") as f:
+            from kmp import backend
+
+            json.dump(
+                {
+                    "command": "kmp " + " ".join(args.argv),
+                    **backend.environment(),
+                    "results": results,
+                },
+                f,
+                indent=2,
+            )
+        print(f"wrote {args.output}/bench.md and bench.json")
+    else:
+        print(text)
+    return results
+
+
+def backend_name():
+    import keras
+
+    return keras.backend.backend()

@@ -1,0 +1,165 @@
+"""Run reports for the examples and `kmp bench`: a table, JSON, a PNG.
+
+A run's results are a plain dict (what `examples/cifar10.py` returns and
+writes as JSON); this module shows them as a rich table or Markdown and
+draws the loss and the loss scale over steps.
+"""
+
+import math
+import time
+
+import keras
+
+from kmp import backend
+from kmp._console import make_console
+
+# (key in the results dict, column title, format)
+COLUMNS = (
+    ("policy", "policy", "{}"),
+    ("data", "data", "{}"),
+    ("epochs", "epochs", "{}"),
+    ("examples_per_s", "examples/s", "{:.0f}"),
+    ("step_time_s", "step time (ms)", "{:.1f}", 1000.0),
+    ("peak_memory_mib", "peak memory (MiB)", "{:.0f}"),
+    ("final_loss", "final loss", "{:.4f}"),
+    ("accuracy", "accuracy", "{:.4f}"),
+    ("loss_scale", "loss scale", "{:g}"),
+    ("skipped_steps", "skipped steps", "{:g}"),
+)
+
+
+def _cell(results, column):
+    key, _, fmt, *factor = column
+    value = results.get(key)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if factor:
+        value = value * factor[0]
+    return fmt.format(value)
+
+
+def rows(runs, columns=COLUMNS):
+    """The table's header and rows, as strings."""
+    header = [column[1] for column in columns]
+    return header, [[_cell(r, c) for c in columns] for r in runs]
+
+
+def markdown(runs, columns=COLUMNS) -> str:
+    """A Markdown table of runs (one dict each)."""
+    header, body = rows(runs, columns)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in body]
+    return "\n".join(lines)
+
+
+def show(runs, title, columns=COLUMNS, note=None) -> None:
+    """Prints runs as a rich table: one row per run, or, for a single
+    run, one row per figure (readable in 80 columns)."""
+    from rich.table import Table
+
+    console = make_console()
+    table = Table(title=title, caption=note, show_header=len(runs) > 1)
+    header, body = rows(runs, columns)
+    if len(body) == 1:
+        table.add_column("")
+        table.add_column("", justify="right")
+        for name, value in zip(header, body[0]):
+            table.add_row(name, value)
+    else:
+        for name in header:
+            table.add_column(
+                name, justify="left" if name == "policy" else "right"
+            )
+        for row in body:
+            table.add_row(*row)
+    console.print(table)
+
+
+class StepLog(keras.callbacks.Callback):
+    """Wall time and loss of each training step.
+
+    Keras hands the step's logs to callbacks after the step has run (the
+    logs are host values), so the time between begin and end is the step.
+
+    Attributes:
+        times: Seconds per step, in order.
+        losses: The `loss` log per step (Keras's running mean over the
+            epoch so far).
+    """
+
+    def on_train_begin(self, logs=None):
+        self.times, self.losses = [], []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.times.append(time.perf_counter() - self._start)
+        if logs and "loss" in logs:
+            self.losses.append(float(logs["loss"]))
+
+    def median_step_time(self, skip=2) -> float:
+        """Median step time, without the first `skip` (compiling) steps."""
+        times = sorted(self.times[skip:] or self.times)
+        if not times:
+            return math.nan
+        middle = len(times) // 2
+        if len(times) % 2:
+            return times[middle]
+        return (times[middle - 1] + times[middle]) / 2
+
+
+def peak_memory_mib() -> tuple[float, str]:
+    """`(MiB, what was measured)`: the accelerator's peak allocation, or
+    the process's peak resident memory on a CPU."""
+    measured, what = backend.peak_memory()
+    return (measured / 2**20 if measured is not None else math.nan), what
+
+
+def plot(results, path, loss_scales=None) -> str:
+    """Draws the loss over steps and the loss scale over steps as a PNG.
+
+    Args:
+        results: A run's results with `history` (per epoch) and
+            `step_losses` (per step).
+        path: Where to write the PNG.
+        loss_scales: The loss scale per step
+            (`LossScaleMonitor.history`), if any.
+
+    Returns:
+        `path`.
+    """
+    # A bare Figure, not pyplot: the user's matplotlib backend and open
+    # figures stay as they are.
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(11, 4))
+    left, right = figure.subplots(1, 2)
+    steps = results.get("step_losses") or []
+    left.plot(range(1, len(steps) + 1), steps, label="train (running mean)")
+    val = results.get("history", {}).get("val_loss")
+    if val and steps:
+        per_epoch = len(steps) / len(val)
+        left.plot(
+            [per_epoch * (i + 1) for i in range(len(val))],
+            val,
+            "o-",
+            label="validation",
+        )
+    left.set(xlabel="step", ylabel="loss", title="Loss")
+    left.legend()
+    if loss_scales:
+        right.step(range(1, len(loss_scales) + 1), loss_scales, where="post")
+        right.set_yscale("log", base=2)
+        right.set(title="Loss scale")
+    else:
+        right.text(0.5, 0.5, "no loss scaling", ha="center", va="center")
+        right.set(title=f"Loss scale ({results.get('policy')})")
+    right.set(xlabel="step")
+    label = " (SYNTHETIC data)" if results.get("data") == "synthetic" else ""
+    figure.suptitle(
+        f"{results.get('model', '')} {results.get('policy', '')}{label}"
+    )
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    return path

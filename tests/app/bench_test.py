@@ -1,0 +1,62 @@
+"""kmp bench: four variants, interleaved, same data and seed."""
+
+import pytest
+
+from kmp.app import bench
+
+TINY = {
+    "cifar10": {"width": 8, "batch_size": 4},
+    "imdb": {"d_model": 16, "batch_size": 4, "sequence_length": 8},
+}
+
+
+@pytest.mark.backend_independent
+@pytest.mark.slow
+def test_each_variant_is_timed_against_float32():
+    # The IMDB model runs in tests/app/commands_test.py's `kmp bench` test;
+    # on JAX, the bench runs in backend_test.py's job without TensorFlow.
+    model = "cifar10"
+    lines = []
+    results = bench.bench_model(
+        model, TINY, steps=1, rounds=2, log=lines.append
+    )
+    assert [r["variant"] for r in results] == list(bench.VARIANTS)
+    by_variant = {r["variant"]: r for r in results}
+    assert by_variant["float32"]["speed_vs_float32"] == 1.0
+    for r in results:
+        assert len(r["epoch_seconds"]) == 2
+        assert r["examples_per_s"] == pytest.approx(4 / r["step_time_s"])
+        assert r["loss"] > 0
+    # kmp's and Keras's scalers apply the same updates with defaults.
+    assert by_variant["fp16+kmp"]["loss"] == by_variant["fp16+stock"]["loss"]
+    assert sum(line.startswith("round ") for line in lines) == 2
+
+
+@pytest.mark.backend_independent
+def test_time_interleaved_rotates_the_order():
+    order = []
+    runs = {name: (lambda n=name: order.append(n)) for name in "abc"}
+    seconds = bench.time_interleaved(runs, rounds=3, log=None)
+    assert order == list("abcbcacab")
+    assert all(len(v) == 3 for v in seconds.values())
+
+
+@pytest.mark.backend_independent
+def test_markdown_has_one_table_per_model():
+    rows = [
+        dict(
+            model=m,
+            variant=v,
+            step_time_s=0.01,
+            examples_per_s=100.0,
+            speed_vs_float32=1.0,
+            peak_memory_mib=5.0,
+            loss=0.5,
+            sizes={"batch_size": 4},
+        )
+        for m in ("cifar10", "imdb")
+        for v in bench.VARIANTS
+    ]
+    text = bench.markdown(rows)
+    assert text.count("| variant |") == 2
+    assert "**imdb** (batch_size 4)" in text

@@ -1,0 +1,77 @@
+"""The `kmp` command's parser and dispatch (`kmp.app.cli`).
+
+Bad input must end the command with one clear line and no traceback. The
+checks run `kmp.app.cli.main` in this process: a shell shows a traceback
+exactly when an exception other than SystemExit escapes `main`, and prints
+a SystemExit's message on stderr with exit status 1. One test runs the
+real entry point in a subprocess, to check that this holds there too.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from util import fails_in_one_line
+
+from kmp.app import cli
+
+pytestmark = pytest.mark.backend_independent
+
+
+@pytest.mark.parametrize(
+    "argv, phrase, status",
+    [
+        (["nope"], "invalid choice: 'nope'", 2),
+        (["train", "cifar10", "--polcy=x"], "Unknown command line flag", 1),
+    ],
+)
+def test_the_entry_point_fails_in_one_line_too(argv, phrase, status):
+    result = subprocess.run(
+        [sys.executable, "-m", "kmp.app.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ),
+    )
+    assert result.returncode == status
+    assert phrase in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "argv, phrase",
+    [
+        (["demo", "--policy", "float16"], "invalid choice: 'float16'"),
+        (["demo", "--steps", "0"], "must be >= 1"),
+        (["demo", "--epochs", "two"], "expected an integer"),
+        (["train"], "required: example"),
+        (["train", "mnist"], "invalid choice: 'mnist'"),
+        (["bench", "--models", "mnist"], "invalid choice: 'mnist'"),
+        (["bench", "--steps", "0"], "must be >= 1"),
+        (["nope"], "invalid choice: 'nope'"),
+    ],
+)
+def test_bad_flags_get_one_clear_line_not_a_traceback(argv, phrase, capsys):
+    assert (
+        fails_in_one_line(argv, phrase, capsys) == 2
+    )  # argparse's usage error
+
+
+@pytest.mark.parametrize(
+    "flags, phrase",
+    [
+        (["--steps=-1"], "kmp train cifar10: flag --steps=-1"),
+        (["--polcy=x"], "Unknown command line flag 'polcy'"),
+        (["--policy=float16"], "value should be one of"),
+        (["--width=4"], "width"),
+    ],
+)
+def test_train_bad_flag_is_one_line(flags, phrase, capsys):
+    fails_in_one_line(["train", "cifar10", *flags], phrase, capsys)
+
+
+def test_train_help_lists_the_example_flags(capsys):
+    cli.main(["train", "imdb", "--help"])
+    out = capsys.readouterr().out
+    assert "--d_model" in out and "--policy" in out and "--strategy" in out

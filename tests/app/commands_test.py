@@ -1,0 +1,104 @@
+"""The `kmp` commands info, audit, train and bench (`kmp.app._commands`),
+through `kmp.app.cli.main`."""
+
+import json
+
+import pytest
+
+from kmp.app import cli
+
+
+@pytest.mark.backend_independent
+def test_info_reports_versions_devices_and_recommendation(capsys):
+    report = cli.info(as_json=True)
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == report
+    for key in ("kmp", "keras", "backend", "devices", "recommended_policy"):
+        assert key in report
+    assert report["reason"]
+
+
+@pytest.mark.backend_independent
+def test_audit_command_reads_a_saved_model(tmp_path, capsys):
+    import keras
+
+    import kmp
+
+    kmp.enable("mixed_float16")
+    model = keras.Sequential(
+        [keras.Input((8,)), keras.layers.Dense(8, activation="softmax")]
+    )
+    model.compile(optimizer="adam", loss="categorical_crossentropy")
+    model.optimizer.build(model.trainable_variables)  # saved with its state
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    cli.main(["audit", path, "--json"])
+    findings = json.loads(capsys.readouterr().out)
+    errors = [f["problem"] for f in findings if f["severity"] == "error"]
+    warnings = [f["problem"] for f in findings if f["severity"] == "warning"]
+    assert any("float16 softmax" in p for p in errors)
+    # compile() wrapped "adam" in Keras's stock scaler, saved with it.
+    assert any("stock keras LossScaleOptimizer" in p for p in warnings)
+
+
+def test_audit_command_rejects_a_path_that_is_not_a_keras_file(tmp_path):
+    with pytest.raises(SystemExit, match="is not a .keras file"):
+        cli.main(["audit", str(tmp_path / "missing.keras")])
+
+
+@pytest.mark.slow
+@pytest.mark.backend_independent
+def test_train_runs_the_example_and_prints_the_table(tmp_path, capsys):
+    results = cli.main(
+        [
+            "train",
+            "cifar10",
+            "--data=synthetic",
+            "--synthetic_size=64",
+            "--width=8",
+            "--steps=2",
+            "--epochs=1",
+            "--batch_size=16",
+            "--verbose=0",
+            f"--output_dir={tmp_path}",
+        ]
+    )
+    assert results == 0
+    out = capsys.readouterr().out
+    assert "kmp train cifar10" in out
+    assert "cifar10 (SYNTHETIC data): policy" in out
+    assert (tmp_path / "results.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.backend_independent
+def test_bench_command_writes_markdown_and_json(tmp_path, monkeypatch, capsys):
+    from kmp.app import bench
+
+    monkeypatch.setitem(
+        bench.SIZES,
+        "small",
+        {"imdb": {"d_model": 16, "batch_size": 4, "sequence_length": 8}},
+    )
+    cli.main(
+        [
+            "bench",
+            "--models",
+            "imdb",
+            "--size",
+            "small",
+            "--steps",
+            "1",
+            "--rounds",
+            "2",
+            "--output",
+            str(tmp_path),
+        ]
+    )
+    table = (tmp_path / "bench.md").read_text()
+    for variant in ("float32", "fp16+kmp", "fp16+stock", "bf16"):
+        assert f"| {variant} |" in table
+    record = json.loads((tmp_path / "bench.json").read_text())
+    assert record["command"].startswith("kmp bench --models imdb")
+    assert len(record["results"]) == 4
+    assert "kmp bench imdb" in capsys.readouterr().out

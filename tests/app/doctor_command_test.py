@@ -1,0 +1,104 @@
+"""`kmp doctor` (`kmp.app._doctor_command`), through `kmp.app.cli.main`."""
+
+import json
+
+import pytest
+from util import fails_in_one_line
+
+from kmp.app import cli
+
+pytestmark = pytest.mark.backend_independent
+
+
+@pytest.mark.slow
+def test_doctor_runs_an_example_and_writes_json_and_png(tmp_path, capsys):
+    assert (
+        cli.main(
+            [
+                "doctor",
+                "cifar10",
+                "--data=synthetic",
+                "--width=8",
+                "--batch_size=16",
+                "--batches=1",
+                f"--output_dir={tmp_path}",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "kmp doctor: resnet9 under mixed_float16, loss scale 32768" in out
+    assert "recommended policy: mixed_float16" in out
+    assert "kmp.pin_float32(model)" in out
+    report = json.loads((tmp_path / "doctor.json").read_text())
+    assert report["examples"] == 16 and report["pin"] == []
+    assert (tmp_path / "doctor.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_doctor_reads_a_saved_model_and_npz(tmp_path, capsys):
+    import keras
+    import numpy as np
+
+    import kmp
+
+    with kmp.policy_scope("mixed_float16"):
+        model = keras.Sequential(
+            [keras.Input((4,)), keras.layers.Dense(2, name="head")]
+        )
+    model.compile(optimizer=kmp.wrap("sgd"), loss="mse")
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    data = str(tmp_path / "d.npz")
+    np.savez(data, x=np.ones((8, 4), "float32"), y=np.zeros((8, 2)))
+    cli.main(
+        [
+            "doctor",
+            path,
+            f"--data={data}",
+            "--batch_size=4",
+            "--policy=mixed_bfloat16",
+            f"--output_dir={tmp_path / 'out'}",
+        ]
+    )
+    report = json.loads((tmp_path / "out" / "doctor.json").read_text())
+    assert report["policy"] == "mixed_bfloat16"
+    assert report["command"].startswith("kmp doctor ")
+    assert report["environment"]["versions"]["keras"] == keras.__version__
+    assert report["examples"] == 8 and report["batches"] == 2
+    assert "recommended policy: mixed_bfloat16" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv, phrase",
+    [
+        (["nothing.keras", "--data=x.npz"], "neither an example"),
+        (["cifar10", "--policy=float32"], "--policy must be one of"),
+        (["cifar10", "--batches=0"], "--batches=0"),
+        (["MODEL", "--data=BAD"], "--data must name a .npz file"),
+        (["MODEL", "--data=NPZ"], "it needs x and y"),
+        (["MODEL", "--data=XY"], "needs a loss"),  # saved uncompiled
+    ],
+)
+def test_doctor_bad_input_is_one_line(tmp_path, argv, phrase, capsys):
+    import keras
+    import numpy as np
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.save(str(tmp_path / "m.keras"))
+    np.savez(str(tmp_path / "d.npz"), inputs=np.ones((2, 4)))
+    np.savez(str(tmp_path / "xy.npz"), x=np.ones((2, 4)), y=np.ones((2, 2)))
+    replace = {
+        "--data=XY": "--data=" + str(tmp_path / "xy.npz"),
+        "MODEL": str(tmp_path / "m.keras"),
+        "--data=BAD": "--data=" + str(tmp_path / "missing.npz"),
+        "--data=NPZ": "--data=" + str(tmp_path / "d.npz"),
+    }
+    fails_in_one_line(
+        ["doctor", *[replace.get(a, a) for a in argv]], phrase, capsys
+    )
+
+
+def test_doctor_help_lists_example_and_doctor_flags(capsys):
+    cli.main(["doctor", "cifar10", "--help"])
+    out = capsys.readouterr().out
+    assert "--width" in out and "--batches" in out and "--loss_scale" in out

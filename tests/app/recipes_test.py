@@ -1,0 +1,73 @@
+"""The examples' shared plumbing: config flags, strategies, data args."""
+
+import dataclasses
+
+import keras
+import numpy as np
+import pytest
+from absl import flags
+from util import jax_only
+
+from kmp.app import recipes
+
+
+@dataclasses.dataclass
+class Config(recipes.RunConfig):
+    width: int = recipes.flag(8, "Width.", lower_bound=8)
+    rate: float = recipes.flag(0.5, "A rate.")
+
+
+@pytest.mark.backend_independent
+def test_flags_are_defined_from_the_fields():
+    values = flags.FlagValues()
+    recipes.define_flags(Config, values)
+    values(["prog", "--width=16", "--rate=0.25", "--policy=float32"])
+    config = recipes.config_from_flags(Config, values)
+    assert (config.width, config.rate, config.policy) == (16, 0.25, "float32")
+    assert config.epochs == 10 and config.data == "auto"
+    with pytest.raises(flags.IllegalFlagValueError):
+        values(["prog", "--width=4"])
+    with pytest.raises(flags.IllegalFlagValueError):
+        values(["prog", "--strategy=tpu"])
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"width": 4}, "width must be >= 8, got 4"),
+        ({"policy": "fp16"}, "policy must be one of auto, float32"),
+        ({"learning_rate": -1.0}, "learning_rate must be > 0"),
+        ({"verbose": -1}, "verbose must be >= 0"),
+    ],
+)
+def test_check_names_the_bad_field(changes, message):
+    with pytest.raises(ValueError, match=message):
+        Config(**changes).check()
+    assert Config().check() == Config()
+
+
+@pytest.mark.backend_independent
+def test_fit_data_passes_datasets_as_is_and_batches_arrays():
+    x, y = np.zeros((4, 2)), np.zeros(4)
+    args, kwargs = recipes.fit_data((x, y), 2)
+    assert args == (x, y) and kwargs == {"batch_size": 2}
+    assert recipes.fit_data("dataset", 2) == (("dataset",), {})
+    assert recipes.split_size((x, y)) == 4
+
+
+@pytest.mark.backend_independent
+def test_no_strategy_is_none():
+    assert recipes.make_strategy("none") is None
+    with recipes.scope(None):
+        pass
+
+
+@jax_only
+def test_jax_mirrored_is_data_parallel_and_multiworker_is_refused():
+    assert recipes.make_strategy("mirrored") is None
+    assert isinstance(
+        keras.distribution.distribution(), keras.distribution.DataParallel
+    )
+    with pytest.raises(ValueError, match="needs KERAS_BACKEND=tensorflow"):
+        recipes.make_strategy("multiworker")

@@ -1,0 +1,116 @@
+"""kmp.distribute in one process. The multi-worker runs are in
+tests/distributed/multi_worker_test.py (they need several processes)."""
+
+import keras
+import numpy as np
+import pytest
+from util import classification_data
+from util import jax_only
+from util import mlp
+from util import tf_only
+
+import kmp
+from kmp.distributed import fit
+
+
+@jax_only
+def test_distribute_needs_the_tensorflow_backend():
+    with pytest.raises(ValueError, match="KERAS_BACKEND=tensorflow"):
+        kmp.distribute(mlp())
+
+
+@tf_only
+def test_a_model_built_outside_a_strategy_scope_is_refused():
+    with pytest.raises(ValueError, match="inside `with strategy.scope"):
+        kmp.distribute(mlp())
+
+
+@tf_only
+def test_not_a_model_is_a_type_error():
+    with pytest.raises(TypeError, match="takes a keras.Model, got str"):
+        kmp.distribute("model")
+
+
+@tf_only
+def test_fit_evaluate_predict_under_a_one_device_strategy():
+    import tensorflow as tf
+
+    kmp.enable("mixed_float16")
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+        model = mlp()
+        model.compile(
+            optimizer=kmp.wrap("sgd"), loss="sparse_categorical_crossentropy"
+        )
+    assert kmp.distribute(model) is model
+    fit = model.fit
+    assert kmp.distribute(model).fit is fit  # idempotent
+    x, y = classification_data()
+    history = model.fit(x, y, batch_size=32, epochs=2, verbose=0)
+    assert history.history["loss"][1] < history.history["loss"][0]
+    assert model.predict(x, verbose=0).shape == (256, 2)
+    assert np.isfinite(model.evaluate(x, y, verbose=0))
+
+
+@tf_only
+@pytest.mark.parametrize(
+    "make, batch_size, expected",
+    [
+        (lambda tf: tf.data.Dataset.range(10).batch(4), None, 4),
+        (
+            lambda tf: (
+                tf.data.Dataset.range(10).batch(6).map(lambda t: t).prefetch(1)
+            ),
+            None,
+            6,
+        ),
+        (lambda tf: tf.data.Dataset.range(10), None, None),
+    ],
+)
+def test_dataset_batch_size_is_read_through_later_ops(
+    make, batch_size, expected
+):
+    import tensorflow as tf
+
+    assert fit._dataset_batch_size(make(tf)) == expected
+
+
+@tf_only
+def test_batch_size_not_divisible_by_replicas_is_an_error():
+    import tensorflow as tf
+
+    check = fit._check_batch_size
+    x = np.zeros((8, 2))
+    with pytest.raises(
+        ValueError, match="batch_size is 6.*over 4 replicas.*e.g. 4"
+    ):
+        check(x, 6, 4)
+    with pytest.raises(ValueError, match="dataset's batch size is 3"):
+        check(tf.data.Dataset.range(9).batch(3), None, 2)
+    with pytest.raises(ValueError, match="batch_size is 32, .*over 3"):
+        check(x, None, 3)  # Keras's default batch size
+    check(x, 8, 4)
+    check(x, 7, 1)
+    check(tf.data.Dataset.range(9), None, 2)  # unbatched: cannot tell
+    check(iter([]), None, 2)  # a generator batches itself
+
+
+@tf_only
+def test_non_chief_workers_do_not_write_checkpoints(monkeypatch, tmp_path):
+    monkeypatch.setenv(
+        "TF_CONFIG",
+        '{"cluster": {"worker": ["h:1", "h:2"]}, '
+        '"task": {"type": "worker", "index": 1}}',
+    )
+    checkpoint = keras.callbacks.ModelCheckpoint(str(tmp_path / "m.keras"))
+    backup = keras.callbacks.BackupAndRestore(str(tmp_path / "b"))
+    other = keras.callbacks.History()
+    with fit._chief_writes_only([checkpoint, backup, other]):
+        assert checkpoint._save_model(0, None, {}) is None
+        backup._save_model()
+        backup.on_train_end()
+        assert "_save_model" not in vars(other)
+    assert list(tmp_path.iterdir()) == []
+    # Afterwards the callbacks are their own again.
+    assert "_save_model" not in vars(checkpoint)
+    assert "on_train_end" not in vars(backup)

@@ -1,0 +1,129 @@
+"""examples/cifar10.py (importable as kmp.examples.cifar10), for a few
+steps: synthetic data, the real TFDS code path on mock data, strategies,
+flags. The 2-worker run is in tests/distributed/multi_worker_test.py."""
+
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+
+import kmp
+from kmp.app import data
+from kmp.app import recipes
+from kmp.examples import cifar10
+
+
+def small(tmp_path, **overrides):
+    settings = dict(
+        epochs=1,
+        steps=2,
+        batch_size=16,
+        width=8,
+        synthetic_size=64,
+        data="synthetic",
+        output_dir=str(tmp_path),
+        verbose=0,
+    )
+    settings.update(overrides)
+    return cifar10.Config(**settings)
+
+
+@pytest.mark.slow
+def test_trains_on_synthetic_data_with_float16_and_writes_results(tmp_path):
+    results = cifar10.train(small(tmp_path, policy="mixed_float16"))
+    assert results["data"] == "synthetic"
+    assert results["policy"] == "mixed_float16"
+    assert results["loss_scale"] == 32768.0
+    assert results["skipped_steps"] == 0
+    assert 0.0 <= results["accuracy"] <= 1.0
+    assert results["examples_per_s"] > 0
+    assert {"loss", "val_loss", "loss_scale"} <= set(results["history"])
+    assert sorted(os.listdir(tmp_path)) == [
+        "cifar10.keras",
+        "results.json",
+        "results.png",
+    ]
+    with open(tmp_path / "results.json") as f:
+        assert json.load(f)["accuracy"] == results["accuracy"]
+    assert "(SYNTHETIC data)" in recipes.summary("cifar10", results)
+    assert results["peak_memory_mib"] > 0
+    # The global policy is the caller's again.
+    assert keras.config.dtype_policy().name == "float32"
+
+
+@pytest.mark.backend_independent
+def test_model_is_resnet9_with_a_float32_softmax():
+    keras.config.set_dtype_policy("mixed_float16")
+    model = kmp.pin_float32(cifar10.build_model(width=8))
+    output = model(np.zeros((2, 32, 32, 3), "float32"))
+    assert keras.backend.standardize_dtype(output.dtype) == "float32"
+    convs = [
+        layer
+        for layer in model.layers
+        if isinstance(layer, keras.layers.Conv2D)
+    ]
+    assert len(convs) == 8
+    assert [c.filters for c in convs][:2] == [8, 16]
+
+
+@pytest.mark.backend_independent
+@pytest.mark.slow
+def test_real_tfds_code_path_on_mock_data(tmp_path, monkeypatch):
+    tfds = pytest.importorskip("tensorflow_datasets")
+    monkeypatch.setattr(data, "_reachable", lambda: True)
+    with tfds.testing.mock_data(num_examples=32):
+        results = cifar10.train(small(tmp_path, data="tfds"))
+    assert results["data"] == "tfds"
+    assert results["epochs"] == 1
+
+
+@pytest.mark.backend_independent
+@pytest.mark.slow
+def test_auto_data_offline_trains_on_labelled_synthetic_data(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(data, "_reachable", lambda: False)
+    results = cifar10.train(
+        small(tmp_path, data="auto", data_dir=str(tmp_path / "tfds"))
+    )
+    assert results["data"] == "synthetic"
+    assert "offline" in results["data_note"]
+
+
+@pytest.mark.slow
+def test_mirrored_strategy_on_this_machine(tmp_path):
+    results = cifar10.train(small(tmp_path, strategy="mirrored"))
+    assert results["replicas"] == 1
+    assert results["strategy"] == "mirrored"
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("epochs", 0, "epochs must be >= 1"),
+        ("steps", -1, "steps must be >= 0"),
+        ("learning_rate", 0.0, "learning_rate must be > 0"),
+        ("strategy", "tpu", "strategy must be one of none, mirrored"),
+        ("data", "web", "data must be one of auto, tfds, synthetic"),
+    ],
+)
+def test_bad_config_is_a_clear_error(tmp_path, field, value, message):
+    with pytest.raises(ValueError, match=message):
+        cifar10.train(small(tmp_path, **{field: value}))
+
+
+@pytest.mark.backend_independent
+def test_flags_map_onto_the_config():
+    from absl import flags
+
+    values = flags.FlagValues()
+    recipes.define_flags(cifar10.Config, values)
+    values(["cifar10", "--policy=mixed_bfloat16", "--steps=3", "--width=16"])
+    config = recipes.config_from_flags(cifar10.Config, values)
+    assert config.policy == "mixed_bfloat16"
+    assert (config.steps, config.width, config.epochs) == (3, 16, 10)
+    with pytest.raises(flags.IllegalFlagValueError):
+        values(["cifar10", "--batch_size=0"])

@@ -1,0 +1,110 @@
+"""examples/imdb.py (importable as kmp.examples.imdb), for a few steps:
+synthetic data, the real TFDS code path on mock data, the BiLSTM."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+
+import kmp
+from kmp.app import data
+from kmp.app import recipes
+from kmp.examples import imdb
+
+
+def small(tmp_path, **overrides):
+    settings = dict(
+        epochs=1,
+        steps=2,
+        batch_size=8,
+        d_model=16,
+        heads=2,
+        layers=1,
+        sequence_length=16,
+        vocabulary_size=64,
+        synthetic_size=32,
+        data="synthetic",
+        output_dir=str(tmp_path),
+        verbose=0,
+    )
+    settings.update(overrides)
+    return imdb.Config(**settings)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One mixed-float16 training run: its results and output folder."""
+    folder = tmp_path_factory.mktemp("imdb")
+    return imdb.train(small(folder, policy="mixed_float16")), folder
+
+
+@pytest.mark.slow
+def test_trains_on_synthetic_data_with_float16(trained):
+    results, tmp_path = trained
+    assert results["data"] == "synthetic"
+    assert results["model"] == "imdb_transformer"
+    assert results["loss_scale"] is not None
+    assert 0.0 <= results["accuracy"] <= 1.0
+    assert sorted(os.listdir(tmp_path)) == [
+        "imdb.keras",
+        "results.json",
+        "results.png",
+    ]
+    assert "(SYNTHETIC data)" in recipes.summary("imdb", results)
+
+
+@pytest.mark.slow
+def test_saved_model_loads_with_its_float32_islands(trained):
+    _, tmp_path = trained
+    model = keras.saving.load_model(tmp_path / "imdb.keras")
+    tokens = np.ones((2, 16), "int32")
+    assert keras.backend.standardize_dtype(model(tokens).dtype) == "float32"
+    attention = [
+        layer
+        for layer in model.layers
+        if isinstance(layer, keras.layers.MultiHeadAttention)
+    ]
+    assert isinstance(attention[0], kmp.layers.MultiHeadAttention)
+
+
+@pytest.mark.slow
+def test_bilstm_variant(tmp_path):
+    results = imdb.train(small(tmp_path, model="bilstm"))
+    assert results["model"] == "imdb_bilstm"
+
+
+@pytest.mark.backend_independent
+@pytest.mark.slow
+def test_real_tfds_code_path_on_mock_data(tmp_path, monkeypatch):
+    tfds = pytest.importorskip("tensorflow_datasets")
+    monkeypatch.setattr(data, "_reachable", lambda: True)
+    with tfds.testing.mock_data(num_examples=32):
+        results = imdb.train(small(tmp_path, data="tfds"))
+    assert results["data"] == "tfds"
+
+
+@pytest.mark.backend_independent
+def test_synthetic_text_is_deterministic_and_learnable():
+    (x, y), (tx, ty) = data.synthetic_text(400, 200, 128, 500, seed=1)
+    assert x.shape == (400, 128) and x.dtype == np.int32
+    assert x.max() < 500 and x.min() >= 0
+    again = data.synthetic_text(400, 200, 128, 500, seed=1)
+    np.testing.assert_array_equal(x, again[0][0])
+
+    # Naive Bayes on word counts separates the test set.
+    def counts(tokens):
+        return np.stack([np.bincount(t, minlength=500) for t in tokens])
+
+    per_class = [counts(x[y == c]).sum(0)[2:] + 1.0 for c in (0, 1)]
+    log_ratio = np.log(per_class[1] / per_class[1].sum()) - np.log(
+        per_class[0] / per_class[0].sum()
+    )
+    guess = counts(tx)[:, 2:] @ log_ratio > 0
+    assert (guess == ty).mean() > 0.9
+
+
+@pytest.mark.backend_independent
+def test_d_model_must_split_over_heads(tmp_path):
+    with pytest.raises(ValueError, match="d_model \\(16\\) must be a multiple"):
+        imdb.train(small(tmp_path, heads=3))

@@ -1,0 +1,94 @@
+"""kmp's scaler with several replicas in one process: every replica
+skips a step that overflows on any replica, and clipping acts on the
+summed gradients.
+
+tf.distribute.MirroredStrategy on 2 logical CPUs (tests/replicas.py) and
+keras.distribution.DataParallel on 2 JAX host CPUs
+(tests/jax_data_parallel.py), each in a subprocess, since devices must be
+set before the framework starts. The MirroredStrategy scenarios share one
+process (the `replicas` fixture). Multi-worker training is
+tests/distributed/multi_worker_test.py.
+"""
+
+import math
+
+import pytest
+from util import jax_only
+from util import run_script
+from util import tf_only
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def replicas():
+    """Every scenario of tests/replicas.py, run once in one process."""
+    return run_script("replicas.py", "all")
+
+
+@tf_only
+@pytest.mark.parametrize("bad_replica", [0, 1])
+def test_one_replica_overflowing_makes_every_replica_skip(
+    replicas, bad_replica
+):
+    out = replicas[f"one_inf kmp {bad_replica}"]
+    assert out["weights"] == [[1.0, 1.0], [1.0, 1.0]]
+    assert out["scale"] == [2.0, 2.0]
+    assert out["skipped"] == [1, 1]
+
+
+@tf_only
+def test_stock_keras_applies_a_step_only_replica_one_overflowed(replicas):
+    # The defect kmp fixes: Keras takes `finite` from replica 0's local
+    # gradients, so replica 1's inf reaches the weights.
+    out = replicas["one_inf stock 1"]
+    assert math.isinf(out["weights"][0][0])
+    assert out["scale"] == [4.0, 4.0]
+
+
+@tf_only
+def test_tf_keras_loop_unscales_once_on_every_replica(replicas):
+    # d(sum v)/dv = 1 on each replica; unscaled once, summed over 2
+    # replicas, SGD(1.0) moves v from 1 to -1. Unscaling twice on either
+    # replica would leave it above -1.
+    out = replicas["tf_keras_loop"]
+    assert out["weights"] == [[-1.0, -1.0], [-1.0, -1.0]]
+
+
+@tf_only
+def test_inner_clipping_acts_on_the_aggregated_gradient(replicas):
+    # Replica gradients [3, 0] and [0, 4] sum to [3, 4], norm 5; clipped to
+    # norm 1 that is [0.6, 0.8]. Stock Keras clips each replica first:
+    # [1, 0] + [0, 1] = [1, 1].
+    out = replicas["clip kmp"]
+    for weights in out["weights"]:
+        assert weights == pytest.approx([-0.6, -0.8], abs=1e-6)
+    stock = replicas["clip stock"]
+    assert stock["weights"][0] == pytest.approx([-1.0, -1.0], abs=1e-6)
+
+
+@tf_only
+def test_fit_keeps_replicas_identical_and_learns(replicas):
+    out = replicas["fit"]
+    loss = out["history"]["loss"]
+    assert loss[-1] < loss[0]
+    skipped = out["skipped"]
+    assert skipped[0] == skipped[1] > 0
+    assert out["history"]["skipped_steps"][-1] == skipped[0]
+    assert out["scale"][0] == out["scale"][1]
+    for replicas_weights in out["weights"]:
+        assert replicas_weights[0] == replicas_weights[1]
+
+
+@jax_only
+def test_jax_data_parallel_skips_when_one_device_overflows():
+    out = run_script("jax_data_parallel.py", backend="jax")
+    assert out["devices"] == 2
+    assert out["after_bad"] == {
+        "weights_unchanged": True,
+        "scale": 512.0,
+        "skipped": 1,
+    }
+    assert out["loss"][-1] < out["loss"][0]
+    assert out["skipped"] == 1
+    assert out["replicas_agree"]
