@@ -11,8 +11,9 @@ what the parts are (BUILD_NOTES.md, "Architecture", draws them):
     kmp/app/          the `kmp` command, the example trainers' plumbing,
                       `kmp bench`, reports and datasets
 
-Data flows one way: the core imports no wing, a wing imports the core
-only, and the application imports everything above it.
+Imports flow one way: the core imports no wing, a wing imports the core
+and itself only, and the application uses this API (and nothing of kmp
+imports the application).
 """
 
 from kmp import callbacks

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from keras import ops
+from util import SCALE_RULES
 from util import classification_data
 from util import jax_only
 from util import mlp
@@ -287,11 +288,7 @@ def test_stateful_apply_on_jax_where_stock_keras_fails():
         max_size=10,
     ),
     position=st.integers(0, 2),
-    growth_steps=st.integers(1, 3),
-    hysteresis=st.integers(1, 3),
-    growth=st.sampled_from([1.5, 2.0, 4.0]),
-    backoff=st.sampled_from([0.25, 0.5, 0.9]),
-    initial_exp=st.integers(0, 8),
+    **SCALE_RULES,
 )
 def test_random_non_finite_gradients_never_corrupt_state(
     path,

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from keras import ops
+from util import SCALE_RULES
 from util import reference_scale_rule
 
 from kmp._scale_rule import ScaleRule
@@ -75,11 +76,7 @@ def test_a_fixed_scale_still_counts_skips():
 
 @given(
     finite=st.lists(st.booleans(), min_size=1, max_size=12),
-    growth_steps=st.integers(1, 3),
-    hysteresis=st.integers(1, 3),
-    growth=st.sampled_from([1.5, 2.0, 4.0]),
-    backoff=st.sampled_from([0.25, 0.5, 0.9]),
-    initial_exp=st.integers(0, 8),
+    **SCALE_RULES,
 )
 def test_matches_the_docstring_pseudo_code(
     finite, growth_steps, hysteresis, growth, backoff, initial_exp

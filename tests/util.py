@@ -9,6 +9,7 @@ import sys
 import keras
 import numpy as np
 import pytest
+from hypothesis import strategies as st
 
 from kmp import backend
 
@@ -113,6 +114,17 @@ def fails_in_one_line(argv, phrase, capsys):
     assert phrase in stderr
     assert "Traceback" not in stderr
     return code
+
+
+# Loss-scale rules for property tests (hypothesis strategies), with
+# min_scale 1 and max_scale 2**8.
+SCALE_RULES = {
+    "growth_steps": st.integers(1, 3),
+    "hysteresis": st.integers(1, 3),
+    "growth": st.sampled_from([1.5, 2.0, 4.0]),
+    "backoff": st.sampled_from([0.25, 0.5, 0.9]),
+    "initial_exp": st.integers(0, 8),
+}
 
 
 def reference_scale_rule(
