@@ -19,6 +19,7 @@ imports the application).
 from kmp import callbacks
 from kmp import layers
 from kmp._version import __version__
+from kmp._wrap import wrap
 from kmp.audit import AuditReport
 from kmp.audit import Finding
 from kmp.audit import audit
@@ -30,7 +31,6 @@ from kmp.doctor.diagnose import diagnose
 from kmp.doctor.diagnosis import Diagnosis
 from kmp.islands import pin_float32
 from kmp.loss_scale_optimizer import LossScaleOptimizer
-from kmp.loss_scale_optimizer import wrap
 from kmp.policy import Recommendation
 from kmp.policy import disable
 from kmp.policy import enable

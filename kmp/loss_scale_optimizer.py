@@ -1,12 +1,10 @@
-"""A loss-scaling optimizer that cannot corrupt weights, and `kmp.wrap`.
+"""A loss-scaling optimizer that cannot corrupt weights.
 
 `kmp.LossScaleOptimizer` subclasses `keras.optimizers.LossScaleOptimizer`
 and replaces only its state transitions: the stock class's distribution
 logic, finiteness check, loss scaling and serialization are reused as they
 are.
 """
-
-import inspect
 
 import keras
 from keras import ops
@@ -155,6 +153,10 @@ class LossScaleOptimizer(TfKerasLossScaleAPI, _StockLossScaleOptimizer):
 
     def build(self, var_list):
         super().build(var_list)
+        self._add_skip_accounting()
+
+    def _add_skip_accounting(self):
+        """The two variables kmp adds to the stock class's state."""
         self.skipped_steps = self.add_variable(
             shape=(),
             dtype="int",
@@ -317,79 +319,3 @@ class LossScaleOptimizer(TfKerasLossScaleAPI, _StockLossScaleOptimizer):
             }
         )
         return config
-
-
-def _check_wrap_kwargs(kwargs):
-    """Validates `kmp.wrap`'s kwargs even when no optimizer is made from
-    them, so that a typo fails under bfloat16 as it would under float16."""
-    bound = inspect.signature(LossScaleOptimizer.__init__).bind_partial(
-        None, None, **kwargs
-    )
-    bound.apply_defaults()
-    args = dict(bound.arguments)
-    for name in ("self", "inner_optimizer", "name"):
-        args.pop(name)
-    extra = args.pop("kwargs")
-    if extra:
-        raise ValueError(
-            f"kmp.wrap got unexpected arguments {sorted(extra)}. It accepts "
-            f"the arguments of kmp.LossScaleOptimizer: {sorted(args)}."
-        )
-    check_rule(**args)
-
-
-def wrap(optimizer="adam", **kwargs) -> keras.optimizers.Optimizer:
-    """Wraps an optimizer in `kmp.LossScaleOptimizer` when float16 needs it.
-
-    Loss scaling is needed only when the global policy computes in float16.
-    `wrap` returns a `kmp.LossScaleOptimizer` then, and the optimizer
-    unchanged under bfloat16 or float32, so training code is the same in
-    every mode. Call it after `kmp.enable(...)` and pass the result to
-    `model.compile`: Keras keeps a loss-scaling optimizer it is given and
-    would otherwise wrap a plain one in its own stock scaler.
-
-    Args:
-        optimizer: A `keras.optimizers.Optimizer` instance or a name Keras
-            knows (`"adam"`, `"sgd"`, ...). A stock Keras
-            `LossScaleOptimizer` is replaced by kmp's around the same inner
-            optimizer, keeping its `initial_scale` and
-            `dynamic_growth_steps`.
-        **kwargs: Passed to `kmp.LossScaleOptimizer` when one is made;
-            ignored when no scaling is needed, so the same call works in
-            every mode.
-
-    Returns:
-        A `keras.optimizers.Optimizer`.
-
-    Example:
-
-    ```python
-    kmp.enable("auto")
-    model.compile(optimizer=kmp.wrap("adam"), loss="mse")
-    ```
-    """
-    if isinstance(optimizer, str):
-        optimizer = keras.optimizers.get(optimizer)
-    elif not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise ValueError(
-            "`optimizer` must be a keras.optimizers.Optimizer instance or an "
-            f"optimizer name such as 'adam', got {optimizer!r}."
-        )
-    _check_wrap_kwargs(kwargs)
-    if keras.config.dtype_policy().compute_dtype != "float16":
-        return optimizer
-    if isinstance(optimizer, LossScaleOptimizer):
-        return optimizer
-    if isinstance(optimizer, _StockLossScaleOptimizer):
-        if optimizer.built:
-            raise ValueError(
-                "Cannot convert a stock keras LossScaleOptimizer that has "
-                "already been built (its state would be lost). Pass its "
-                "`inner_optimizer` to kmp.wrap before training."
-            )
-        kwargs.setdefault("initial_scale", optimizer.initial_scale)
-        kwargs.setdefault(
-            "dynamic_growth_steps", optimizer.dynamic_growth_steps
-        )
-        optimizer = optimizer.inner_optimizer
-    return LossScaleOptimizer(optimizer, **kwargs)

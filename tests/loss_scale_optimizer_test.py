@@ -566,64 +566,6 @@ def test_state_survives_backup_and_restore(tmp_path):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.backend_independent
-@pytest.mark.parametrize(
-    "policy, expected",
-    [
-        ("mixed_float16", kmp.LossScaleOptimizer),
-        ("mixed_bfloat16", keras.optimizers.Adam),
-        ("float32", keras.optimizers.Adam),
-    ],
-)
-def test_wrap_scales_only_under_float16(policy, expected):
-    kmp.enable(policy)
-    assert type(kmp.wrap("adam")) is expected
-    adam = keras.optimizers.Adam()
-    wrapped = kmp.wrap(adam, initial_scale=128)
-    assert type(wrapped) is expected
-    if expected is kmp.LossScaleOptimizer:
-        assert wrapped.inner_optimizer is adam
-        assert wrapped.initial_scale == 128
-        assert kmp.wrap(wrapped) is wrapped
-    else:
-        assert wrapped is adam
-
-
-@pytest.mark.backend_independent
-def test_wrap_replaces_an_unbuilt_stock_scaler():
-    kmp.enable("mixed_float16")
-    adam = keras.optimizers.Adam()
-    stock = keras.optimizers.LossScaleOptimizer(
-        adam, initial_scale=64, dynamic_growth_steps=10
-    )
-    wrapped = kmp.wrap(stock)
-    assert type(wrapped) is kmp.LossScaleOptimizer
-    assert wrapped.inner_optimizer is adam
-    assert (wrapped.initial_scale, wrapped.dynamic_growth_steps) == (64, 10)
-
-
-@pytest.mark.backend_independent
-@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
-def test_wrap_rejects_bad_input_in_every_mode(policy):
-    kmp.enable(policy)
-    with pytest.raises(ValueError, match="must be a keras.optimizers"):
-        kmp.wrap(42)
-    with pytest.raises(ValueError, match="Could not interpret optimizer"):
-        kmp.wrap("no_such_optimizer")
-    with pytest.raises(ValueError, match="`growth_factor` must be > 1"):
-        kmp.wrap("adam", growth_factor=0.5)
-    with pytest.raises(ValueError, match="unexpected arguments"):
-        kmp.wrap("adam", growth=2.0)
-
-
-@pytest.mark.backend_independent
-def test_compile_keeps_kmp_scaler():
-    kmp.enable("mixed_float16")
-    model = mlp()
-    model.compile(optimizer=kmp.wrap("adam"), loss="mse")
-    assert type(model.optimizer) is kmp.LossScaleOptimizer
-
-
 stock_tests = pytest.importorskip(
     "keras.src.optimizers.loss_scale_optimizer_test",
     reason="this Keras wheel does not ship its own tests",

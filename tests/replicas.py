@@ -4,6 +4,7 @@
     python tests/replicas.py clip kmp|stock
     python tests/replicas.py tf_keras_loop
     python tests/replicas.py fit
+    python tests/replicas.py distribute_stock
     python tests/replicas.py all     # every scenario the tests read
 
 A helper for tests/replicas_test.py: logical devices must be set before
@@ -149,7 +150,27 @@ def fit():
     }
 
 
-# What `all` runs, in order; `fit` last, since it sets the global policy.
+def distribute_stock():
+    """Keras's own scaler (compile wraps "sgd"), then kmp.distribute; one
+    step in which only replica 1's half of the batch overflows float16."""
+    kmp.enable("mixed_float16")
+    x, y = classification_data(n=2)
+    x[1, 0] = 1e9  # inf once cast to float16: replica 1's example
+    with STRATEGY.scope():
+        model = mlp()
+        model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    kmp.distribute(model)
+    before = [per_replica(w) for w in model.weights]
+    model.fit(x, y, batch_size=2, epochs=1, verbose=0, shuffle=False)
+    return {
+        "optimizer": type(model.optimizer).__module__,
+        "unchanged": [per_replica(w) for w in model.weights] == before,
+        "scale": per_replica(model.optimizer.dynamic_scale),
+        "skipped": per_replica(model.optimizer.skipped_steps),
+    }
+
+
+# What `all` runs, in order; the last two set the global policy.
 ALL = {
     "one_inf kmp 0": lambda: one_inf("kmp", 0),
     "one_inf kmp 1": lambda: one_inf("kmp", 1),
@@ -157,6 +178,7 @@ ALL = {
     "tf_keras_loop": tf_keras_loop,
     "clip kmp": lambda: clip("kmp"),
     "clip stock": lambda: clip("stock"),
+    "distribute_stock": distribute_stock,
     "fit": fit,
 }
 
@@ -172,6 +194,8 @@ if __name__ == "__main__":
         out = clip(sys.argv[2])
     elif scenario == "fit":
         out = fit()
+    elif scenario == "distribute_stock":
+        out = distribute_stock()
     else:
         raise SystemExit(f"unknown scenario {scenario!r}")
     print("RESULT " + json.dumps(out))

@@ -68,6 +68,17 @@ def test_inner_clipping_acts_on_the_aggregated_gradient(replicas):
 
 
 @tf_only
+def test_distribute_gives_keras_s_own_scaler_replica_agreement(replicas):
+    # compile(optimizer="sgd") under mixed_float16 makes Keras's scaler;
+    # after kmp.distribute, replica 1's overflow is skipped on both.
+    out = replicas["distribute_stock"]
+    assert out["optimizer"] == "kmp.loss_scale_optimizer"
+    assert out["unchanged"]
+    assert out["scale"] == [2.0**14, 2.0**14]
+    assert out["skipped"] == [1, 1]
+
+
+@tf_only
 def test_fit_keeps_replicas_identical_and_learns(replicas):
     out = replicas["fit"]
     loss = out["history"]["loss"]

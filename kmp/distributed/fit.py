@@ -21,17 +21,27 @@ what Keras is silent about on a cluster:
 - `ModelCheckpoint` and `BackupAndRestore` write on the chief only (on
   every worker they would race on the same files), and a backup that only
   some workers can read is an error instead of replicas that silently
-  start from different weights.
+  start from different weights;
+- Keras's own loss scaler, which `compile` puts around a plain optimizer
+  under mixed_float16, becomes kmp's: with Keras's, a step that overflows
+  on one worker only is skipped there and applied on the others, whose
+  all-reduce then waits for the skipping worker forever (and under
+  `MirroredStrategy` the other replicas' overflow reaches the weights).
 """
 
 import functools
 import inspect
+import logging
 import os
 
 import keras
 
+from kmp._wrap import upgrade_stock_scaler
 from kmp.distributed.cluster import is_chief
 from kmp.distributed.cluster import require_tensorflow
+from kmp.loss_scale_optimizer import LossScaleOptimizer
+
+logger = logging.getLogger("kmp")
 
 
 def distribute(model: keras.Model) -> keras.Model:
@@ -40,8 +50,10 @@ def distribute(model: keras.Model) -> keras.Model:
     Call it once, after building and compiling the model inside
     `strategy.scope()`; then use `model.fit` as usual, outside or inside
     the scope, with any callbacks. Under `MirroredStrategy` (one machine,
-    several GPUs) Keras already works and only the checks are added.
-    Calling it again does nothing.
+    several GPUs) Keras's `fit` already works; the checks and kmp's
+    scaler are added. A model compiled with Keras's own loss scaler (what
+    `compile` puts around a plain optimizer under mixed_float16) gets
+    kmp's in its place, with its state. Calling it again does nothing.
 
     Data: pass a `tf.data.Dataset` batched with the *global* batch size
     (per-replica batch times `strategy.num_replicas_in_sync`); TensorFlow
@@ -90,12 +102,42 @@ def distribute(model: keras.Model) -> keras.Model:
         isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
         and strategy.extended._in_multi_worker_mode()
     )
+    _use_kmp_scaler(model, strategy)
     if multi_worker:
         _fix_multi_worker_steps(model, strategy)
     for method in ("fit", "evaluate", "predict"):
         setattr(model, method, _checked(model, method, strategy, multi_worker))
     model._kmp_distributed = True
     return model
+
+
+def _use_kmp_scaler(model, strategy):
+    """Makes the model's loss scaler kmp's, whose replicas agree about
+    overflow, or refuses one it cannot make so."""
+    optimizer = getattr(model, "optimizer", None)
+    if not isinstance(
+        optimizer, keras.optimizers.LossScaleOptimizer
+    ) or isinstance(optimizer, LossScaleOptimizer):
+        return
+    if type(optimizer) is not keras.optimizers.LossScaleOptimizer:
+        raise ValueError(
+            f"Model {model.name!r} is compiled with "
+            f"{type(optimizer).__name__}, a subclass of Keras's "
+            "LossScaleOptimizer: under several replicas a step that "
+            "overflows on one of them can hang the job. Compile with "
+            "optimizer=kmp.wrap(inner_optimizer) instead."
+        )
+    with strategy.scope():  # a built scaler gains two variables
+        upgrade_stock_scaler(optimizer)
+    model.train_function = None  # a step traced before would keep Keras's
+    logger.warning(
+        "kmp.distribute: model %r was compiled with Keras's "
+        "LossScaleOptimizer, under which one worker's overflow hangs the "
+        "others; it is now kmp.LossScaleOptimizer (same inner optimizer "
+        "and scale). Compile with kmp.wrap(optimizer) to set its "
+        "arguments.",
+        model.name,
+    )
 
 
 def _fix_multi_worker_steps(model, strategy):

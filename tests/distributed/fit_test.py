@@ -114,3 +114,59 @@ def test_non_chief_workers_do_not_write_checkpoints(monkeypatch, tmp_path):
     # Afterwards the callbacks are their own again.
     assert "_save_model" not in vars(checkpoint)
     assert "on_train_end" not in vars(backup)
+
+
+@tf_only
+@pytest.mark.parametrize("built", [False, True])
+def test_keras_s_own_scaler_becomes_kmp_s_with_its_state(built, caplog):
+    import tensorflow as tf
+
+    kmp.enable("mixed_float16")
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+        model = mlp()
+        # Keras wraps "sgd" in its own LossScaleOptimizer.
+        model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    stock = model.optimizer
+    assert type(stock) is keras.optimizers.LossScaleOptimizer
+    x, y = classification_data()
+    if built:
+        model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+        scale = float(stock.dynamic_scale.numpy())
+        steps = int(stock.iterations.numpy())
+    with caplog.at_level("WARNING", logger="kmp"):
+        kmp.distribute(model)
+    assert model.optimizer is stock and type(stock) is kmp.LossScaleOptimizer
+    assert "now kmp.LossScaleOptimizer" in caplog.text
+    if built:
+        assert float(stock.loss_scale.numpy()) == scale
+        assert int(stock.iterations.numpy()) == steps
+    history = model.fit(
+        x,
+        y,
+        batch_size=32,
+        epochs=2,
+        verbose=0,
+        callbacks=[kmp.callbacks.LossScaleMonitor()],
+    )
+    assert "skipped_steps" in history.history  # kmp's scaler trained
+    assert int(stock.iterations.numpy()) == 16 + (8 if built else 0)
+
+
+@tf_only
+def test_a_subclass_of_keras_s_scaler_is_refused():
+    import tensorflow as tf
+
+    class Custom(keras.optimizers.LossScaleOptimizer):
+        pass
+
+    kmp.enable("mixed_float16")
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+        model = mlp()
+        model.compile(
+            optimizer=Custom(keras.optimizers.SGD()),
+            loss="sparse_categorical_crossentropy",
+        )
+    with pytest.raises(ValueError, match="optimizer=kmp.wrap"):
+        kmp.distribute(model)

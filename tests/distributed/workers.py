@@ -8,8 +8,12 @@ Scenarios (each prints one `RESULT {json}` line):
   `kmp.distribute` a small mixed-float16 convnet trains with validation,
   LossScaleMonitor, ModelCheckpoint and BackupAndRestore; then evaluate,
   predict, and a batch size that does not split over the replicas.
-- `overflow`: worker 1's first batch overflows float16; both must skip.
+- `overflow`: worker 1's first batch overflows float16; both must skip,
+  whichever optimizer was compiled (`OPTIMIZERS`; Keras's own scaler
+  used to hang both workers here). `overflow KIND` tries one only.
 - `shard`: records which examples each worker trains on, per epoch.
+- `lost kill|stop`: at its 5th step worker 1 kills (SIGKILL) or freezes
+  (SIGSTOP) itself; worker 0 must end with an error, not wait forever.
 - `all`: `fit`, `overflow` and `shard` one after another under one
   strategy (each builds its own models), reported as one dict: the tests
   pay for one cluster start instead of three.
@@ -22,7 +26,9 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import sys
+import time
 
 SCENARIO, INDEX = sys.argv[1], int(sys.argv[2])
 PORTS = sys.argv[3:5]
@@ -92,11 +98,22 @@ def convnet():
     )
 
 
-def compiled(make_model, **kwargs):
+# Every way a user can hand `compile` an optimizer under mixed_float16.
+OPTIMIZERS = {
+    "kmp": lambda: kmp.wrap(keras.optimizers.SGD(0.1), initial_scale=512),
+    "keras": lambda: keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.SGD(0.1), initial_scale=512
+    ),
+    "plain": lambda: keras.optimizers.SGD(0.1),  # Keras wraps it itself
+    "name": lambda: "sgd",  # likewise
+}
+
+
+def compiled(make_model, optimizer="kmp", **kwargs):
     with STRATEGY.scope():
         model = make_model()
         model.compile(
-            optimizer=kmp.wrap(keras.optimizers.SGD(0.1), initial_scale=512),
+            optimizer=OPTIMIZERS[optimizer](),
             loss="sparse_categorical_crossentropy",
             metrics=["accuracy"],
             **kwargs,
@@ -181,7 +198,7 @@ def fit():
     )
 
 
-def overflow():
+def overflow(kinds=tuple(OPTIMIZERS)):
     def per_worker(context):
         x, y = images(64)
         if context.input_pipeline_id == 1:
@@ -190,14 +207,18 @@ def overflow():
         return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
 
     data = STRATEGY.distribute_datasets_from_function(per_worker)
-    model = kmp.distribute(compiled(convnet))
-    model.fit(data, epochs=1, steps_per_epoch=1, verbose=0)
-    return report(
-        digest=digest(model),
-        initial=digest(kmp.distribute(compiled(convnet))),
-        scale=float(model.optimizer.loss_scale.numpy()),
-        skipped=int(model.optimizer.skipped_steps.numpy()),
-    )
+    results = {}
+    for kind in kinds:
+        model = kmp.distribute(compiled(convnet, kind))
+        model.fit(data, epochs=1, steps_per_epoch=1, verbose=0)
+        results[kind] = dict(
+            optimizer=type(model.optimizer).__module__,
+            digest=digest(model),
+            initial=digest(kmp.distribute(compiled(convnet, kind))),
+            scale=float(model.optimizer.loss_scale.numpy()),
+            skipped=int(model.optimizer.skipped_steps.numpy()),
+        )
+    return report(**results)
 
 
 def shard():
@@ -232,9 +253,42 @@ def shard():
     return report(**seen_per_epoch)
 
 
+def lost(how):
+    """Worker 1 dies or freezes mid-fit; worker 0 reports how fit ended."""
+    x, y = images(64)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(32).repeat()
+    model = kmp.distribute(compiled(convnet))
+    last_step = [time.monotonic()]
+
+    class Lose(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            last_step[0] = time.monotonic()
+            if INDEX == 1 and batch == 4:
+                os.kill(
+                    os.getpid(),
+                    {"kill": signal.SIGKILL}.get(how, signal.SIGSTOP),
+                )
+
+    try:
+        model.fit(
+            data, epochs=1, steps_per_epoch=10**6, verbose=0, callbacks=[Lose()]
+        )
+        return report(error=None)
+    except Exception as error:  # whatever TensorFlow raises
+        return report(
+            error=type(error).__name__,
+            message=str(error).splitlines()[0][:200],
+            seconds=time.monotonic() - last_step[0],
+        )
+
+
 SCENARIOS = {"fit": fit, "overflow": overflow, "shard": shard}
 if SCENARIO == "all":
     # `shard` last: it replaces a train step and reseeds TensorFlow.
     report(**{name: run() for name, run in SCENARIOS.items()})
+elif SCENARIO == "overflow" and WORKDIR in OPTIMIZERS:
+    overflow([WORKDIR])  # the argument after the ports names the kind
+elif SCENARIO == "lost":
+    lost(WORKDIR)  # the argument after the ports: kill or stop
 else:
     SCENARIOS[SCENARIO]()
