@@ -313,6 +313,33 @@ def check_loss(model, outputs, findings):
             )
 
 
+def check_saving(model, optimizer, findings):
+    """A scaler that Keras made at compile time, which a `.keras` file
+    does not record."""
+    if type(optimizer) is not keras.optimizers.LossScaleOptimizer or not (
+        getattr(model, "compiled", False)
+    ):
+        return
+    compiled_with = model.get_compile_config().get("optimizer")
+    if isinstance(compiled_with, dict):
+        compiled_with = compiled_with.get("class_name")
+    if "LossScaleOptimizer" in str(compiled_with):
+        return  # the file records the scaler itself
+    findings.append(
+        (
+            "warning",
+            "model",
+            f"Keras wrapped the compiled {compiled_with} in its "
+            "LossScaleOptimizer itself, and a .keras file records only "
+            f"the {compiled_with}: keras.saving.load_model gives this "
+            "model back without a loss scale and drops the optimizer's "
+            "state, unless the global policy is mixed_float16 when it "
+            "loads.",
+            "compile with optimizer=kmp.wrap(...), which the file records.",
+        )
+    )
+
+
 def check_environment(model, half, findings):
     recommendation = policy_lib.recommend_policy()
     if half and recommendation.policy == "float32":
@@ -329,7 +356,13 @@ def check_environment(model, half, findings):
             )
         )
     tf32 = backend.tf32_enabled()
-    if tf32 is not None:
+    ampere = any(
+        d.platform == "gpu"
+        and d.compute_capability is not None
+        and d.compute_capability >= (8, 0)
+        for d in backend.list_devices()
+    )
+    if tf32 is not None and ampere:  # only Ampere+ GPUs have TF32
         findings.append(
             (
                 "info",
@@ -339,11 +372,12 @@ def check_environment(model, half, findings):
             )
         )
     jit = getattr(model, "jit_compile", None)
-    if getattr(model, "compiled", False) and jit:
+    compiled = getattr(model, "compiled", False) and half  # mixed only
+    if compiled and jit:
         findings.append(
             ("info", ENVIRONMENT, "XLA is on (jit_compile=True).", "-")
         )
-    elif getattr(model, "compiled", False):
+    elif compiled:
         findings.append(
             (
                 "warning",

@@ -63,11 +63,13 @@ def audit(model, optimizer=None, verbose: bool = True) -> AuditReport:
     - softmaxes inside the model computing in half precision;
     - float16 compute while the optimizer does not scale the loss; the
       stock Keras scaler instead of kmp's; a scaler with nothing to scale;
+      a scaler Keras added at compile time, which saving loses;
     - Dense, convolution, Embedding and MultiHeadAttention sizes that are
       not multiples of 8 (tensor cores), with the padded size;
     - `binary_crossentropy` on float16 sigmoid probabilities;
-    - the environment: hardware where mixed precision is not faster, TF32,
-      XLA and an active distribution.
+    - the environment: hardware where mixed precision is not faster, TF32
+      (on GPUs that have it), XLA (for mixed-precision models) and an
+      active distribution.
 
     Args:
         model: A Keras model, built (recommended) or not.
@@ -97,6 +99,7 @@ def audit(model, optimizer=None, verbose: bool = True) -> AuditReport:
     _audit_checks.check_outputs(model, outputs, findings)
     _audit_checks.check_inner_softmaxes(half, outputs, findings)
     _audit_checks.check_scaling(half, optimizer, findings)
+    _audit_checks.check_saving(model, optimizer, findings)
     _audit_checks.check_tensor_core_dims(half, findings)
     _audit_checks.check_loss(model, outputs, findings)
     _audit_checks.check_environment(model, half, findings)

@@ -219,13 +219,43 @@ def test_environment_findings(monkeypatch):
     report = _audit(model)
     assert _has(report, "environment|Mixed precision on hardware", "warning")
     assert _has(report, "XLA is on", "info")
-    assert _has(report, "TF32 for float32 matmuls", "info")
+    # A CPU has no TF32, whatever TensorFlow's setting says.
+    assert not _has(report, "TF32")
     monkeypatch.setattr(
         backend, "list_devices", lambda: [Device("gpu", "A100", (8, 0))]
     )
     assert not _has(_audit(model), "Mixed precision on hardware")
+    assert _has(_audit(model), "TF32 for float32 matmuls", "info")
+    monkeypatch.setattr(
+        backend, "list_devices", lambda: [Device("gpu", "T4", (7, 5))]
+    )
+    assert not _has(_audit(model), "TF32")
     model.compile(optimizer=kmp.wrap("adam"), loss="mse", jit_compile=False)
     assert _has(_audit(model), "without XLA", "warning")
+
+
+def test_xla_is_not_mentioned_for_a_float32_model():
+    model = _compiled(_mlp(policy="float32"), optimizer="adam", loss="mse")
+    model.compile(optimizer="adam", loss="mse", jit_compile=False)
+    assert not _has(_audit(model), "XLA")
+
+
+def test_a_scaler_keras_added_at_compile_time_is_a_saving_hazard():
+    kmp.enable("mixed_float16")
+
+    def compiled(optimizer):
+        model = kmp.pin_float32(_mlp())
+        model.compile(optimizer=optimizer, loss="categorical_crossentropy")
+        return model
+
+    model = compiled("sgd")  # Keras wraps it in its own scaler
+    assert type(model.optimizer) is keras.optimizers.LossScaleOptimizer
+    assert _has(
+        _audit(model), "model|Keras wrapped the compiled SGD", "warning"
+    )
+    given = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())
+    assert not _has(_audit(compiled(given)), "Keras wrapped")
+    assert not _has(_audit(compiled(kmp.wrap("sgd"))), "Keras wrapped")
 
 
 @tf_only

@@ -84,11 +84,38 @@ def audit(args) -> list:
 
     import kmp
 
-    model = keras.saving.load_model(args.path, compile=True)
+    # Keras rebuilds the compiled optimizer under the global policy: a
+    # scaler that its compile added is only re-added under mixed_float16.
+    # Audit the model as it loads under the policy its layers were saved
+    # with, i.e. as it was trained.
+    policy = _saved_policy(args.path)
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(policy)
+    try:
+        model = keras.saving.load_model(args.path, compile=True)
+    finally:
+        keras.config.set_dtype_policy(previous)
+    if not args.json:
+        print(
+            f"kmp audit: {args.path}, loaded under {policy}, the policy "
+            "its layers were saved with"
+        )
     report = kmp.audit(model, verbose=not args.json)
     if args.json:
         print(report.to_json())
     return report
+
+
+def _saved_policy(path) -> str:
+    """The mixed policy a `.keras` file's layers record, or float32."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        config = archive.read("config.json").decode()
+    for policy in ("mixed_float16", "mixed_bfloat16"):
+        if f'"name": "{policy}"' in config:
+            return policy
+    return "float32"
 
 
 def train(args) -> dict:

@@ -16,11 +16,13 @@ import keras
 import numpy as np
 from keras import ops
 
+from kmp._scale_rule import ScaleRule
 from kmp.doctor.numerics import FORMATS
 from kmp.doctor.numerics import Format
 from kmp.islands import all_layers
 from kmp.islands import is_sensitive
 from kmp.islands import output_layers
+from kmp.loss_scale_optimizer import LossScaleOptimizer
 
 HALF = {"float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}
 
@@ -37,6 +39,8 @@ class Inputs(NamedTuple):
         switched: The layers given `policy` in the mixed pass.
         fmt: The half-precision `Format` of `policy`.
         jit_compile: Compile both passes with XLA.
+        scale_bounds: `(min_scale, max_scale)`: the loss scales the
+            model's scaler can reach.
     """
 
     model: keras.Model
@@ -47,6 +51,7 @@ class Inputs(NamedTuple):
     switched: list
     fmt: Format
     jit_compile: bool
+    scale_bounds: tuple
 
 
 def prepare(
@@ -92,6 +97,7 @@ def prepare(
         switched=switched,
         fmt=FORMATS[keras.DTypePolicy(policy).compute_dtype],
         jit_compile=bool(jit_compile),
+        scale_bounds=scale_bounds(model),
     )
 
 
@@ -232,6 +238,15 @@ class _Loss(keras.losses.Loss):
 
     def call(self, y_true, y_pred):
         return self.fn(y_true, y_pred)
+
+
+def scale_bounds(model):
+    """`(min_scale, max_scale)` of the model's kmp.LossScaleOptimizer, or
+    kmp's defaults (what `kmp.wrap` would give it)."""
+    optimizer = getattr(model, "optimizer", None)
+    if isinstance(optimizer, LossScaleOptimizer):
+        return optimizer.min_scale, optimizer.max_scale
+    return ScaleRule().min_scale, ScaleRule().max_scale
 
 
 def current_scale(model, policy):

@@ -13,7 +13,8 @@ for each layer computing in half precision, in call order:
     where baseline = max(eps, rel_error of up to 3 layers before it)
 gradients = activation and weight gradients computed in half precision
 lo, hi = loss-scale exponents keeping >= 99 % of them >= fmt.min_subnormal
-         and none above fmt.max (kmp.doctor.numerics.scale_range)
+         and none above fmt.max (kmp.doctor.numerics.scale_range),
+         within the scaler's [min_scale, max_scale]
 if float16 and no such scale:  prefer mixed_bfloat16
 elif scale < 2**lo:            loss scale too low
 elif scale > 2**hi:            loss scale too high
@@ -28,6 +29,7 @@ import keras
 import numpy as np
 
 from kmp import backend
+from kmp import policy as policy_lib
 from kmp.doctor.diagnosis import Diagnosis
 from kmp.doctor.diagnosis import LayerReport
 from kmp.doctor.diagnosis import TensorReport
@@ -77,7 +79,15 @@ def _pin_reasons(report, fmt, previous_errors, nonfinite_before):
 
 
 def judge(
-    model, layers, counts, policy, scale, batches, examples, notes
+    model,
+    layers,
+    counts,
+    policy,
+    scale,
+    batches,
+    examples,
+    notes,
+    scale_bounds,
 ) -> Diagnosis:
     """Applies the verdicts to the counts; returns the `Diagnosis`.
 
@@ -90,12 +100,15 @@ def judge(
         scale: The loss scale tested.
         batches, examples: How much data was run.
         notes: What the diagnosis could not see, and other remarks.
+        scale_bounds: `(min_scale, max_scale)` of the model's scaler: the
+            scales a recommendation may name.
     """
     fmt = FORMATS[keras.DTypePolicy(policy).compute_dtype]
     rows, pooled = _layer_rows(model, layers, counts, fmt, scale)
     verdicts, recommended, found_range = _scale_verdicts(
-        pooled, policy, scale, fmt
+        pooled, policy, scale, fmt, scale_bounds
     )
+    machine = policy_lib.recommend_policy()
     pin = [row.path for row in rows if row.verdict == "pin to float32"]
     for row in rows:
         if row.verdict == "pin to float32":
@@ -115,6 +128,8 @@ def judge(
         verdicts=verdicts,
         notes=notes,
         environment=backend.environment(),
+        machine_policy=machine.policy,
+        machine_reason=machine.reason,
     )
 
 
@@ -166,9 +181,9 @@ def _layer_rows(model, layers, counts, fmt, scale):
     return rows, pooled
 
 
-def _scale_verdicts(pooled, policy, scale, fmt):
+def _scale_verdicts(pooled, policy, scale, fmt, bounds):
     """`(verdicts, recommended policy, scale range)` from the pooled
-    half-precision gradients."""
+    half-precision gradients and the scaler's `(min_scale, max_scale)`."""
     if fmt.name == "bfloat16":
         return (
             [
@@ -189,6 +204,26 @@ def _scale_verdicts(pooled, policy, scale, fmt):
             None,
         )
     found_range = scale_range(pooled)
+    if found_range is not None:
+        # Only scales the scaler can reach are advice.
+        floor, cap = (
+            math.ceil(math.log2(bounds[0])),
+            math.floor(math.log2(bounds[1])),
+        )
+        lo, hi = max(found_range[0], floor), min(found_range[1], cap)
+        if lo > hi:
+            return (
+                [
+                    "prefer mixed_bfloat16: the loss scales that keep 99% "
+                    "of the gradient values representable, "
+                    f"2^{found_range[0]} .. 2^{found_range[1]}, are outside "
+                    f"the scaler's range 2^{floor} .. 2^{cap} (min_scale "
+                    "and max_scale)"
+                ],
+                "mixed_bfloat16",
+                None,
+            )
+        found_range = (lo, hi)
     recommended = "mixed_bfloat16" if found_range is None else policy
     return (
         [_scale_verdict(found_range, pooled, scale, fmt)],
@@ -223,6 +258,11 @@ def _scale_verdict(found_range, pooled, scale, fmt):
             f"loss scale too low: at {at}, {_share(lost)} of the "
             f"gradient values fall below {fmt.min_subnormal:g} and become "
             f"0; {advice}"
+        )
+    if scale > 2.0**hi and not pooled.overflow_scaled:
+        return (
+            f"loss scale too high: at {at}, above the scaler's max_scale; "
+            f"{advice}"
         )
     if scale > 2.0**hi:
         halvings = math.ceil(math.log2(scale) - hi)

@@ -103,6 +103,7 @@ def diagnose(
         batches=len(inputs.batches),
         examples=sum(len(keras.tree.flatten(x)[0]) for x, _ in inputs.batches),
         notes=notes + _coverage_notes(inputs, layers, counts),
+        scale_bounds=inputs.scale_bounds,
     )
 
 

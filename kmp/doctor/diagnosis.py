@@ -134,7 +134,8 @@ class Diagnosis:
         layers: One `LayerReport` per observed layer, in call order.
         scale_range: `(lo, hi)`: loss scales `2^lo ... 2^hi` keep >= 99 %
             of the half-precision gradient values representable and none
-            overflowing; None when none does, or for bfloat16.
+            overflowing, and the scaler can reach them (its `min_scale`
+            and `max_scale`); None when none does, or for bfloat16.
         gradients: The pooled half-precision gradients (`TensorReport`).
         recommended_policy: `"mixed_float16"` or `"mixed_bfloat16"`.
         pin: Paths of the layers to pin to float32.
@@ -142,6 +143,9 @@ class Diagnosis:
         notes: What the diagnosis could not see, and other remarks.
         environment: Versions and hardware it ran on
             (`kmp.backend.environment()`).
+        machine_policy, machine_reason: What `kmp.recommend_policy()`
+            (`kmp.enable("auto")`) picks on that hardware, and why: speed,
+            where `recommended_policy` is about this model's numerics.
     """
 
     model: str
@@ -158,6 +162,8 @@ class Diagnosis:
     verdicts: list
     notes: list
     environment: dict = dataclasses.field(default_factory=dict)
+    machine_policy: str = ""
+    machine_reason: str = ""
 
     @property
     def format(self):
@@ -187,6 +193,14 @@ class Diagnosis:
         names = ", ".join(self.pin) if self.pin else "none beyond the default"
         lines.append(f"pin to float32: {names}")
         lines.append(f"    {self.pin_call()}")
+        if self.machine_policy and self.machine_policy != (
+            self.recommended_policy
+        ):
+            lines.append(
+                f"on this machine, kmp.enable('auto') picks "
+                f"{self.machine_policy} instead, for speed: "
+                f"{self.machine_reason}"
+            )
         return "\n".join(lines)
 
     def _scale_state(self):

@@ -102,3 +102,47 @@ def test_bench_command_writes_markdown_and_json(tmp_path, monkeypatch, capsys):
     assert record["command"].startswith("kmp bench --models imdb")
     assert len(record["results"]) == 4
     assert "kmp bench imdb" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("optimizer", ["plain", "keras", "kmp"])
+def test_audit_of_a_saved_model_agrees_with_the_model_s(
+    optimizer, tmp_path, capsys
+):
+    import dataclasses
+
+    import keras
+
+    import kmp
+
+    kmp.enable("mixed_float16")
+    model = keras.Sequential(
+        [
+            keras.Input((8,)),
+            keras.layers.Dense(8),
+            keras.layers.Dense(2, activation="softmax", dtype="float32"),
+        ]
+    )
+    model.compile(
+        optimizer={
+            "plain": lambda: "adam",  # Keras wraps it in its own scaler
+            "keras": lambda: keras.optimizers.LossScaleOptimizer(
+                keras.optimizers.Adam()
+            ),
+            "kmp": lambda: kmp.wrap("adam"),
+        }[optimizer](),
+        loss="sparse_categorical_crossentropy",
+    )
+    model.optimizer.build(model.trainable_variables)
+    in_memory = [dataclasses.asdict(f) for f in kmp.audit(model, verbose=0)]
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    kmp.disable()  # as in a new process
+    capsys.readouterr()
+    cli.main(["audit", path, "--json"])
+    assert json.loads(capsys.readouterr().out) == in_memory
+    saving = [f for f in in_memory if "a .keras file records" in f["problem"]]
+    assert len(saving) == (optimizer == "plain")
+    if optimizer == "plain":
+        # What the warning says: loaded under float32, no scaler.
+        loaded = keras.saving.load_model(path)
+        assert type(loaded.optimizer) is keras.optimizers.Adam

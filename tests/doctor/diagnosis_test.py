@@ -30,3 +30,31 @@ def test_summary_pin_call_and_json():
     assert loaded["layers"][0]["activations"]["histogram"]["start"] == 0
     escaped = diagnose_rows([("a.b", "float16", np.full(4, 1e5), np.ones(4))])
     assert escaped.pin_call() == r'kmp.pin_float32(model, also=[r"a\.b"])'
+
+
+def test_the_summary_says_when_this_machine_would_pick_another_policy(
+    monkeypatch,
+):
+    from kmp import policy as policy_lib
+    from kmp.backend import Device
+
+    monkeypatch.setattr(policy_lib, "_logged_reasons", set())
+    ref = np.linspace(1, 2, 64)
+    rows = [("a", "float16", *noisy(ref, 1e-3))]
+    monkeypatch.setattr(
+        "kmp.backend.list_devices", lambda: [Device("cpu", "x")]
+    )
+    on_cpu = diagnose_rows(rows)
+    assert (on_cpu.recommended_policy, on_cpu.machine_policy) == (
+        "mixed_float16",
+        "float32",
+    )
+    last = on_cpu.summary().splitlines()[-1]
+    assert last.startswith("on this machine, kmp.enable('auto') picks float32")
+    assert "No GPU or TPU found" in last
+    monkeypatch.setattr(
+        "kmp.backend.list_devices", lambda: [Device("gpu", "T4", (7, 5))]
+    )
+    on_t4 = diagnose_rows(rows)
+    assert on_t4.machine_policy == "mixed_float16"
+    assert "on this machine" not in on_t4.summary()

@@ -16,7 +16,13 @@ def _layer(path):
     return types.SimpleNamespace(path=path, name=path)
 
 
-def diagnose_rows(rows, scale=2.0**15, policy="mixed_float16", grads=None):
+def diagnose_rows(
+    rows,
+    scale=2.0**15,
+    policy="mixed_float16",
+    grads=None,
+    bounds=(1.0, 2.0**24),  # kmp's min_scale, max_scale
+):
     """The `kmp.Diagnosis` of layers given as rows: (path, dtype,
     reference activations, mixed activations)."""
     fmt = FORMATS["float16" if policy == "mixed_float16" else "bfloat16"]
@@ -45,6 +51,7 @@ def diagnose_rows(rows, scale=2.0**15, policy="mixed_float16", grads=None):
         batches=1,
         examples=4,
         notes=[],
+        scale_bounds=bounds,
     )
 
 

@@ -77,7 +77,8 @@ def test_scale_verdicts(scale, start):
     report = diagnose_rows(
         [("a", "float16", ref, ref)], scale=scale, grads=grads
     )
-    assert report.scale_range == (6, 45)
+    # ... and the scaler reaches 2^0 .. 2^24 (kmp's defaults).
+    assert report.scale_range == (6, 24)
     assert report.verdicts[0].startswith(start), report.verdicts[0]
     assert report.recommended_policy == "mixed_float16"
 
@@ -102,3 +103,27 @@ def test_bfloat16_needs_no_scale():
         "bfloat16 has float32's range: no loss scale is needed"
     ]
     assert "loss scale" not in report.summary().splitlines()[1]
+
+
+def test_the_range_is_what_the_scaler_can_reach():
+    ref = np.ones(8, np.float32)
+    large = np.full(4, 2.0**-8)  # fits 2^-16 .. 2^23: below the floor too
+    report = diagnose_rows([("a", "float16", ref, ref)], grads=large)
+    assert report.scale_range == (0, 23)
+    narrow = diagnose_rows(
+        [("a", "float16", ref, ref)], grads=large, bounds=(4.0, 2.0**10)
+    )
+    assert narrow.scale_range == (2, 10)
+    assert narrow.verdicts[0] == (
+        "loss scale too high: at 2^15, above the scaler's max_scale; use a "
+        "scale in 2^2 .. 2^10"
+    )
+
+
+def test_a_range_the_scaler_cannot_reach_recommends_bfloat16():
+    ref = np.ones(8, np.float32)
+    tiny = np.full(4, 2.0**-60)  # needs 2^36 at least; the cap is 2^24
+    report = diagnose_rows([("a", "float16", ref, ref)], grads=tiny)
+    assert report.scale_range is None
+    assert report.recommended_policy == "mixed_bfloat16"
+    assert "outside the scaler's range 2^0 .. 2^24" in report.verdicts[0]
