@@ -74,7 +74,7 @@ def load_splits(config):
     def synthetic():
         return kmp_data.synthetic_text(
             train_size=config.synthetic_size,
-            test_size=config.synthetic_size,
+            test_size=max(config.synthetic_size // 5, 1),
             sequence_length=config.sequence_length,
             vocabulary_size=config.vocabulary_size,
             seed=config.seed,
@@ -224,18 +224,23 @@ def train(config: Config) -> dict:
             model = compile_model(config, steps)
         recipes.prepare(model, strategy)  # kmp.distribute under a strategy
         run = recipes.Run(config, splits, strategy)
+        # --steps (or --eval_steps) bounds validation and evaluation too.
+        eval_steps = recipes.evaluation_steps(config, splits.test)
         args, kwargs = recipes.fit_data(train_data, config.batch_size)
         history = model.fit(
             *args,
             **kwargs,
             validation_data=test_data,
+            validation_steps=eval_steps,
             epochs=config.epochs,
             steps_per_epoch=config.steps or None,
             callbacks=run.callbacks,
             verbose=config.verbose,
         )
-        args, kwargs = recipes.fit_data(test_data, config.batch_size)
-        test_loss, accuracy = model.evaluate(*args, **kwargs, verbose=0)
+        # The test figures are the last epoch's validation: the same
+        # weights on the same batches, so it is not run a second time.
+        test_loss = history.history["val_loss"][-1]
+        accuracy = history.history["val_accuracy"][-1]
         name = f"imdb_{config.model}"
         results = run.results(
             name, policy.name, history, model, test_loss, accuracy

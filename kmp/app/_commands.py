@@ -6,8 +6,17 @@ pipelines, plotting) when it runs.
 
 import json
 import os
+import sys
 
 EXAMPLES = ("cifar10", "imdb")
+
+
+def fail(command: str, message) -> None:
+    """Ends a command on bad input or configuration: one line on stderr,
+    exit status 2 (as argparse's usage errors). A bug keeps its
+    traceback: only what a user can fix comes here."""
+    print(f"{command}: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def info(as_json: bool = False) -> dict:
@@ -76,9 +85,10 @@ def demo(args) -> dict:
 def audit(args) -> list:
     """Loads a `.keras` model and prints `kmp.audit`'s findings."""
     if not args.path.endswith(".keras") or not os.path.isfile(args.path):
-        raise SystemExit(
-            f"kmp audit: {args.path!r} is not a .keras file. Save the model "
-            "with model.save('model.keras') first."
+        fail(
+            "kmp audit",
+            f"{args.path!r} is not a .keras file. Save the model with "
+            "model.save('model.keras') first.",
         )
     import keras
 
@@ -139,11 +149,11 @@ def train(args) -> dict:
         config = recipes.config_from_flags(module.Config, values)
         config.check()
     except (flags.Error, ValueError) as error:
-        raise SystemExit(f"kmp train {args.example}: {error}") from None
+        fail(f"kmp train {args.example}", error)
     try:
         results = module.train(config)
     except data.DataUnavailable as error:
-        raise SystemExit(f"kmp train {args.example}: {error}") from None
+        fail(f"kmp train {args.example}", error)
     from kmp.app import report
 
     report.show(

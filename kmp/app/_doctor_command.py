@@ -10,6 +10,7 @@ import json
 import os
 
 from kmp.app._commands import EXAMPLES
+from kmp.app._commands import fail
 
 DOCTOR_POLICIES = ("mixed_float16", "mixed_bfloat16")
 
@@ -82,6 +83,19 @@ def doctor(args):
         return None
     try:
         values([name, *args.flags])
+    except flags.IllegalFlagValueError as error:
+        data = [a for a in args.flags if a.startswith("--data=")]
+        if module and data and data[-1].endswith(".npz"):
+            fail(
+                name,
+                f"{data[-1]}: a .npz file is for saved models (kmp doctor "
+                "PATH.keras --data=PATH.npz); an example takes --data="
+                "auto, tfds or synthetic.",
+            )
+        fail(name, error)
+    except flags.Error as error:
+        fail(name, error)
+    try:
         if values["policy"].value and (
             values["policy"].value not in DOCTOR_POLICIES
         ):
@@ -94,8 +108,8 @@ def doctor(args):
             if module
             else _saved_inputs(args.target, values)
         )
-    except (flags.Error, ValueError, OSError) as error:
-        raise SystemExit(f"{name}: {error}") from None
+    except (ValueError, OSError) as error:
+        fail(name, error)
     import kmp
 
     try:
@@ -108,8 +122,8 @@ def doctor(args):
             loss_scale=values.loss_scale or None,
             policy=None if module else (values.policy or None),
         )
-    except (ValueError, TypeError) as error:
-        raise SystemExit(f"{name}: {error}") from None
+    except (ValueError, TypeError) as error:  # diagnose's input checks
+        fail(name, error)
     report.show()
     os.makedirs(values.output_dir, exist_ok=True)
     with open(os.path.join(values.output_dir, "doctor.json"), "w") as f:

@@ -38,7 +38,18 @@ class RunConfig:
     )
     epochs: int = flag(10, "Epochs.", lower_bound=1)
     batch_size: int = flag(64, "Global batch (all replicas).", lower_bound=1)
-    steps: int = flag(0, "Steps per epoch; 0 means all.", lower_bound=0)
+    steps: int = flag(
+        0,
+        "Steps per epoch; 0 means all. Also bounds validation and the "
+        "final evaluation unless --eval_steps is set.",
+        lower_bound=0,
+    )
+    eval_steps: int = flag(
+        0,
+        "Validation and final evaluation steps; 0 means --steps when it "
+        "is set, else the whole test split.",
+        lower_bound=0,
+    )
     data: str = flag("auto", "Data source.", kmp_data.SOURCES)
     data_dir: str = flag("", "TFDS data directory (default: TFDS's).")
     output_dir: str = flag("runs", "Where results and checkpoints go.")
@@ -46,7 +57,10 @@ class RunConfig:
     strategy: str = flag("none", "Where the replicas are.", STRATEGIES)
     learning_rate: float = flag(1e-3, "Peak learning rate.")
     synthetic_size: int = flag(
-        25_000, "Training examples of synthetic data.", lower_bound=1
+        25_000,
+        "Training examples of synthetic data; its test split is a fifth "
+        "of that.",
+        lower_bound=1,
     )
     verbose: int = flag(1, "fit's verbosity (0, 1, 2).", lower_bound=0)
 
@@ -66,6 +80,15 @@ class RunConfig:
         if not self.learning_rate > 0:
             raise ValueError(
                 f"learning_rate must be > 0, got {self.learning_rate}."
+            )
+        if self.strategy == "multiworker" and kmp.parse_tf_config() is None:
+            raise ValueError(
+                "strategy=multiworker needs TF_CONFIG, the cluster (every "
+                "worker's host:port) and this worker's index, e.g. "
+                'TF_CONFIG=\'{"cluster": {"worker": ["host1:12345", '
+                '"host2:12345"]}, "task": {"type": "worker", "index": 0}}\' '
+                "(README, Multi-GPU and multi-node). On one machine use "
+                "strategy=mirrored or none."
             )
         return self
 
@@ -157,12 +180,23 @@ def split_size(split) -> int:
     return int(split.cardinality())  # TFDS splits know their size
 
 
+def evaluation_steps(config, test_split) -> int | None:
+    """Batches of validation and final evaluation: `--eval_steps`, else
+    `--steps` when set, at most the test split's batches; None for all."""
+    wanted = config.eval_steps or config.steps
+    if not wanted:
+        return None
+    batches = -(-split_size(test_split) // config.batch_size)
+    return min(wanted, batches)
+
+
 def fit_data(data, batch_size):
-    """`(args, kwargs)` for `fit`/`evaluate`: a batched dataset as is, an
-    `(x, y)` pair of arrays with `batch_size`."""
+    """`(args, kwargs)` for `fit`: a batched dataset as is (its pipeline
+    shuffles; `fit` would warn that it cannot), an `(x, y)` pair of arrays
+    with `batch_size`."""
     if isinstance(data, tuple):
         return data, {"batch_size": batch_size}
-    return (data,), {}
+    return (data,), {"shuffle": False}
 
 
 class Run:

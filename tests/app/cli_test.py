@@ -23,7 +23,7 @@ pytestmark = pytest.mark.backend_independent
     "argv, phrase, status",
     [
         (["nope"], "invalid choice: 'nope'", 2),
-        (["train", "cifar10", "--polcy=x"], "Unknown command line flag", 1),
+        (["train", "cifar10", "--polcy=x"], "Unknown command line flag", 2),
     ],
 )
 def test_the_entry_point_fails_in_one_line_too(argv, phrase, status):
@@ -69,6 +69,22 @@ def test_bad_flags_get_one_clear_line_not_a_traceback(argv, phrase, capsys):
 )
 def test_train_bad_flag_is_one_line(flags, phrase, capsys):
     fails_in_one_line(["train", "cifar10", *flags], phrase, capsys)
+
+
+@pytest.mark.parametrize(
+    "tf_config, phrase",
+    [
+        ("", "strategy=multiworker needs TF_CONFIG"),
+        ("{not json", "TF_CONFIG is not valid JSON"),
+        ('{"cluster": {"worker": ["h:1"]}}', "TF_CONFIG has no 'task'"),
+    ],
+)
+def test_a_cluster_that_is_not_configured_is_one_line(
+    tf_config, phrase, capsys, monkeypatch
+):
+    monkeypatch.setenv("TF_CONFIG", tf_config)
+    argv = ["train", "cifar10", "--strategy=multiworker"]
+    assert fails_in_one_line(argv, phrase, capsys) == 2
 
 
 def test_train_help_lists_the_example_flags(capsys):

@@ -4,6 +4,7 @@ through `kmp.app.cli.main`."""
 import json
 
 import pytest
+from util import fails_in_one_line
 
 from kmp.app import cli
 
@@ -41,9 +42,11 @@ def test_audit_command_reads_a_saved_model(tmp_path, capsys):
     assert any("stock keras LossScaleOptimizer" in p for p in warnings)
 
 
-def test_audit_command_rejects_a_path_that_is_not_a_keras_file(tmp_path):
-    with pytest.raises(SystemExit, match="is not a .keras file"):
-        cli.main(["audit", str(tmp_path / "missing.keras")])
+def test_audit_command_rejects_a_path_that_is_not_a_keras_file(
+    tmp_path, capsys
+):
+    argv = ["audit", str(tmp_path / "missing.keras")]
+    assert fails_in_one_line(argv, "is not a .keras file", capsys) == 2
 
 
 @pytest.mark.slow

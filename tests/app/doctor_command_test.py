@@ -74,6 +74,7 @@ def test_doctor_reads_a_saved_model_and_npz(tmp_path, capsys):
         (["nothing.keras", "--data=x.npz"], "neither an example"),
         (["cifar10", "--policy=float32"], "--policy must be one of"),
         (["cifar10", "--batches=0"], "--batches=0"),
+        (["cifar10", "--data=x.npz"], "a .npz file is for saved models"),
         (["MODEL", "--data=BAD"], "--data must name a .npz file"),
         (["MODEL", "--data=NPZ"], "it needs x and y"),
         (["MODEL", "--data=XY"], "needs a loss"),  # saved uncompiled

@@ -52,8 +52,20 @@ def test_fit_data_passes_datasets_as_is_and_batches_arrays():
     x, y = np.zeros((4, 2)), np.zeros(4)
     args, kwargs = recipes.fit_data((x, y), 2)
     assert args == (x, y) and kwargs == {"batch_size": 2}
-    assert recipes.fit_data("dataset", 2) == (("dataset",), {})
+    # A dataset shuffles in its pipeline: fit must not try (and warn).
+    assert recipes.fit_data("dataset", 2) == (("dataset",), {"shuffle": False})
     assert recipes.split_size((x, y)) == 4
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize(
+    "steps, eval_steps, expected",
+    [(0, 0, None), (3, 0, 3), (3, 5, 5), (0, 2, 2), (40, 0, 13)],
+)
+def test_steps_bound_validation_and_evaluation(steps, eval_steps, expected):
+    config = recipes.RunConfig(steps=steps, eval_steps=eval_steps, batch_size=8)
+    test = (np.zeros((100, 2)), np.zeros(100))  # 13 batches of 8
+    assert recipes.evaluation_steps(config, test) == expected
 
 
 @pytest.mark.backend_independent

@@ -127,3 +127,20 @@ def test_flags_map_onto_the_config():
     assert (config.steps, config.width, config.epochs) == (3, 16, 10)
     with pytest.raises(flags.IllegalFlagValueError):
         values(["cifar10", "--batch_size=0"])
+
+
+@pytest.mark.slow
+def test_steps_bound_validation_and_the_test_figures(tmp_path, monkeypatch):
+    seen = {}
+    fit = keras.Model.fit
+
+    def spy(self, *args, **kwargs):
+        seen["validation_steps"] = kwargs.get("validation_steps")
+        return fit(self, *args, **kwargs)
+
+    monkeypatch.setattr(keras.Model, "fit", spy)
+    # A test split of 51 images: 4 batches of 16, of which --steps=1 runs 1.
+    results = cifar10.train(small(tmp_path, steps=1, synthetic_size=256))
+    assert seen["validation_steps"] == 1
+    assert results["accuracy"] == results["history"]["val_accuracy"][-1]
+    assert results["test_loss"] == results["history"]["val_loss"][-1]
