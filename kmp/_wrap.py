@@ -56,12 +56,7 @@ def upgrade_stock_scaler(optimizer) -> LossScaleOptimizer:
         max_scale=max(2.0**24, initial),
     )
     optimizer.__class__ = LossScaleOptimizer
-    optimizer.growth_factor = rule.growth_factor
-    optimizer.backoff_factor = rule.backoff_factor
-    optimizer.min_scale = rule.min_scale
-    optimizer.max_scale = rule.max_scale
-    optimizer.hysteresis = rule.hysteresis
-    optimizer.dynamic = rule.dynamic
+    optimizer._set_rule(rule)
     if optimizer.built:
         optimizer._add_skip_accounting()
         # The stock scale may have fallen to 0 or grown to inf already.

@@ -144,6 +144,11 @@ class LossScaleOptimizer(TfKerasLossScaleAPI, _StockLossScaleOptimizer):
             name=name,
             **kwargs,
         )
+        self._set_rule(rule)
+
+    def _set_rule(self, rule):
+        """The rule's constants as attributes, under the constructor's
+        names (`dynamic_growth_steps` is the stock class's own)."""
         self.growth_factor = rule.growth_factor
         self.backoff_factor = rule.backoff_factor
         self.min_scale = rule.min_scale
