@@ -56,9 +56,12 @@ def next_scale_state(
         rule: The constants.
 
     Returns:
-        The new `ScaleState`, as tensors.
+        The new `ScaleState`. A field the step leaves alone is the very
+        object passed in, so the caller can skip writing it back (the
+        update runs in every train step).
     """
-    scale, counter, streak, skipped = (ops.convert_to_tensor(v) for v in state)
+    scale, counter, streak, skipped = state
+    counter = ops.convert_to_tensor(counter)  # for its dtype
     one = ops.ones((), dtype=counter.dtype)
     zero = ops.zeros((), dtype=counter.dtype)
     if finite:

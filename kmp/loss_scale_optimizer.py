@@ -204,10 +204,11 @@ class LossScaleOptimizer(TfKerasLossScaleAPI, _StockLossScaleOptimizer):
             self.hysteresis,
             self.dynamic,
         )
-        for variable, value in zip(
-            variables, next_scale_state(state, finite, rule)
+        for variable, old, new in zip(
+            variables, state, next_scale_state(state, finite, rule)
         ):
-            variable.assign(value)
+            if new is not old:  # e.g. skipped_steps on a finite step
+                variable.assign(new)
 
     def _overwrites(self, variable):
         # Keras >= 3.6 lets a variable take its "gradient" as a new value

@@ -128,3 +128,13 @@ def test_check_rule_normalises_numbers():
 def test_check_rule_says_what_is_wrong(initial_scale, rule, phrase):
     with pytest.raises(ValueError, match=phrase):
         check_rule(initial_scale, **rule)
+
+
+def test_fields_a_step_leaves_alone_are_the_objects_passed_in():
+    # The optimizer writes back only what changed: one op fewer per step.
+    state = _start(8.0)
+    finite = next_scale_state(state, True, ScaleRule())
+    assert finite.skipped_steps is state.skipped_steps
+    assert finite.scale is not state.scale  # a dynamic scale may grow
+    fixed = next_scale_state(state, False, ScaleRule(dynamic=False))
+    assert fixed.scale is state.scale
