@@ -29,6 +29,16 @@ mixed precision is slower, see BENCHMARKS.md; speed claims belong to
 GPUs.) Multi-worker step times: BENCHMARKS.md.
 """
 
+import os
+
+if __name__ == "__main__":
+    # Before TensorFlow loads: its C++ logs (on a CPU machine among them
+    # "failed call to cuInit", which is not a failure) would bury the
+    # run's own lines. Errors still reach Python as exceptions; a value you
+    # set yourself (TF_CPP_MIN_LOG_LEVEL=0 shows everything) stands.
+    # `kmp train` also filters the lines TensorFlow prints while loading.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
 import dataclasses
 
 import keras
@@ -215,14 +225,12 @@ def train(config: Config) -> dict:
         # Loss-scale monitor, step times, and a backup: rerun the same
         # command after an interruption and it resumes.
         run = recipes.Run(config, splits, strategy)
-        # --steps (or --eval_steps) bounds validation and evaluation too.
-        eval_steps = recipes.evaluation_steps(config, splits.test)
         args, kwargs = recipes.fit_data(train_data, config.batch_size)
         history = model.fit(
             *args,
             **kwargs,
             validation_data=test_data,
-            validation_steps=eval_steps,
+            validation_steps=run.eval_steps,
             epochs=config.epochs,
             steps_per_epoch=config.steps or None,
             callbacks=run.callbacks,

@@ -14,6 +14,8 @@ from typing import NamedTuple
 
 from keras import ops
 
+from kmp.errors import InputError
+
 
 class ScaleState(NamedTuple):
     """The values of a `kmp.LossScaleOptimizer`'s state variables.
@@ -90,12 +92,12 @@ def _is_number(value) -> bool:
 
 def _check_count(arg_name, value):
     if not isinstance(value, numbers.Integral) or isinstance(value, bool):
-        raise ValueError(
+        raise InputError(
             f"`{arg_name}` must be a positive int, got {value!r} of type "
             f"{type(value).__name__}. Pass a whole number such as 2000."
         )
     if value < 1:
-        raise ValueError(
+        raise InputError(
             f"`{arg_name}` must be a positive int (>= 1), got {value}."
         )
 
@@ -116,7 +118,7 @@ def check_rule(initial_scale, **rule) -> ScaleRule:
     """
     rule = ScaleRule(**rule)
     if not isinstance(rule.dynamic, bool):
-        raise ValueError(f"`dynamic` must be a bool, got {rule.dynamic!r}.")
+        raise InputError(f"`dynamic` must be a bool, got {rule.dynamic!r}.")
     for arg_name, value in (
         ("initial_scale", initial_scale),
         ("growth_factor", rule.growth_factor),
@@ -125,38 +127,38 @@ def check_rule(initial_scale, **rule) -> ScaleRule:
         ("max_scale", rule.max_scale),
     ):
         if not _is_number(value) or not math.isfinite(value):
-            raise ValueError(
+            raise InputError(
                 f"`{arg_name}` must be a finite number, got {value!r}."
             )
     if rule.growth_factor <= 1:
-        raise ValueError(
+        raise InputError(
             f"`growth_factor` must be > 1, got {rule.growth_factor}. The "
             "scale is multiplied by it after `dynamic_growth_steps` finite "
             "steps; 2.0 is the usual value."
         )
     if not 0 < rule.backoff_factor < 1:
-        raise ValueError(
+        raise InputError(
             f"`backoff_factor` must be in the open interval (0, 1), got "
             f"{rule.backoff_factor}. The scale is multiplied by it on "
             "overflow; 0.5 is the usual value."
         )
     if rule.min_scale <= 0:
-        raise ValueError(
+        raise InputError(
             f"`min_scale` must be > 0, got {rule.min_scale}. A zero scale "
             "zeroes every gradient and the unscaling then divides by zero."
         )
     if rule.min_scale > rule.max_scale:
-        raise ValueError(
+        raise InputError(
             f"`min_scale` ({rule.min_scale}) must be <= `max_scale` "
             f"({rule.max_scale})."
         )
     if rule.max_scale > float(2**127):
-        raise ValueError(
+        raise InputError(
             f"`max_scale` must be <= 2**127 so that the scale and its "
             f"growth stay finite in float32, got {rule.max_scale}."
         )
     if not rule.min_scale <= initial_scale <= rule.max_scale:
-        raise ValueError(
+        raise InputError(
             f"`initial_scale` must lie in [min_scale, max_scale] = "
             f"[{rule.min_scale}, {rule.max_scale}], got {initial_scale}."
         )

@@ -15,6 +15,8 @@ import keras
 from keras import ops
 
 from kmp._scale_rule import check_rule
+from kmp.errors import InputError
+from kmp.errors import InputTypeError
 from kmp.loss_scale_optimizer import LossScaleOptimizer
 
 _StockLossScaleOptimizer = keras.optimizers.LossScaleOptimizer
@@ -44,7 +46,7 @@ def upgrade_stock_scaler(optimizer) -> LossScaleOptimizer:
         The same object, now a `kmp.LossScaleOptimizer`.
     """
     if type(optimizer) is not _StockLossScaleOptimizer:
-        raise TypeError(
+        raise InputTypeError(
             "upgrade_stock_scaler takes a keras.optimizers."
             f"LossScaleOptimizer, got {type(optimizer).__name__}."
         )
@@ -80,7 +82,7 @@ def _check_wrap_kwargs(kwargs):
         args.pop(name)
     extra = args.pop("kwargs")
     if extra:
-        raise ValueError(
+        raise InputError(
             f"kmp.wrap got unexpected arguments {sorted(extra)}. It accepts "
             f"the arguments of kmp.LossScaleOptimizer: {sorted(args)}."
         )
@@ -120,7 +122,7 @@ def wrap(optimizer="adam", **kwargs) -> keras.optimizers.Optimizer:
     if isinstance(optimizer, str):
         optimizer = keras.optimizers.get(optimizer)
     elif not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise ValueError(
+        raise InputError(
             "`optimizer` must be a keras.optimizers.Optimizer instance or an "
             f"optimizer name such as 'adam', got {optimizer!r}."
         )
@@ -131,7 +133,7 @@ def wrap(optimizer="adam", **kwargs) -> keras.optimizers.Optimizer:
         return optimizer
     if isinstance(optimizer, _StockLossScaleOptimizer):
         if optimizer.built:
-            raise ValueError(
+            raise InputError(
                 "Cannot convert a stock keras LossScaleOptimizer that has "
                 "already been built (its state would be lost). Pass its "
                 "`inner_optimizer` to kmp.wrap before training."

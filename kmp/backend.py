@@ -25,6 +25,8 @@ from typing import NamedTuple
 import keras
 from keras import ops
 
+from kmp.errors import InputError
+
 
 class Device(NamedTuple):
     """An accelerator or host device as kmp sees it.
@@ -279,7 +281,7 @@ def taped_gradients(loss_fn: Callable, jit_compile: bool = False):
         return run
 
     if name() != "tensorflow":
-        raise ValueError(
+        raise InputError(
             f"Gradients by intermediate tensors need the TensorFlow or JAX "
             f"backend; KERAS_BACKEND is {name()!r}."
         )

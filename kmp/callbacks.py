@@ -23,6 +23,22 @@ def _scale_logs(model, read):
     return logs
 
 
+class StepCount(float):
+    """A count of steps in `fit`'s logs: a float to every callback (logs
+    are floats), shown as an integer by Keras's progress bar.
+
+    `keras.utils.Progbar` formats every log value as `{:.4f}`, or `{:.4e}`
+    below 1e-3, so zero skipped steps would read `0.0000e+00`. It divides
+    the value by 1 before formatting, hence `__truediv__`.
+    """
+
+    def __format__(self, spec):
+        return str(int(self))
+
+    def __truediv__(self, other):
+        return StepCount(float(self) / other)
+
+
 class LossScaleMonitor(keras.callbacks.Callback):
     """Reports the loss scale and skipped steps during `model.fit`.
 
@@ -77,6 +93,10 @@ class LossScaleMonitor(keras.callbacks.Callback):
         self._epoch = epoch
 
     def on_train_batch_end(self, batch, logs=None):
+        if logs and "skipped_steps" in logs:
+            # Callbacks share one logs dict, and Keras appends its progress
+            # bar after the user's callbacks: it shows the count.
+            logs["skipped_steps"] = StepCount(logs["skipped_steps"])
         if logs and "loss_scale" in logs:
             self._records.append(
                 (
@@ -86,6 +106,10 @@ class LossScaleMonitor(keras.callbacks.Callback):
                     logs.get("skipped_steps"),
                 )
             )
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs and "skipped_steps" in logs:
+            logs["skipped_steps"] = StepCount(logs["skipped_steps"])
 
     @property
     def history(self):

@@ -20,6 +20,7 @@ from typing import Iterable
 import keras
 
 from kmp import layers as kmp_layers
+from kmp.errors import InputError
 
 # Activations whose float16 results lose the information crossentropy and
 # later matmuls need: probabilities near 0 or 1, and their logarithms.
@@ -95,12 +96,12 @@ def _check_also(also):
             try:
                 re.compile(pattern)
             except re.error as error:
-                raise ValueError(
+                raise InputError(
                     f"`also` entry {pattern!r} is not a valid regular "
                     f"expression ({error})."
                 ) from None
             continue
-        raise ValueError(
+        raise InputError(
             "`also` takes layer classes and regular expressions matched "
             f"against layer paths or names, got {pattern!r}."
         )
@@ -155,7 +156,7 @@ def pin_float32(
     ```
     """
     if not isinstance(model, keras.layers.Layer):
-        raise ValueError(
+        raise InputError(
             f"pin_float32 expects a Keras model or layer, got {model!r}."
         )
     also = _check_also(also)

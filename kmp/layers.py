@@ -15,6 +15,8 @@ the layers that produce model outputs.
 import keras
 from keras import ops
 
+from kmp.errors import InputTypeError
+
 
 class _Float32Compute:
     """Mixin: run the parent's `call` on float32 inputs, return
@@ -95,7 +97,7 @@ def _swap_class(layer, cls):
     only, so no user subclass's behaviour is lost.
     """
     if not issubclass(cls, type(layer)):
-        raise TypeError(
+        raise InputTypeError(
             f"{cls.__name__} is not a subclass of {type(layer).__name__}."
         )
     layer.__class__ = cls

@@ -15,19 +15,20 @@ from kmp._scale_rule import ScaleState
 from kmp._scale_rule import check_rule
 from kmp._scale_rule import next_scale_state
 from kmp._tf_keras_api import TfKerasLossScaleAPI
+from kmp.errors import InputError
 
 _StockLossScaleOptimizer = keras.optimizers.LossScaleOptimizer
 
 
 def _check_inner(inner_optimizer):
     if isinstance(inner_optimizer, _StockLossScaleOptimizer):
-        raise ValueError(
+        raise InputError(
             "`inner_optimizer` is already a LossScaleOptimizer "
             f"({type(inner_optimizer).__name__}); wrapping it again would "
             "scale the loss twice. Pass its `inner_optimizer` instead."
         )
     if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
-        raise ValueError(
+        raise InputError(
             "`inner_optimizer` must be a keras.optimizers.Optimizer "
             f"instance, got {inner_optimizer!r}. For a name such as 'adam', "
             "use kmp.wrap('adam') or keras.optimizers.get('adam')."

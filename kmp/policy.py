@@ -14,6 +14,7 @@ from typing import NamedTuple
 import keras
 
 from kmp import backend
+from kmp.errors import InputError
 
 logger = logging.getLogger("kmp")
 
@@ -137,7 +138,7 @@ def _resolve(policy) -> str:
     if isinstance(policy, keras.DTypePolicy):
         policy = policy.name
     if not isinstance(policy, str) or policy not in POLICIES:
-        raise ValueError(
+        raise InputError(
             f"Unsupported dtype policy {policy!r}. Expected one of "
             f"{', '.join(repr(p) for p in POLICIES)}, or a keras.DTypePolicy "
             "with one of those names (other Keras policies, e.g. quantized "

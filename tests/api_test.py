@@ -7,6 +7,8 @@ pytestmark = pytest.mark.backend_independent
 PUBLIC = {
     "AuditReport",
     "Finding",
+    "InputError",
+    "InputTypeError",
     "audit",
     "LossScaleOptimizer",
     "Recommendation",

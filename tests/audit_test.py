@@ -1,4 +1,4 @@
-"""`kmp.audit`'s report (`kmp.audit`): findings sorted by severity, JSON,
+"""`kmp.audit`'s report (`kmp._audit`): findings sorted by severity, JSON,
 the printed table, bad input. The checks: audit_checks_test.py."""
 
 import json

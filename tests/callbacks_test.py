@@ -107,3 +107,30 @@ def test_monitor_retraces_an_already_compiled_train_function():
     assert history.history["loss_scale"] == [2.0**15]
     model.fit(x, y, verbose=0, callbacks=[monitor])  # a new record per fit
     assert len(monitor.history["loss_scale"]) == 8
+
+
+def test_step_count_is_a_float_that_the_progress_bar_shows_as_an_integer():
+    count = kmp.callbacks.StepCount(3.0)
+    assert count == 3.0 and isinstance(count, float)
+    # Keras's Progbar divides by 1, then formats with .4f or .4e.
+    assert f"{count / 1:.4e}" == "3"
+    assert f"{kmp.callbacks.StepCount(0.0) / 1:.4f}" == "0"
+    assert float(count) + 1 == 4.0
+
+
+def test_progress_bar_shows_skipped_steps_as_a_count(capsys):
+    kmp.enable("mixed_float16")
+    model = mlp()
+    model.compile(kmp.wrap("adam"), "sparse_categorical_crossentropy")
+    x, y = classification_data()
+    model.fit(
+        x,
+        y,
+        batch_size=32,
+        epochs=1,
+        verbose=1,
+        callbacks=[kmp.callbacks.LossScaleMonitor()],
+    )
+    shown = capsys.readouterr().out
+    assert "skipped_steps: 0" in shown
+    assert "e+00" not in shown

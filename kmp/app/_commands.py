@@ -39,7 +39,13 @@ def info(as_json: bool = False) -> dict:
         return report
     width = max(len(k) for k in report)
     for key, value in report.items():
-        if key == "devices":
+        if key == "tf32" and not _has_tf32_hardware(report["devices"]):
+            # TensorFlow's switch is on by default; only Ampere+ has TF32.
+            print(
+                f"{key:<{width}}  {value} (no effect here: TF32 needs an "
+                "NVIDIA Ampere or newer GPU)"
+            )
+        elif key == "devices":
             for i, d in enumerate(value):
                 cc = d["compute_capability"]
                 shown = f"{d['platform']}: {d['name']}"
@@ -48,6 +54,15 @@ def info(as_json: bool = False) -> dict:
         else:
             print(f"{key:<{width}}  {value}")
     return report
+
+
+def _has_tf32_hardware(devices) -> bool:
+    return any(
+        d["platform"] == "gpu"
+        and d["compute_capability"]
+        and tuple(d["compute_capability"]) >= (8, 0)
+        for d in devices
+    )
 
 
 def demo(args) -> dict:
@@ -90,6 +105,8 @@ def audit(args) -> list:
             f"{args.path!r} is not a .keras file. Save the model with "
             "model.save('model.keras') first.",
         )
+    import zipfile
+
     import keras
 
     import kmp
@@ -98,11 +115,14 @@ def audit(args) -> list:
     # scaler that its compile added is only re-added under mixed_float16.
     # Audit the model as it loads under the policy its layers were saved
     # with, i.e. as it was trained.
-    policy = _saved_policy(args.path)
     previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(policy)
     try:
+        policy = _saved_policy(args.path)
+        keras.config.set_dtype_policy(policy)
         model = keras.saving.load_model(args.path, compile=True)
+    except (ValueError, KeyError, zipfile.BadZipFile) as error:
+        # not a zip, no config.json, or a config Keras cannot rebuild
+        fail("kmp audit", f"{args.path}: Keras cannot load it ({error!r}).")
     finally:
         keras.config.set_dtype_policy(previous)
     if not args.json:
@@ -134,7 +154,7 @@ def train(args) -> dict:
 
     from absl import flags
 
-    from kmp.app import data
+    import kmp
     from kmp.app import recipes
 
     module = importlib.import_module(f"kmp.examples.{args.example}")
@@ -148,11 +168,11 @@ def train(args) -> dict:
         values([f"kmp train {args.example}", *args.flags])
         config = recipes.config_from_flags(module.Config, values)
         config.check()
-    except (flags.Error, ValueError) as error:
+    except (flags.Error, kmp.InputError) as error:
         fail(f"kmp train {args.example}", error)
     try:
         results = module.train(config)
-    except data.DataUnavailable as error:
+    except kmp.InputError as error:  # data, cluster, cache: fixable
         fail(f"kmp train {args.example}", error)
     from kmp.app import report
 

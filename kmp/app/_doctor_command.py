@@ -3,12 +3,17 @@
 On an example, the doctor diagnoses exactly the model and data pipeline
 that `kmp train` trains (the example's own `compile_model` and
 `make_datasets`, under its flags); on a saved model, the arrays of a
-`.npz` file. Bad input is one line, not a traceback.
+`.npz` file. It writes what it printed (doctor.txt), the report as JSON
+and the gradient histogram (PNG). Bad input is one line, not a traceback.
 """
 
+import contextlib
+import io
 import json
 import os
+import zipfile
 
+import kmp
 from kmp.app._commands import EXAMPLES
 from kmp.app._commands import fail
 
@@ -53,7 +58,7 @@ def _doctor_flags(values, target):
     flags.DEFINE_string(
         "output_dir",
         "runs/doctor",
-        "Where doctor.json and doctor.png go.",
+        "Where doctor.txt, doctor.json and doctor.png go.",
         flag_values=values,
     )
     return None
@@ -61,7 +66,7 @@ def _doctor_flags(values, target):
 
 def doctor(args):
     """Runs `kmp.diagnose` on an example model or a saved one; prints the
-    table and writes doctor.json and doctor.png."""
+    table and writes doctor.txt, doctor.json and doctor.png."""
     from absl import flags
 
     name = f"kmp doctor {args.target}"
@@ -99,7 +104,7 @@ def doctor(args):
         if values["policy"].value and (
             values["policy"].value not in DOCTOR_POLICIES
         ):
-            raise ValueError(
+            raise kmp.InputError(
                 f"--policy must be one of {', '.join(DOCTOR_POLICIES)} "
                 f"(the mixed policy under test); got {values.policy!r}."
             )
@@ -108,10 +113,8 @@ def doctor(args):
             if module
             else _saved_inputs(args.target, values)
         )
-    except (ValueError, OSError) as error:
+    except (kmp.InputError, OSError) as error:
         fail(name, error)
-    import kmp
-
     try:
         report = kmp.diagnose(
             model,
@@ -122,15 +125,21 @@ def doctor(args):
             loss_scale=values.loss_scale or None,
             policy=None if module else (values.policy or None),
         )
-    except (ValueError, TypeError) as error:  # diagnose's input checks
+    except kmp.InputError as error:  # diagnose's input checks
         fail(name, error)
     report.show()
     os.makedirs(values.output_dir, exist_ok=True)
+    # The tables as printed to a pipe (160 columns): README's sample is
+    # cut from such a file, and tests/readme_test.py checks it.
+    with contextlib.redirect_stdout(io.StringIO()) as shown:
+        report.show()
+    with open(os.path.join(values.output_dir, "doctor.txt"), "w") as f:
+        f.write(shown.getvalue())
     with open(os.path.join(values.output_dir, "doctor.json"), "w") as f:
         record = {"command": "kmp " + " ".join(args.argv)}
         json.dump({**record, **json.loads(report.to_json())}, f, indent=2)
     report.plot(os.path.join(values.output_dir, "doctor.png"))
-    print(f"wrote {values.output_dir}/doctor.json and doctor.png")
+    print(f"wrote {values.output_dir}/doctor.txt, doctor.json and doctor.png")
     return report
 
 
@@ -138,16 +147,11 @@ def _example_inputs(module, values):
     """The example's compiled model (under --policy) and training data."""
     import keras
 
-    import kmp
-    from kmp.app import data as kmp_data
     from kmp.app import recipes
 
     config = recipes.config_from_flags(module.Config, values).check()
     keras.utils.set_random_seed(config.seed)  # data order, augmentation
-    try:
-        splits = module.load_splits(config)
-    except kmp_data.DataUnavailable as error:
-        raise ValueError(str(error)) from None
+    splits = module.load_splits(config)  # DataUnavailable: an InputError
     train_data, _ = module.make_datasets(splits, config)
     with kmp.policy_scope(config.policy):
         model = module.compile_model(config, steps=1)
@@ -157,12 +161,12 @@ def _example_inputs(module, values):
 def _saved_inputs(path, values):
     """A saved model and the arrays of --data."""
     if not path.endswith(".keras") or not os.path.isfile(path):
-        raise ValueError(
+        raise kmp.InputError(
             f"{path!r} is neither an example ({', '.join(EXAMPLES)}) nor a "
             ".keras file."
         )
     if not values.data or not os.path.isfile(values.data):
-        raise ValueError(
+        raise kmp.InputError(
             f"--data must name a .npz file with arrays x and y; got "
             f"{values.data!r}."
         )
@@ -171,7 +175,7 @@ def _saved_inputs(path, values):
     with np.load(values.data) as arrays:
         missing = {"x", "y"} - set(arrays.files)
         if missing:
-            raise ValueError(
+            raise kmp.InputError(
                 f"{values.data} has arrays {sorted(arrays.files)}; it needs "
                 "x and y (np.savez(path, x=inputs, y=targets))."
             )
@@ -179,6 +183,12 @@ def _saved_inputs(path, values):
         data = (arrays["x"][:need], arrays["y"][:need])
     import keras
 
-    import kmp.examples.imdb  # noqa: F401  (registers its custom layer)
+    from kmp.examples import imdb  # noqa: F401  (registers its layer)
 
-    return keras.saving.load_model(path, compile=True), data
+    try:
+        model = keras.saving.load_model(path, compile=True)
+    except (ValueError, zipfile.BadZipFile) as error:  # not a Keras file
+        raise kmp.InputError(
+            f"{path}: Keras cannot load it ({error})."
+        ) from None
+    return model, data

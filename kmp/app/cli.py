@@ -8,7 +8,13 @@
     kmp doctor cifar10|imdb|PATH.keras [--flags]   where float16 hurts
 
 The Keras backend is the usual `KERAS_BACKEND` environment variable
-(`kmp bench --backend jax` sets it).
+(`kmp bench --backend jax` sets it). `kmp --verbose COMMAND` shows
+TensorFlow's C++ logs, which the command otherwise filters
+(`kmp.app.logs`).
+
+Parsing comes first and imports no Keras, so `kmp --help` and a bad flag
+answer at once; `import kmp` is deferred for this command only (see
+`kmp/__init__.py`) and happens when a command runs.
 """
 
 import argparse
@@ -22,6 +28,7 @@ from kmp.app._commands import demo
 from kmp.app._commands import info
 from kmp.app._commands import train
 from kmp.app._doctor_command import doctor
+from kmp.app.logs import quiet_start
 
 POLICIES = ("mixed_float16", "mixed_bfloat16", "float32", "auto")
 
@@ -54,6 +61,11 @@ def _parser():
     parser = argparse.ArgumentParser(
         prog="kmp",
         description="Mixed-precision training for Keras 3.",
+    )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show TensorFlow's C++ logs (the command filters them)",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
@@ -133,7 +145,7 @@ def _parser():
         help="which layers float16 hurts, and the loss scale to use",
         description="Runs kmp.diagnose on an example model (cifar10, imdb; "
         "their flags apply) or on a saved .keras model with --data=PATH.npz "
-        "(arrays x, y); prints the table, writes doctor.json and doctor.png. "
+        "(arrays x, y); prints the table, writes doctor.txt, .json and .png. "
         "`kmp doctor cifar10 --help` lists the flags.",
         add_help=False,
     )
@@ -164,7 +176,15 @@ def main(argv=None) -> int:
     ):
         # The backend is fixed when Keras is imported: start afresh.
         os.environ["KERAS_BACKEND"] = args.backend
+        if os.path.basename(sys.argv[0]) == "kmp":  # the console script
+            os.execv(sys.argv[0], [sys.argv[0], *argv])
         os.execv(sys.executable, [sys.executable, "-m", "kmp.app.cli", *argv])
+    quiet_start(verbose=args.verbose)
+    import kmp
+
+    # The first public name loads the API, and registers kmp's classes
+    # before a command loads a `.keras` file.
+    kmp.LossScaleOptimizer  # noqa: B018
     if args.command == "info":
         info(as_json=args.json)
     elif args.command == "demo":

@@ -17,6 +17,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+import kmp
+
 logger = logging.getLogger("kmp")
 
 SOURCES = ("auto", "tfds", "synthetic")
@@ -43,8 +45,9 @@ class Splits(NamedTuple):
     note: str
 
 
-class DataUnavailable(RuntimeError):
-    """TFDS data is neither on disk nor downloadable here."""
+class DataUnavailable(kmp.InputError):
+    """TFDS data is neither on disk nor downloadable here (the message
+    says how to provide it, or to use --data=synthetic)."""
 
 
 def _reachable(address=_PROBE, timeout=_PROBE_TIMEOUT) -> bool:
@@ -66,7 +69,7 @@ def has_tensorflow() -> bool:
 
 def check_source(source: str) -> str:
     if source not in SOURCES:
-        raise ValueError(
+        raise kmp.InputError(
             f"data must be one of {', '.join(SOURCES)}; got {source!r}."
         )
     return source

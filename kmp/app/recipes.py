@@ -40,14 +40,14 @@ class RunConfig:
     batch_size: int = flag(64, "Global batch (all replicas).", lower_bound=1)
     steps: int = flag(
         0,
-        "Steps per epoch; 0 means all. Also bounds validation and the "
-        "final evaluation unless --eval_steps is set.",
+        "Steps per epoch; 0 means all. Also bounds validation (the same "
+        "share of the test split) unless --eval_steps is set.",
         lower_bound=0,
     )
     eval_steps: int = flag(
         0,
-        "Validation and final evaluation steps; 0 means --steps when it "
-        "is set, else the whole test split.",
+        "Validation steps; 0 means all, or with --steps the same share "
+        "of the test split as --steps is of the training split.",
         lower_bound=0,
     )
     data: str = flag("auto", "Data source.", kmp_data.SOURCES)
@@ -71,18 +71,20 @@ class RunConfig:
             choices = field.metadata.get("choices")
             low = field.metadata.get("lower_bound")
             if choices and value not in choices:
-                raise ValueError(
+                raise kmp.InputError(
                     f"{field.name} must be one of {', '.join(choices)}; "
                     f"got {value!r}."
                 )
             if low is not None and value < low:
-                raise ValueError(f"{field.name} must be >= {low}, got {value}.")
+                raise kmp.InputError(
+                    f"{field.name} must be >= {low}, got {value}."
+                )
         if not self.learning_rate > 0:
-            raise ValueError(
+            raise kmp.InputError(
                 f"learning_rate must be > 0, got {self.learning_rate}."
             )
         if self.strategy == "multiworker" and kmp.parse_tf_config() is None:
-            raise ValueError(
+            raise kmp.InputError(
                 "strategy=multiworker needs TF_CONFIG, the cluster (every "
                 "worker's host:port) and this worker's index, e.g. "
                 'TF_CONFIG=\'{"cluster": {"worker": ["host1:12345", '
@@ -146,7 +148,7 @@ def make_strategy(name: str):
                 keras.distribution.DataParallel()
             )
             return None
-        raise ValueError(
+        raise kmp.InputError(
             f"strategy={name} needs KERAS_BACKEND=tensorflow (it is "
             f"{keras.backend.backend()!r})."
         )
@@ -180,14 +182,21 @@ def split_size(split) -> int:
     return int(split.cardinality())  # TFDS splits know their size
 
 
-def evaluation_steps(config, test_split) -> int | None:
-    """Batches of validation and final evaluation: `--eval_steps`, else
-    `--steps` when set, at most the test split's batches; None for all."""
-    wanted = config.eval_steps or config.steps
-    if not wanted:
+def evaluation_steps(config, splits) -> int | None:
+    """Batches of validation and final evaluation; None for all.
+
+    `--eval_steps` when set; else, when `--steps` is set, the same share
+    of the test split as `--steps` is of the training split (at least
+    one batch), so that a short run validates briefly too.
+    """
+    test_batches = -(-split_size(splits.test) // config.batch_size)
+    if config.eval_steps:
+        return min(config.eval_steps, test_batches)
+    if not config.steps:
         return None
-    batches = -(-split_size(test_split) // config.batch_size)
-    return min(wanted, batches)
+    train_batches = max(split_size(splits.train) // config.batch_size, 1)
+    share = min(config.steps / train_batches, 1.0)
+    return max(math.ceil(share * test_batches), 1)
 
 
 def fit_data(data, batch_size):
@@ -216,9 +225,15 @@ class Run:
         os.makedirs(output_dir, exist_ok=True)
         self.steps = report.StepLog()
         self.monitor = kmp.callbacks.LossScaleMonitor()
+        # --steps (or --eval_steps) bounds validation too.
+        self.eval_steps = evaluation_steps(config, splits)
+        shown = self.eval_steps or -(
+            -split_size(splits.test) // config.batch_size
+        )
         self.callbacks = [
             self.monitor,
             self.steps,
+            report.ValidationProgress(shown, config.verbose),
             keras.callbacks.BackupAndRestore(
                 os.path.join(output_dir, "backup")
             ),

@@ -109,6 +109,46 @@ class StepLog(keras.callbacks.Callback):
         return (times[middle - 1] + times[middle]) / 2
 
 
+class ValidationProgress(keras.callbacks.Callback):
+    """A progress bar for the validation that `fit` runs after each epoch.
+
+    Keras's own bar stays silent while `fit` validates, so a long
+    validation looked like a hang. This one counts the validation batches
+    (on its own line, before the epoch's final line) when `verbose` is 1;
+    `evaluate` outside `fit` has Keras's bar already.
+
+    Args:
+        steps: Validation batches, or `None` when unknown.
+        verbose: `fit`'s verbosity; only 1 draws a bar.
+    """
+
+    def __init__(self, steps, verbose=1):
+        super().__init__()
+        self.steps, self.verbose = steps, verbose
+        self._in_fit = False
+        self._bar = None
+
+    def on_train_begin(self, logs=None):
+        self._in_fit = True
+
+    def on_train_end(self, logs=None):
+        self._in_fit = False
+
+    def on_test_begin(self, logs=None):
+        if self._in_fit and self.verbose == 1:
+            print("validation")
+            self._bar = keras.utils.Progbar(self.steps, unit_name="step")
+
+    def on_test_batch_end(self, batch, logs=None):
+        if self._bar is not None:
+            self._bar.update(batch + 1)
+
+    def on_test_end(self, logs=None):
+        if self._bar is not None and self.steps is None:
+            self._bar.update(self._bar._seen_so_far, finalize=True)
+        self._bar = None
+
+
 def peak_memory_mib() -> tuple[float, str]:
     """`(MiB, what was measured)`: the accelerator's peak allocation, or
     the process's peak resident memory on a CPU."""

@@ -15,6 +15,7 @@ import socket
 import time
 
 from kmp import backend
+from kmp.errors import InputError
 
 logger = logging.getLogger("kmp")
 
@@ -28,7 +29,7 @@ _TASK_TYPES = ("chief", "worker")
 def _split_address(address, where):
     host, sep, port = str(address).rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(
+        raise InputError(
             f"TF_CONFIG lists {address!r} in {where}; each address must be "
             '"host:port" with a port in 1..65535, e.g. "10.0.0.2:12345".'
         )
@@ -57,41 +58,41 @@ def parse_tf_config(text: str | None = None) -> dict | None:
     try:
         config = json.loads(text)
     except json.JSONDecodeError as error:
-        raise ValueError(
+        raise InputError(
             f"TF_CONFIG is not valid JSON ({error}): {text!r}. {hint}"
         ) from None
     if not isinstance(config, dict) or not isinstance(
         config.get("cluster"), dict
     ):
-        raise ValueError(f"TF_CONFIG has no 'cluster' object: {text!r}. {hint}")
+        raise InputError(f"TF_CONFIG has no 'cluster' object: {text!r}. {hint}")
     cluster = config["cluster"]
     if "ps" in cluster:
-        raise ValueError(
+        raise InputError(
             "TF_CONFIG has 'ps' tasks: that is ParameterServerStrategy, "
             "which kmp.distribute does not support. Use 'chief'/'worker' "
             f"tasks only. {hint}"
         )
     for job, addresses in cluster.items():
         if job not in _TASK_TYPES + ("evaluator",):
-            raise ValueError(
+            raise InputError(
                 f"TF_CONFIG's cluster has a job {job!r}; allowed: 'chief', "
                 f"'worker', 'evaluator'. {hint}"
             )
         if not isinstance(addresses, list) or not addresses:
-            raise ValueError(
+            raise InputError(
                 f"TF_CONFIG's cluster[{job!r}] must be a non-empty list of "
                 f'"host:port" strings, got {addresses!r}. {hint}'
             )
         for address in addresses:
             _split_address(address, f"cluster[{job!r}]")
     if not any(job in cluster for job in _TASK_TYPES):
-        raise ValueError(f"TF_CONFIG's cluster has no 'worker' list. {hint}")
+        raise InputError(f"TF_CONFIG's cluster has no 'worker' list. {hint}")
     task = config.get("task")
     if not isinstance(task, dict):
-        raise ValueError(f"TF_CONFIG has no 'task' object: {text!r}. {hint}")
+        raise InputError(f"TF_CONFIG has no 'task' object: {text!r}. {hint}")
     kind, index = task.get("type"), task.get("index")
     if kind not in cluster:
-        raise ValueError(
+        raise InputError(
             f"TF_CONFIG's task type is {kind!r}, which is not a job of its "
             f"cluster ({sorted(cluster)}). {hint}"
         )
@@ -100,7 +101,7 @@ def parse_tf_config(text: str | None = None) -> dict | None:
         or isinstance(index, bool)
         or not 0 <= index < len(cluster[kind])
     ):
-        raise ValueError(
+        raise InputError(
             f"TF_CONFIG's task index is {index!r}, but cluster[{kind!r}] has "
             f"{len(cluster[kind])} address(es): the index must be an integer "
             f"in 0..{len(cluster[kind]) - 1}, different on each process."
@@ -152,7 +153,7 @@ def _wait_for_peers(config, timeout):
         listener.bind(("", port))
     except OSError as error:
         listener.close()
-        raise ValueError(
+        raise InputError(
             f"This worker's address in TF_CONFIG is {own}, but port {port} "
             f"cannot be opened ({error}). Another process holds it: give "
             "this task a free port."
@@ -217,7 +218,7 @@ def multi_worker_strategy(timeout: float = 120.0, communication_options=None):
     ```
     """
     if not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(
+        raise InputError(
             f"timeout must be a positive number of seconds, got {timeout!r}."
         )
     require_tensorflow("kmp.multi_worker_strategy")
@@ -228,7 +229,7 @@ def multi_worker_strategy(timeout: float = 120.0, communication_options=None):
         logger.info("kmp: TF_CONFIG is not set; training on this machine.")
     else:
         if config["task"]["type"] not in _TASK_TYPES:
-            raise ValueError(
+            raise InputError(
                 f"This task is an {config['task']['type']!r}; "
                 "multi_worker_strategy runs on 'chief' and 'worker' tasks."
             )
@@ -240,7 +241,7 @@ def multi_worker_strategy(timeout: float = 120.0, communication_options=None):
 
 def require_tensorflow(what):
     if backend.name() != "tensorflow":
-        raise ValueError(
+        raise InputError(
             f"{what} is for tf.distribute strategies and needs "
             f"KERAS_BACKEND=tensorflow; the backend is {backend.name()!r}. "
             "On JAX, use keras.distribution.DataParallel: kmp's loss "

@@ -39,6 +39,8 @@ import keras
 from kmp._wrap import upgrade_stock_scaler
 from kmp.distributed.cluster import is_chief
 from kmp.distributed.cluster import require_tensorflow
+from kmp.errors import InputError
+from kmp.errors import InputTypeError
 from kmp.loss_scale_optimizer import LossScaleOptimizer
 
 logger = logging.getLogger("kmp")
@@ -83,7 +85,7 @@ def distribute(model: keras.Model) -> keras.Model:
     import tensorflow as tf
 
     if not isinstance(model, keras.Model):
-        raise TypeError(
+        raise InputTypeError(
             f"kmp.distribute takes a keras.Model, got {type(model).__name__}."
         )
     if getattr(model, "_kmp_distributed", False):
@@ -92,7 +94,7 @@ def distribute(model: keras.Model) -> keras.Model:
     # was created in; fit runs under that one.
     strategy = getattr(model, "_distribute_strategy", None)
     if strategy is None:
-        raise ValueError(
+        raise InputError(
             f"Model {model.name!r} was created outside a tf.distribute "
             "strategy scope, so its variables live on one device. Create "
             "and compile it inside `with strategy.scope():`, then call "
@@ -120,7 +122,7 @@ def _use_kmp_scaler(model, strategy):
     ) or isinstance(optimizer, LossScaleOptimizer):
         return
     if type(optimizer) is not keras.optimizers.LossScaleOptimizer:
-        raise ValueError(
+        raise InputError(
             f"Model {model.name!r} is compiled with "
             f"{type(optimizer).__name__}, a subclass of Keras's "
             "LossScaleOptimizer: under several replicas a step that "
@@ -335,7 +337,7 @@ def _check_batch_size(x, batch_size, replicas):
     else:
         size, given = batch_size or 32, "batch_size"
     if size is not None and size % replicas:
-        raise ValueError(
+        raise InputError(
             f"{given} is {size}, which does not split evenly over "
             f"{replicas} replicas. Use a multiple of {replicas}, e.g. "
             f"{size // replicas * replicas or replicas}: the global batch "
@@ -356,7 +358,7 @@ def _check_backups_agree(callbacks, strategy):
         count = _sum_over_replicas(strategy, present)
         total = strategy.num_replicas_in_sync
         if 0 < count < total:
-            raise ValueError(
+            raise InputError(
                 f"BackupAndRestore's backup_dir {callback.backup_dir!r} "
                 f"holds a backup for {count} of {total} replicas: the "
                 "other workers would start from different weights. Put "

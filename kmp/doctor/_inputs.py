@@ -19,6 +19,8 @@ from keras import ops
 from kmp._scale_rule import ScaleRule
 from kmp.doctor.numerics import FORMATS
 from kmp.doctor.numerics import Format
+from kmp.errors import InputError
+from kmp.errors import InputTypeError
 from kmp.islands import all_layers
 from kmp.islands import is_sensitive
 from kmp.islands import output_layers
@@ -59,24 +61,24 @@ def prepare(
 ) -> Inputs:
     """Checks `kmp.diagnose`'s arguments; see its docstring for each."""
     if not isinstance(model, keras.Model):
-        raise TypeError(
+        raise InputTypeError(
             f"diagnose expects a keras.Model, got {type(model).__name__}."
         )
     if not model.built or not model.trainable_variables:
-        raise ValueError(
+        raise InputError(
             f"Model {model.name!r} is not built or has no trainable "
             "weights. Build it first (call it on a batch, or "
             "model.build(input_shape)); diagnose does not create weights."
         )
     for name, value in (("batches", batches), ("batch_size", batch_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(
+            raise InputError(
                 f"`{name}` must be an integer >= 1, got {value!r}."
             )
     if loss_scale is not None and not (
         isinstance(loss_scale, (int, float)) and 0 < loss_scale < math.inf
     ):
-        raise ValueError(
+        raise InputError(
             "`loss_scale` must be a positive finite number, got "
             f"{loss_scale!r}."
         )
@@ -85,7 +87,7 @@ def prepare(
     loss_fn = loss_function(model, loss)
     found = batches_of(data, batches, batch_size)
     if not found:
-        raise ValueError("`data` yielded no batches.")
+        raise InputError("`data` yielded no batches.")
     if jit_compile == "auto":
         jit_compile = _model_jit_compile(model)
     return Inputs(
@@ -124,7 +126,7 @@ def policy_under_test(model, policy):
         policy = "mixed_float16"
     name = policy.name if isinstance(policy, keras.DTypePolicy) else policy
     if name not in HALF.values():
-        raise ValueError(
+        raise InputError(
             f"diagnose tests a mixed policy; got policy={policy!r}. Pass "
             "'mixed_float16' or 'mixed_bfloat16', or None to test the "
             "model's own policies."
@@ -159,7 +161,7 @@ def batches_of(data, batches, batch_size):
     try:
         iterator = iter(data)
     except TypeError:
-        raise ValueError(
+        raise InputError(
             "`data` must be (x, y) arrays, a tf.data.Dataset, a "
             "keras.utils.PyDataset or an iterable of (x, y) batches; got "
             f"{type(data).__name__}."
@@ -167,7 +169,7 @@ def batches_of(data, batches, batch_size):
     found = []
     for batch in itertools.islice(iterator, batches):
         if not isinstance(batch, (tuple, list)) or len(batch) not in (2, 3):
-            raise ValueError(
+            raise InputError(
                 "Each batch must be (x, y) or (x, y, sample_weight); got "
                 f"{type(batch).__name__}."
             )
@@ -181,7 +183,7 @@ def loss_function(model, loss):
     None entries skipped); loss weights are not applied."""
     spec = loss if loss is not None else getattr(model, "loss", None)
     if spec is None:
-        raise ValueError(
+        raise InputError(
             "diagnose needs a loss to take gradients: compile the model "
             "with one, or pass loss=... (e.g. "
             "'sparse_categorical_crossentropy')."
@@ -201,7 +203,7 @@ def loss_function(model, loss):
         if isinstance(structure, dict):
             missing = set(names) - set(structure)
             if missing:
-                raise ValueError(
+                raise InputError(
                     f"Missing entries for model outputs {sorted(missing)}; "
                     f"the outputs are {names}."
                 )
@@ -215,7 +217,7 @@ def loss_function(model, loss):
         else:
             losses = [resolve(spec)] * len(preds)
         if not len(losses) == len(ys) == len(preds):
-            raise ValueError(
+            raise InputError(
                 f"{len(losses)} losses for {len(preds)} model outputs and "
                 f"{len(ys)} targets; pass one loss per output."
             )

@@ -21,6 +21,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from kmp.errors import InputError
+
 # floor(log2|x|) of nonzero finite float32 values lies in [-149, 127];
 # float32 subnormals (< 2^-126) share the bottom bin, -127.
 LOG2_MIN = -127
@@ -224,7 +226,7 @@ def scale_range(
         (the values span more binades than the format has).
     """
     if not 0 < keep <= 1:
-        raise ValueError(f"`keep` must be in (0, 1], got {keep}.")
+        raise InputError(f"`keep` must be in (0, 1], got {keep}.")
     if counter.nonzero == 0:
         return None
     # No overflow: max_abs * 2^hi <= fmt.max.

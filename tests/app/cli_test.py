@@ -18,6 +18,8 @@ from kmp.app import cli
 
 pytestmark = pytest.mark.backend_independent
 
+KMP = os.path.join(os.path.dirname(sys.executable), "kmp")  # console script
+
 
 @pytest.mark.parametrize(
     "argv, phrase, status",
@@ -28,7 +30,7 @@ pytestmark = pytest.mark.backend_independent
 )
 def test_the_entry_point_fails_in_one_line_too(argv, phrase, status):
     result = subprocess.run(
-        [sys.executable, "-m", "kmp.app.cli", *argv],
+        [KMP, *argv],
         capture_output=True,
         text=True,
         timeout=120,
@@ -37,6 +39,37 @@ def test_the_entry_point_fails_in_one_line_too(argv, phrase, status):
     assert result.returncode == status
     assert phrase in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_help_and_bad_flags_answer_without_importing_keras():
+    # The console script defers `import kmp`'s load (kmp/__init__.py).
+    code = (
+        "import sys\n"
+        "sys.argv[0] = 'kmp'\n"
+        "from kmp.app import cli\n"
+        "for argv in (['--help'], ['info', '--help'], ['demo', '--steps=0']):\n"
+        "    try:\n"
+        "        cli.main(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "print('keras imported:', 'keras' in sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True
+    )
+    assert "keras imported: False" in result.stdout, result.stderr
+
+
+def test_import_kmp_loads_the_api_and_registers_its_classes():
+    code = (
+        "import sys, kmp, keras\n"
+        "print(keras.saving.get_registered_object("
+        "'kmp>LossScaleOptimizer') is not None)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True
+    )
+    assert result.stdout.strip() == "True", result.stderr
 
 
 @pytest.mark.parametrize(

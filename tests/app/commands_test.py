@@ -20,6 +20,20 @@ def test_info_reports_versions_devices_and_recommendation(capsys):
 
 
 @pytest.mark.backend_independent
+def test_info_says_tf32_has_no_effect_without_an_ampere_gpu(capsys):
+    from kmp.app import _commands
+
+    cpu = {"platform": "cpu", "compute_capability": None}
+    a100 = {"platform": "gpu", "compute_capability": [8, 0]}
+    v100 = {"platform": "gpu", "compute_capability": [7, 0]}
+    assert not _commands._has_tf32_hardware([cpu, v100])
+    assert _commands._has_tf32_hardware([cpu, a100])
+    report = cli.info()
+    if not _commands._has_tf32_hardware(report["devices"]):
+        assert "no effect here" in capsys.readouterr().out
+
+
+@pytest.mark.backend_independent
 def test_audit_command_reads_a_saved_model(tmp_path, capsys):
     import keras
 
@@ -47,6 +61,10 @@ def test_audit_command_rejects_a_path_that_is_not_a_keras_file(
 ):
     argv = ["audit", str(tmp_path / "missing.keras")]
     assert fails_in_one_line(argv, "is not a .keras file", capsys) == 2
+    garbage = tmp_path / "garbage.keras"
+    garbage.write_text("not a zip")
+    argv = ["audit", str(garbage)]
+    assert fails_in_one_line(argv, "Keras cannot load it", capsys) == 2
 
 
 @pytest.mark.slow

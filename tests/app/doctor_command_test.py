@@ -103,3 +103,24 @@ def test_doctor_help_lists_example_and_doctor_flags(capsys):
     cli.main(["doctor", "cifar10", "--help"])
     out = capsys.readouterr().out
     assert "--width" in out and "--batches" in out and "--loss_scale" in out
+
+
+def test_a_bug_inside_diagnose_keeps_its_traceback(monkeypatch, tmp_path):
+    # Only kmp.InputError is the user's to fix; any other error is a bug,
+    # and the traceback is what it takes to fix one.
+    import kmp
+
+    def broken(*args, **kwargs):
+        raise ValueError("a bug, not bad input")
+
+    monkeypatch.setattr(kmp, "diagnose", broken)
+    argv = [
+        "doctor",
+        "imdb",
+        "--data=synthetic",
+        "--synthetic_size=64",
+        "--batch_size=8",
+        f"--output_dir={tmp_path}",
+    ]
+    with pytest.raises(ValueError, match="a bug"):
+        cli.main(argv)

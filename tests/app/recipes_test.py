@@ -8,6 +8,7 @@ import pytest
 from absl import flags
 from util import jax_only
 
+from kmp.app import data
 from kmp.app import recipes
 
 
@@ -60,12 +61,25 @@ def test_fit_data_passes_datasets_as_is_and_batches_arrays():
 @pytest.mark.backend_independent
 @pytest.mark.parametrize(
     "steps, eval_steps, expected",
-    [(0, 0, None), (3, 0, 3), (3, 5, 5), (0, 2, 2), (40, 0, 13)],
+    [
+        (0, 0, None),  # whole epochs: the whole test split
+        (3, 0, 1),  # 3 of 12 training batches: 1 of the 3 test batches
+        (6, 0, 2),  # half: ceil(1.5)
+        (12, 0, 3),
+        (40, 0, 3),  # more steps than an epoch: all of it
+        (3, 2, 2),  # --eval_steps wins
+        (0, 5, 3),  # at most the split
+    ],
 )
-def test_steps_bound_validation_and_evaluation(steps, eval_steps, expected):
+def test_steps_bound_validation_in_proportion(steps, eval_steps, expected):
     config = recipes.RunConfig(steps=steps, eval_steps=eval_steps, batch_size=8)
-    test = (np.zeros((100, 2)), np.zeros(100))  # 13 batches of 8
-    assert recipes.evaluation_steps(config, test) == expected
+    splits = data.Splits(
+        train=(np.zeros((100, 2)), np.zeros(100)),  # 12 full batches of 8
+        test=(np.zeros((20, 2)), np.zeros(20)),  # 3 batches, the last short
+        source="synthetic",
+        note="",
+    )
+    assert recipes.evaluation_steps(config, splits) == expected
 
 
 @pytest.mark.backend_independent

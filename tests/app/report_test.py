@@ -78,3 +78,27 @@ def test_plot_writes_a_png(tmp_path):
     path = report.plot(dict(run, policy="float32"), str(tmp_path / "f.png"))
     with open(path, "rb") as f:
         assert f.read(4) == b"\x89PNG"
+
+
+def test_validation_inside_fit_shows_progress(capsys):
+    import keras
+    import numpy as np
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    x, y = np.zeros((16, 3)), np.zeros((16, 1))
+    progress = report.ValidationProgress(steps=2)
+    model.fit(
+        x,
+        y,
+        batch_size=8,
+        validation_data=(x, y),
+        epochs=1,
+        verbose=1,
+        callbacks=[progress],
+    )
+    shown = capsys.readouterr().out
+    assert "validation" in shown
+    assert "2/2" in shown.split("validation", 1)[1]
+    model.evaluate(x, y, batch_size=8, verbose=0, callbacks=[progress])
+    assert "validation" not in capsys.readouterr().out  # fit's only

@@ -12,6 +12,7 @@ import json
 import keras
 
 from kmp import _audit_checks
+from kmp.errors import InputError
 from kmp.islands import output_layers
 
 SEVERITIES = ("error", "warning", "info")
@@ -90,7 +91,7 @@ def audit(model, optimizer=None, verbose: bool = True) -> AuditReport:
     ```
     """
     if not isinstance(model, keras.layers.Layer):
-        raise ValueError(f"audit expects a Keras model, got {model!r}.")
+        raise InputError(f"audit expects a Keras model, got {model!r}.")
     if optimizer is None:
         optimizer = getattr(model, "optimizer", None)
     findings = []  # (severity, where, problem, fix)
