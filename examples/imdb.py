@@ -222,6 +222,7 @@ def compile_model(config, steps):
 def train(config: Config) -> dict:
     """Trains and evaluates; returns the results (also written as JSON)."""
     config.check()
+    recipes.use_compile_cache(config)  # a rerun loads its compiled steps
     keras.utils.set_random_seed(config.seed)
     splits = load_splits(config)
     strategy = recipes.make_strategy(config.strategy)

@@ -36,6 +36,7 @@ def _api() -> dict:
     from kmp._audit import Finding
     from kmp._audit import audit
     from kmp._wrap import wrap
+    from kmp.compile_cache import enable_compile_cache
     from kmp.distributed.cluster import is_chief
     from kmp.distributed.cluster import multi_worker_strategy
     from kmp.distributed.cluster import parse_tf_config
@@ -97,6 +98,7 @@ __all__ = [
     "disable",
     "distribute",
     "enable",
+    "enable_compile_cache",
     "is_chief",
     "layers",
     "multi_worker_strategy",

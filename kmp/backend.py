@@ -6,18 +6,19 @@ API. What cannot be, lives here, and each function branches exactly once:
 - which accelerators are attached (`list_devices`), since Keras has no
   backend-neutral way to ask for a GPU's compute capability;
 - the framework's name and version (`framework_versions`);
-- how a model's train step exposes the optimizer state it just produced
-  (`add_train_step_logs`): TensorFlow's step is stateful, JAX's is a pure
-  function of `(state, data)`;
+- how a train step exposes the optimizer state it just produced
+  (`add_train_step_logs`): TF's step is stateful, JAX's is pure;
 - how to take gradients with respect to intermediate tensors
   (`taped_gradients`): a tape watches them on TensorFlow, JAX adds a zero
-  it can differentiate by.
+  it can differentiate by;
+- the persistent XLA compilation cache (`use_compile_cache`).
 
-TensorFlow is imported only inside the TensorFlow branches, so kmp imports
-and trains with `KERAS_BACKEND=jax` on a machine that has no TensorFlow.
+TensorFlow is imported only inside its branches: kmp trains with
+`KERAS_BACKEND=jax` on a machine without TensorFlow.
 """
 
 import importlib.metadata
+import os
 import platform
 from typing import Callable
 from typing import NamedTuple
@@ -130,8 +131,6 @@ def framework_versions() -> dict[str, str]:
 
 def environment() -> dict:
     """Versions and hardware, as recorded with every benchmark result."""
-    import os
-
     from kmp._version import __version__
 
     return {
@@ -147,11 +146,8 @@ def environment() -> dict:
                 {
                     "platform": d.platform,
                     "name": d.name,
-                    "compute_capability": (
-                        None
-                        if d.compute_capability is None
-                        else "{}.{}".format(*d.compute_capability)
-                    ),
+                    "compute_capability": d.compute_capability
+                    and "{}.{}".format(*d.compute_capability),
                 }
                 for d in list_devices()
             ],
@@ -164,10 +160,8 @@ def add_train_step_logs(
     model: keras.Model,
     extra_logs: Callable[[Callable], dict],
 ) -> None:
-    """Makes `model.train_step` return extra logs computed inside the step.
-
-    The extra values leave the device with the loss and metrics, in the
-    transfer Keras already makes, instead of costing a read per step.
+    """Makes `model.train_step` return extra logs computed inside the step
+    (they leave the device with the loss, in the transfer Keras makes).
 
     Args:
         model: A compiled Keras model. Its `train_step` is wrapped on the
@@ -224,16 +218,13 @@ def taped_gradients(loss_fn: Callable, jit_compile: bool = False):
     Args:
         loss_fn: The loss, as above. With `jit_compile`, it is traced once
             per input shape, so `tap` is called at trace time only.
-        jit_compile: Compile with XLA (`jax.jit`, or `tf.function` with
-            `jit_compile=True`).
+        jit_compile: Compile with XLA.
 
     Returns:
         `run(values, *args)` -> `(loss, keys, tapped, value_grads,
-        tap_grads)`: `keys` in the order `tap` was called; each tapped
-        tensor's gradient has its dtype (so a float16 activation's
-        gradient is the float16 one backpropagation computed). Where the
-        loss does not depend on a tapped tensor, its gradient is None on
-        TensorFlow and zeros on JAX.
+        tap_grads)`, `keys` in `tap`'s call order; a tapped tensor's
+        gradient has its dtype (a float16 activation's is float16). One
+        the loss does not depend on is None (TF) or zeros (JAX).
     """
     keys = []
 
@@ -403,6 +394,32 @@ def peak_memory() -> tuple[int | None, str]:
     # Linux reports KiB. Host memory covers the model and the data.
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return rss, "process peak RSS (CPU run: host memory)"
+
+
+def use_compile_cache(directory: str | None) -> str | None:
+    """Points the persistent XLA cache at `directory` (`None`: off);
+    returns `None`, or why this backend cannot have one (BUILD_NOTES)."""
+    if name() == "jax":
+        import jax
+        from jax.experimental.compilation_cache import compilation_cache
+
+        jax.config.update("jax_compilation_cache_dir", directory)
+        # Cache every program (JAX skips those compiled in under 1 s).
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        compilation_cache.reset_cache()  # read the directory at next use
+        return None
+    if name() != "tensorflow":
+        return f"{name()} has none kmp can switch on"
+    key = "--tf_xla_persistent_cache_directory="
+    flags = os.environ.get("TF_XLA_FLAGS", "").split()
+    flags = [f for f in flags if not f.startswith(key)]
+    from tensorflow.python.eager import context  # (no public API)
+
+    if directory and context.context()._initialized:
+        return "TensorFlow has started (it reads TF_XLA_FLAGS once)"
+    added = [key + directory] if directory else []
+    os.environ["TF_XLA_FLAGS"] = " ".join(flags + added)
+    return None
 
 
 def disable_tf32() -> None:

@@ -16,6 +16,7 @@ PUBLIC = {
     "callbacks",
     "disable",
     "enable",
+    "enable_compile_cache",
     "layers",
     "pin_float32",
     "policy_scope",

@@ -1,5 +1,6 @@
-"""Test harness: TF32 off; the global dtype policy, Keras distribution and
-Keras's global state restored after each test; the suite's two markers.
+"""Test harness: TF32 off; the global dtype policy, Keras distribution,
+Keras's global state and the compile cache restored after each test; the
+suite's two markers.
 
 The suite runs once per backend (README: `KERAS_BACKEND=tensorflow`, then
 `KERAS_BACKEND=jax`):
@@ -17,6 +18,11 @@ import os
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The examples turn on kmp's compile cache by default: keep the suite's out
+# of the user's ~/.cache (subprocesses inherit this too).
+os.environ["XDG_CACHE_HOME"] = os.path.join(
+    os.environ.get("TMPDIR", "/tmp"), f"kmp-test-cache-{os.getpid()}"
+)
 
 import keras  # noqa: E402
 import pytest  # noqa: E402
@@ -71,3 +77,4 @@ def _restore_global_state():
     # which took ~0.5 s per test, 40 % of the suite: Python's own
     # collector frees the models of earlier tests.
     keras.utils.clear_session(free_memory=False)
+    backend.use_compile_cache(None)  # off, if a test turned it on

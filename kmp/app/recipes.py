@@ -63,6 +63,11 @@ class RunConfig:
         lower_bound=1,
     )
     verbose: int = flag(1, "fit's verbosity (0, 1, 2).", lower_bound=0)
+    compile_cache: str = flag(
+        "auto",
+        "Persistent XLA compilation cache: a directory, 'auto' (~/.cache/"
+        "kmp/xla, on backends that have one) or 'off'.",
+    )
 
     def check(self):
         """Raises `ValueError` naming the first bad field."""
@@ -93,6 +98,18 @@ class RunConfig:
                 "strategy=mirrored or none."
             )
         return self
+
+
+def use_compile_cache(config) -> str | None:
+    """`--compile_cache`: `kmp.enable_compile_cache` unless it is `off`.
+    With `auto`, a backend without a cache is no reason to warn."""
+    if config.compile_cache == "off":
+        return None
+    if config.compile_cache == "auto":
+        if keras.backend.backend() not in ("jax", "tensorflow"):
+            return None
+        return kmp.enable_compile_cache()
+    return kmp.enable_compile_cache(config.compile_cache)
 
 
 def define_flags(config_class, flag_values=None):

@@ -23,13 +23,16 @@ def test_synthetic_images_are_deterministic_and_shaped_like_cifar():
     assert not np.array_equal(x, x3)
 
 
-def test_synthetic_images_are_learnable():
-    # Nearest class mean on the training set classifies the test set.
-    (x, y), (tx, ty) = data.synthetic_images(2000, 500, seed=0)
+def test_synthetic_images_are_learnable_with_headroom():
+    # Nearest class mean on the training set classifies the test set about
+    # as well as the redrawn labels (10%) allow: 1 - 0.9 * 0.1 = 91%.
+    (x, y), (tx, ty) = data.synthetic_images(2000, 1000, seed=0)
     x, tx = x.reshape(len(x), -1) / 255.0, tx.reshape(len(tx), -1) / 255.0
     means = np.stack([x[y == c].mean(0) for c in range(10)])
     guess = np.argmin(((tx[:, None] - means[None]) ** 2).sum(-1), axis=1)
-    assert (guess == ty).mean() > 0.9
+    assert 0.85 < (guess == ty).mean() < 0.95
+    (_, clean), _ = data.synthetic_images(2000, 1000, seed=0, label_noise=0)
+    assert 0.07 < (clean != y).mean() < 0.11  # 10% redrawn, 1 in 10 alike
 
 
 def test_synthetic_source_skips_tfds():
