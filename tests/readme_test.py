@@ -11,11 +11,11 @@ import io
 import pathlib
 import re
 
-import keras
 import numpy as np
 import pytest
 from util import classification_data
 from util import mlp
+from util import overflow_model
 
 import kmp
 
@@ -78,15 +78,7 @@ def test_doctor_sample_is_cut_from_the_recorded_run():
 
 def test_doctor_summary_sample_is_what_the_doctor_prints():
     block = _blocks("A half-precision layer gets *pin to float32*")[0]
-    with kmp.policy_scope("mixed_float16"):
-        inputs = keras.Input((4,))
-        x = keras.layers.Dense(
-            8, kernel_initializer=keras.initializers.Constant(1e4), name="big"
-        )(inputs)
-        x = keras.layers.Rescaling(1e-4, name="shrink")(x)
-        outputs = keras.layers.Dense(1, name="head")(x)
-        model = kmp.pin_float32(keras.Model(inputs, outputs))
-    model.compile(optimizer=kmp.wrap("sgd"), loss="mse")
+    model = overflow_model()
     x = np.random.default_rng(0).uniform(1.7, 2.0, (32, 4)).astype("float32")
     report = kmp.diagnose(
         model, (x, np.zeros((32, 1), "float32")), batch_size=16, verbose=False

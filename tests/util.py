@@ -148,3 +148,20 @@ def reference_scale_rule(
                 scale = min(np.float32(scale) * np.float32(growth), hi)
                 counter = 0
     return float(np.float32(scale)), counter, streak, skipped
+
+
+def overflow_model():
+    """A model whose Dense `big` overflows float16 (outputs near 7.7e4 for
+    inputs in [1.7, 2.0]), rescaled back into range by `shrink`."""
+    import kmp
+
+    with kmp.policy_scope("mixed_float16"):
+        inputs = keras.Input((4,))
+        x = keras.layers.Dense(
+            8, kernel_initializer=keras.initializers.Constant(1e4), name="big"
+        )(inputs)
+        x = keras.layers.Rescaling(1e-4, name="shrink")(x)
+        outputs = keras.layers.Dense(1, name="head")(x)
+        model = kmp.pin_float32(keras.Model(inputs, outputs))
+    model.compile(optimizer=kmp.wrap("sgd"), loss="mse")
+    return model

@@ -7,6 +7,7 @@ import keras
 import numpy as np
 import pytest
 from absl.testing import parameterized
+from util import overflow_model
 
 import kmp
 from kmp.doctor.numerics import FORMATS
@@ -43,19 +44,6 @@ def _classification(n=64, features=16, seed=0):
     )
 
 
-def _overflow_model():
-    with kmp.policy_scope("mixed_float16"):
-        inputs = keras.Input((4,))
-        x = keras.layers.Dense(
-            8, kernel_initializer=keras.initializers.Constant(1e4), name="big"
-        )(inputs)
-        x = keras.layers.Rescaling(1e-4, name="shrink")(x)
-        outputs = keras.layers.Dense(1, name="head")(x)
-        model = kmp.pin_float32(keras.Model(inputs, outputs))
-    model.compile(optimizer=kmp.wrap("sgd"), loss="mse")
-    return model
-
-
 def _state(model):
     """Everything diagnose must leave alone."""
     variables = [*model.variables, *model.optimizer.variables]
@@ -86,7 +74,7 @@ def _assert_unchanged(before, after):
 
 class DoctorTest(parameterized.TestCase):
     def test_overflowing_layer_is_pinned_and_repinning_converges(self):
-        model = _overflow_model()
+        model = overflow_model()
         x = np.random.default_rng(0).uniform(1.7, 2.0, (32, 4))
         data = (x.astype("float32"), np.zeros((32, 1), "float32"))
 
