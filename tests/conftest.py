@@ -42,6 +42,12 @@ settings.load_profile("kmp")
 INDEPENDENT_BACKEND = "tensorflow"
 
 
+def pytest_unconfigure(config):
+    import shutil
+
+    shutil.rmtree(os.environ["XDG_CACHE_HOME"], ignore_errors=True)
+
+
 def pytest_report_header(config):
     return f"keras {keras.__version__}, backend: {backend.name()}"
 

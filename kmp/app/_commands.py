@@ -105,8 +105,6 @@ def audit(args) -> list:
             f"{args.path!r} is not a .keras file. Save the model with "
             "model.save('model.keras') first.",
         )
-    import zipfile
-
     import keras
 
     import kmp
@@ -115,14 +113,14 @@ def audit(args) -> list:
     # scaler that its compile added is only re-added under mixed_float16.
     # Audit the model as it loads under the policy its layers were saved
     # with, i.e. as it was trained.
-    previous = keras.config.dtype_policy()
     try:
-        policy = _saved_policy(args.path)
-        keras.config.set_dtype_policy(policy)
+        policy = saved_policy(args.path)
+    except kmp.InputError as error:
+        fail("kmp audit", error)
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(policy)
+    try:
         model = keras.saving.load_model(args.path, compile=True)
-    except (ValueError, KeyError, zipfile.BadZipFile) as error:
-        # not a zip, no config.json, or a config Keras cannot rebuild
-        fail("kmp audit", f"{args.path}: Keras cannot load it ({error!r}).")
     finally:
         keras.config.set_dtype_policy(previous)
     if not args.json:
@@ -136,12 +134,22 @@ def audit(args) -> list:
     return report
 
 
-def _saved_policy(path) -> str:
-    """The mixed policy a `.keras` file's layers record, or float32."""
+def saved_policy(path) -> str:
+    """The mixed policy a `.keras` file's layers record, or float32.
+    Raises `kmp.InputError` when the file is not a Keras archive (a zip
+    holding config.json); what Keras then fails on keeps its traceback."""
     import zipfile
 
-    with zipfile.ZipFile(path) as archive:
-        config = archive.read("config.json").decode()
+    import kmp
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            config = archive.read("config.json").decode()
+    except (zipfile.BadZipFile, KeyError) as error:
+        raise kmp.InputError(
+            f"{path} is not a Keras archive ({error}); save the model with "
+            "model.save('model.keras')."
+        ) from None
     for policy in ("mixed_float16", "mixed_bfloat16"):
         if f'"name": "{policy}"' in config:
             return policy

@@ -11,11 +11,11 @@ import contextlib
 import io
 import json
 import os
-import zipfile
 
 import kmp
 from kmp.app._commands import EXAMPLES
 from kmp.app._commands import fail
+from kmp.app._commands import saved_policy
 
 DOCTOR_POLICIES = ("mixed_float16", "mixed_bfloat16")
 
@@ -185,10 +185,5 @@ def _saved_inputs(path, values):
 
     from kmp.examples import imdb  # noqa: F401  (registers its layer)
 
-    try:
-        model = keras.saving.load_model(path, compile=True)
-    except (ValueError, zipfile.BadZipFile) as error:  # not a Keras file
-        raise kmp.InputError(
-            f"{path}: Keras cannot load it ({error})."
-        ) from None
-    return model, data
+    saved_policy(path)  # a Keras archive, or one line
+    return keras.saving.load_model(path, compile=True), data

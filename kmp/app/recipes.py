@@ -199,6 +199,11 @@ def split_size(split) -> int:
     return int(split.cardinality())  # TFDS splits know their size
 
 
+def batches(split, batch_size) -> int:
+    """Batches of `split`, the last one short if need be."""
+    return -(-split_size(split) // batch_size)
+
+
 def evaluation_steps(config, splits) -> int | None:
     """Batches of validation and final evaluation; None for all.
 
@@ -206,7 +211,7 @@ def evaluation_steps(config, splits) -> int | None:
     of the test split as `--steps` is of the training split (at least
     one batch), so that a short run validates briefly too.
     """
-    test_batches = -(-split_size(splits.test) // config.batch_size)
+    test_batches = batches(splits.test, config.batch_size)
     if config.eval_steps:
         return min(config.eval_steps, test_batches)
     if not config.steps:
@@ -244,9 +249,7 @@ class Run:
         self.monitor = kmp.callbacks.LossScaleMonitor()
         # --steps (or --eval_steps) bounds validation too.
         self.eval_steps = evaluation_steps(config, splits)
-        shown = self.eval_steps or -(
-            -split_size(splits.test) // config.batch_size
-        )
+        shown = self.eval_steps or batches(splits.test, config.batch_size)
         self.callbacks = [
             self.monitor,
             self.steps,

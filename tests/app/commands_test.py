@@ -64,7 +64,7 @@ def test_audit_command_rejects_a_path_that_is_not_a_keras_file(
     garbage = tmp_path / "garbage.keras"
     garbage.write_text("not a zip")
     argv = ["audit", str(garbage)]
-    assert fails_in_one_line(argv, "Keras cannot load it", capsys) == 2
+    assert fails_in_one_line(argv, "is not a Keras archive", capsys) == 2
 
 
 @pytest.mark.slow
