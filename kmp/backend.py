@@ -412,6 +412,8 @@ def use_compile_cache(directory: str | None) -> str | None:
         return f"{name()} has none kmp can switch on"
     key = "--tf_xla_persistent_cache_directory="
     flags = os.environ.get("TF_XLA_FLAGS", "").split()
+    if directory and key + directory in flags:
+        return None  # already so (a second run in this process)
     flags = [f for f in flags if not f.startswith(key)]
     from tensorflow.python.eager import context  # (no public API)
 

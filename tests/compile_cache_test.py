@@ -3,10 +3,12 @@ compiles nothing on JAX; bad directories; backends without a cache."""
 
 import logging
 import os
+import shutil
 
 import pytest
 from util import jax_only
 from util import run_script
+from util import tf_only
 
 import kmp
 from kmp import backend
@@ -39,28 +41,92 @@ def test_default_directory_is_under_the_users_cache(monkeypatch):
     assert compile_cache.default_directory() == "/somewhere/kmp/xla"
 
 
+def _start_tensorflow():
+    import tensorflow as tf
+
+    tf.constant(0.0)  # TensorFlow reads TF_XLA_FLAGS when it starts
+
+
 def test_backends_without_a_cache_say_so(tmp_path, caplog):
     if backend.name() == "jax":
         pytest.skip("JAX has a cache")
+    if backend.name() == "tensorflow":
+        _start_tensorflow()  # a cache is then too late
     with caplog.at_level(logging.WARNING, logger="kmp"):
         assert kmp.enable_compile_cache(tmp_path) is None
     assert "no compile cache" in caplog.text
 
 
+def _train(cache):
+    """A small `kmp train imdb` (ragged train and test splits) with the
+    cache in `cache`: its traces and compiles (tests/compiles.py)."""
+    return run_script(
+        "compiles.py",
+        "imdb",
+        "--data=synthetic",
+        "--synthetic_size=300",
+        "--d_model=16",
+        "--heads=2",
+        "--layers=1",
+        "--sequence_length=16",
+        "--vocabulary_size=64",
+        "--batch_size=64",
+        "--epochs=2",
+        "--policy=mixed_float16",
+        "--verbose=0",
+        f"--output_dir={cache.parent / 'run'}",
+        f"--compile_cache={cache}",
+        backend="jax",
+    )
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("cache") / "xla"
+    return cache, _train(cache)
+
+
 @jax_only
-def test_a_second_run_compiles_nothing(tmp_path):
-    first = run_script("compiles.py", tmp_path, backend="jax")
-    assert first["compiled"]["train_step"] >= 1 and not first["cache_hits"]
-    assert os.listdir(tmp_path / "jax")
-    second = run_script("compiles.py", tmp_path, backend="jax")
+@pytest.mark.slow
+def test_a_run_compiles_each_step_once(first_run):
+    _, first = first_run
+    assert first["traces"] == {"train_step": 1, "test_step": 1}
+    assert first["compiled"]["train_step"] == 1
+    assert first["compiled"]["test_step"] == 1
+    assert not first["cache_hits"]
+
+
+@jax_only
+@pytest.mark.slow
+def test_a_second_run_compiles_nothing(first_run):
+    cache, first = first_run
+    assert os.listdir(cache / "jax")
+    second = _train(cache)
     assert second["compiled"] == {}
     assert second["cache_hits"] == first["compiled"]
 
 
 @jax_only
-def test_a_corrupted_entry_is_recompiled(tmp_path):
-    run_script("compiles.py", tmp_path, backend="jax")
-    for entry in os.listdir(tmp_path / "jax"):
-        (tmp_path / "jax" / entry).write_bytes(b"not an executable")
-    again = run_script("compiles.py", tmp_path, backend="jax")
-    assert again["compiled"]["train_step"] >= 1  # no crash: compiled anew
+@pytest.mark.slow
+def test_a_corrupted_entry_is_recompiled(first_run, tmp_path):
+    cache, _ = first_run
+    corrupted = tmp_path / "xla"
+    shutil.copytree(cache, corrupted)
+    for entry in os.listdir(corrupted / "jax"):
+        (corrupted / "jax" / entry).write_bytes(b"not an executable")
+    again = _train(corrupted)
+    assert again["compiled"]["train_step"] == 1  # no crash: compiled anew
+
+
+@tf_only
+def test_the_same_directory_again_is_no_warning(tmp_path, monkeypatch, caplog):
+    # TensorFlow has started in this process: only a change is refused.
+    _start_tensorflow()
+    folder = tmp_path / "tensorflow"
+    monkeypatch.setenv(
+        "TF_XLA_FLAGS", f"--tf_xla_persistent_cache_directory={folder}"
+    )
+    with caplog.at_level(logging.WARNING, logger="kmp"):
+        assert kmp.enable_compile_cache(tmp_path) == str(folder)
+        assert kmp.enable_compile_cache(tmp_path / "other") is None
+    assert caplog.text.count("TensorFlow has started") == 1

@@ -1,27 +1,34 @@
-"""One small `fit` in a process of its own, counting XLA compilations.
+"""One `kmp train` in a process of its own, counting traces and compiles.
 
-    python tests/compiles.py [CACHE_DIR]
+    python tests/compiles.py TRAIN_ARGS...
 
-With CACHE_DIR, `kmp.enable_compile_cache(CACHE_DIR)` first. Prints
-`RESULT {...}`: the number of programs XLA compiled (`compiled`) and
-those loaded from the persistent cache instead (`cache_hits`), per jitted
-function name. JAX
-only: it reads `jax_log_compiles`'s log records.
+TRAIN_ARGS follow `kmp train` (e.g. `cifar10 --data=synthetic ...
+--compile_cache=DIR`). Prints `RESULT {...}`:
+
+- `traces`: how often Keras's `train_step`, `test_step` and
+  `predict_step` ran in Python. Inside a `tf.function` or `jax.jit` a
+  step runs once per trace, so this is the step's tracing count on both
+  backends (TensorFlow's `tf.function` and JAX's `jit` alike).
+- `compiled` (JAX): the programs XLA compiled, per jitted function name,
+  read from `jax_log_compiles`'s records, less `cache_hits`, those
+  loaded from the persistent cache instead (JAX logs "Finished XLA
+  compilation" for them too).
 """
 
+import functools
 import json
 import logging
+import os
 import re
 import sys
 from collections import Counter
 
-import jax
+import keras
 
-finished, hits = Counter(), Counter()
-HIT = re.compile(r"Persistent compilation cache hit for 'jit_(\w+)'")
+finished, hits, traces = Counter(), Counter(), Counter()
 
 
-class _Counter(logging.Handler):
+class _CompileLog(logging.Handler):
     def emit(self, record):
         message = record.getMessage()
         done = re.match(r"Finished XLA compilation of jit\((\w+)\)", message)
@@ -34,23 +41,34 @@ class _Counter(logging.Handler):
             hits[hit.group(1)] += 1
 
 
-logging.getLogger("jax").addHandler(_Counter())
-logging.getLogger("jax").setLevel(logging.DEBUG)
-jax.config.update("jax_log_compiles", True)
+if keras.backend.backend() == "jax":
+    import jax
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
+    logging.getLogger("jax").addHandler(_CompileLog())
+    logging.getLogger("jax").setLevel(logging.DEBUG)
+    jax.config.update("jax_log_compiles", True)
 
-import kmp  # noqa: E402
 
-if len(sys.argv) > 1:
-    kmp.enable_compile_cache(sys.argv[1])
-kmp.enable("mixed_float16")
-model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
-model.compile(kmp.wrap("adam"), "mse")
-x, y = np.ones((64, 8), "float32"), np.ones((64, 4), "float32")
-model.fit(x, y, batch_size=32, epochs=2, verbose=0, validation_data=(x, y))
-# JAX logs "Finished XLA compilation" for a program loaded from the cache
-# too; those are the hits.
+def _counted(name):
+    step = getattr(keras.Model, name)
+
+    @functools.wraps(step)  # JAX names the jitted program after it
+    def counted(self, *args, **kwargs):
+        traces[name] += 1
+        return step(self, *args, **kwargs)
+
+    return counted
+
+
+for _name in ("train_step", "test_step", "predict_step"):
+    setattr(keras.Model, _name, _counted(_name))
+
+from kmp.app import cli  # noqa: E402
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+cli.main(["train", *sys.argv[1:]])
 compiled = finished - hits
-print("RESULT " + json.dumps({"compiled": compiled, "cache_hits": hits}))
+print(
+    "RESULT "
+    + json.dumps({"traces": traces, "compiled": compiled, "cache_hits": hits})
+)

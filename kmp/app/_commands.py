@@ -198,16 +198,16 @@ def bench(args) -> list:
     from kmp.app import bench as bench_module
     from kmp.app import report
 
-    results = bench_module.run(args.models, args.size, args.steps, args.rounds)
+    results = bench_module.run(
+        args.models, args.size, args.steps, args.rounds, memory=args.memory
+    )
     for name in args.models:
         rows = [r for r in results if r["model"] == name]
         report.show(
             rows,
             f"kmp bench {name} ({backend_name()})",
             columns=bench_module.COLUMNS,
-            note="memory: "
-            + rows[0]["peak_memory_note"]
-            + ", after compiling all variants (not per variant)",
+            note="memory: " + rows[0]["peak_memory_note"],
         )
     text = bench_module.markdown(results)
     if args.output:

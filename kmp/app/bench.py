@@ -10,21 +10,34 @@ are built from the same seed and trained on the same synthetic batches:
     bf16           mixed_bfloat16, no scaling
 
 After a warm-up (compilation), each round trains every variant for
-`steps` steps, in an order that rotates every round, so a shared
-machine's noise falls on all alike. Reported per variant: median step
-time, examples/s, speed vs float32 (the median of per-round ratios),
-peak memory, and the training loss after the last round.
+`steps` steps on `steps` distinct batches, in an order that rotates every
+round, so a shared machine's noise falls on all alike. Reported per
+variant: median step time, examples/s, speed vs float32 (the median of
+per-round ratios), achieved TFLOP/s (`kmp.app.flops`; with the share of
+the device's peak where kmp knows it), the loss before and after the
+timed rounds, and peak memory measured for each variant alone, in a
+process of its own (`python -m kmp.app.bench`): one process-wide peak
+would show the largest variant's memory for all of them.
+
+A `warning` column flags what makes a row unbelievable: a loss that rose
+or is not finite (training diverged), or the same loss to the last digit
+for every variant (the harness is not training what it times).
 """
 
+import json
+import math
+import os
 import statistics
+import subprocess
+import sys
 import time
 
 import keras
-import numpy as np
 
 import kmp
 from kmp import backend
 from kmp.app import data as kmp_data
+from kmp.app import flops
 from kmp.app import report
 
 VARIANTS = {
@@ -50,8 +63,11 @@ COLUMNS = (
     ("step_time_s", "step time (ms)", "{:.1f}", 1000.0),
     ("examples_per_s", "examples/s", "{:.0f}"),
     ("speed_vs_float32", "speed vs float32", "{:.2f}x"),
+    ("tflops", "TFLOP/s", "{}"),
     ("peak_memory_mib", "peak memory (MiB)", "{:.0f}"),
+    ("loss_before", "loss before", "{:.4f}"),
     ("loss", "loss after", "{:.4f}"),
+    ("warning", "warning", "{}"),
 )
 
 
@@ -87,8 +103,14 @@ def time_interleaved(runs, rounds, log=print, unit=None):
     return seconds
 
 
-def _optimizer(kind):
-    inner = keras.optimizers.SGD(0.01, momentum=0.9)
+def _optimizer(name, kind):
+    """SGD with momentum for the ResNet, Adam for the Transformer (SGD at
+    0.01 drove the d_model 512 encoder to one class: loss 7.3 in every
+    variant, measured on an H100, 2026-11-22)."""
+    if name == "cifar10":
+        inner = keras.optimizers.SGD(0.01, momentum=0.9)
+    else:
+        inner = keras.optimizers.Adam(1e-4)
     if kind == "kmp":
         return kmp.LossScaleOptimizer(inner)
     if kind == "stock":
@@ -96,14 +118,16 @@ def _optimizer(kind):
     return inner
 
 
-def _model(name, sizes):
-    """The example's model, pinned, and a synthetic batch for it."""
+def _model(name, sizes, batches):
+    """The example's model, pinned, and `batches` distinct synthetic
+    batches for it (as one array each for x and y)."""
     size = sizes[name]
+    count = size["batch_size"] * batches
     if name == "cifar10":
         from kmp.examples import cifar10
 
         model = cifar10.build_model(size["width"])
-        (x, y), _ = kmp_data.synthetic_images(size["batch_size"], 1)
+        (x, y), _ = kmp_data.synthetic_images(count, 1)
         x = (x.astype("float32") - cifar10.MEAN) / cifar10.STD
     else:
         from kmp.examples import imdb
@@ -114,37 +138,89 @@ def _model(name, sizes):
             sequence_length=size["sequence_length"],
         )
         model = imdb.build_model(config)
-        (x, y), _ = kmp_data.synthetic_text(
-            size["batch_size"], 1, size["sequence_length"]
-        )
+        (x, y), _ = kmp_data.synthetic_text(count, 1, size["sequence_length"])
     return kmp.pin_float32(model), x, y
 
 
-def bench_model(name, sizes, steps, rounds, log=print) -> list[dict]:
-    """Benchmarks the four variants on one example model."""
+def _variant(name, variant, sizes, steps):
+    """The compiled model of one variant and a function that trains it
+    for one epoch of `steps` distinct batches (returns the History)."""
+    policy, scaler = VARIANTS[variant]
     batch = sizes[name]["batch_size"]
-    runs, models = {}, {}
-    for variant, (policy, scaler) in VARIANTS.items():
-        with kmp.policy_scope(policy):
-            keras.utils.set_random_seed(0)
-            model, x, y = _model(name, sizes)
-            model.compile(
-                optimizer=_optimizer(scaler),
-                loss="sparse_categorical_crossentropy",
-                jit_compile="auto",
-                auto_scale_loss=False,  # bf16/float32: no scaler at all
-            )
-        xs = np.concatenate([x] * steps)
-        ys = np.concatenate([y] * steps)
+    with kmp.policy_scope(policy):
+        keras.utils.set_random_seed(0)
+        model, x, y = _model(name, sizes, steps)
+        model.compile(
+            optimizer=_optimizer(name, scaler),
+            loss="sparse_categorical_crossentropy",
+            jit_compile="auto",
+            auto_scale_loss=False,  # bf16/float32: no scaler at all
+        )
 
-        def run(model=model, xs=xs, ys=ys):
-            return model.fit(
-                xs, ys, batch_size=batch, epochs=1, verbose=0, shuffle=False
-            )
+    def run():
+        return model.fit(
+            x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False
+        )
 
-        run()  # warm-up: compile
-        runs[variant], models[variant] = run, model
-    memory, what = report.peak_memory_mib()
+    return model, run
+
+
+def variant_memory(name, variant, sizes, steps=2) -> tuple[float, str]:
+    """`(MiB, what)`: the peak memory of training one variant, alone in a
+    fresh process (`python -m kmp.app.bench`), on this Keras backend."""
+    command = [
+        sys.executable,
+        "-m",
+        "kmp.app.bench",
+        json.dumps({"name": name, "variant": variant, "sizes": sizes}),
+        str(steps),
+    ]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    lines = [x for x in done.stdout.splitlines() if x.startswith("MEMORY ")]
+    if done.returncode or not lines:
+        return math.nan, "failed: " + done.stderr.strip()[-300:]
+    measured = json.loads(lines[-1][len("MEMORY ") :])
+    return measured["mib"], measured["what"] + ", this variant alone"
+
+
+def _warnings(rows):
+    """The `warning` text of each row of one model (see the docstring)."""
+    losses = [repr(r["loss"]) for r in rows]
+    same = len(rows) > 1 and len(set(losses)) == 1
+    for r in rows:
+        notes = []
+        if not math.isfinite(r["loss"]):
+            notes.append("loss not finite")
+        elif r["loss"] > r["loss_before"]:
+            notes.append("loss rose: diverging?")
+        if same:
+            notes.append("same loss in every variant: not training?")
+        r["warning"] = "; ".join(notes)
+
+
+def _tflops(row, device, tf32):
+    achieved = row["flops_per_example"] * row["examples_per_s"] / 1e12
+    peak = flops.peak_tflops(device.name, row["policy"], tf32)
+    row["tflops_achieved"], row["tflops_peak"] = achieved, peak
+    if peak is None:
+        return f"{achieved:.3g}"
+    return f"{achieved:.3g} ({100 * achieved / peak:.0f}% of {peak:g})"
+
+
+def bench_model(
+    name, sizes, steps, rounds, log=print, memory=False
+) -> list[dict]:
+    """Benchmarks the four variants on one example model; with `memory`,
+    also each variant's peak memory on its own (`variant_memory`)."""
+    batch = sizes[name]["batch_size"]
+    runs, before = {}, {}
+    for variant in VARIANTS:
+        model, runs[variant] = _variant(name, variant, sizes, steps)
+        # Warm-up: compiles; its loss is the "before" figure.
+        before[variant] = float(runs[variant]().history["loss"][-1])
+    per_example = flops.training_flops(model)
+    shared_memory, shared_what = report.peak_memory_mib()
     if log:
         log(
             f"{name}: {len(VARIANTS)} variants compiled; timing {rounds} "
@@ -152,39 +228,57 @@ def bench_model(name, sizes, steps, rounds, log=print) -> list[dict]:
         )
     seconds = time_interleaved(runs, rounds, log)
     last = {variant: runs[variant]() for variant in runs}
+    device, tf32 = backend.list_devices()[0], backend.tf32_enabled()
     results = []
     for variant in VARIANTS:
         ratios = [f / v for f, v in zip(seconds["float32"], seconds[variant])]
         step_time = statistics.median(seconds[variant]) / steps
-        results.append(
-            {
-                "model": name,
-                "variant": variant,
-                "policy": VARIANTS[variant][0],
-                "batch_size": batch,
-                "step_time_s": step_time,
-                "examples_per_s": batch / step_time,
-                "speed_vs_float32": statistics.median(ratios),
-                "peak_memory_mib": memory,
-                "peak_memory_note": what,
-                "loss": float(last[variant].history["loss"][-1]),
-                "epoch_seconds": seconds[variant],
-                "sizes": sizes[name],
-            }
+        memory_mib, memory_what = (
+            shared_memory,
+            (shared_what + ", after compiling all variants (not per variant)"),
         )
+        if memory:
+            memory_mib, memory_what = variant_memory(name, variant, sizes)
+        row = {
+            "model": name,
+            "variant": variant,
+            "policy": VARIANTS[variant][0],
+            "batch_size": batch,
+            "step_time_s": step_time,
+            "examples_per_s": batch / step_time,
+            "speed_vs_float32": statistics.median(ratios),
+            "flops_per_example": per_example,
+            "peak_memory_mib": memory_mib,
+            "peak_memory_note": memory_what,
+            "loss_before": before[variant],
+            "loss": float(last[variant].history["loss"][-1]),
+            "epoch_seconds": seconds[variant],
+            "sizes": sizes[name],
+        }
+        row["tflops"] = _tflops(row, device, tf32)
+        results.append(row)
+    _warnings(results)
     return results
 
 
 def run(
-    models=("cifar10", "imdb"), size="auto", steps=10, rounds=5, log=print
+    models=("cifar10", "imdb"),
+    size="auto",
+    steps=10,
+    rounds=5,
+    log=print,
+    memory=True,
 ) -> list[dict]:
-    """Runs the benchmark; returns one result per model and variant."""
+    """Runs the benchmark; returns one result per model and variant
+    (`memory=False` skips the per-variant memory processes)."""
     if size == "auto":
         accelerated = backend.list_devices()[0].platform != "cpu"
         size = "full" if accelerated else "small"
     results = []
     for name in models:
-        results += bench_model(name, SIZES[size], steps, rounds, log)
+        results += bench_model(
+            name, SIZES[size], steps, rounds, log, memory=memory
+        )
     for r in results:
         r["size"] = size
     return results
@@ -200,3 +294,15 @@ def markdown(results) -> str:
             f"**{name}** ({sizes})\n\n" + report.markdown(rows, COLUMNS)
         )
     return "\n\n".join(parts)
+
+
+def _measure_one(spec, steps):
+    """The `variant_memory` process: train one variant, print its peak."""
+    _, run = _variant(spec["name"], spec["variant"], spec["sizes"], steps)
+    run()
+    mib, what = report.peak_memory_mib()
+    print("MEMORY " + json.dumps({"mib": mib, "what": what}))
+
+
+if __name__ == "__main__":
+    _measure_one(json.loads(sys.argv[1]), int(sys.argv[2]))

@@ -123,8 +123,20 @@ def _parser():
         help="model and batch sizes: small for a CPU, full for a GPU "
         "(auto: by device)",
     )
-    bench_parser.add_argument("--steps", type=_positive_int, default=10)
+    bench_parser.add_argument(
+        "--steps",
+        type=_positive_int,
+        default=10,
+        help="distinct batches per round",
+    )
     bench_parser.add_argument("--rounds", type=_positive_int, default=5)
+    bench_parser.add_argument(
+        "--memory",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="peak memory of each variant alone, in a process of its own "
+        "(--no-memory: one process-wide figure, no extra processes)",
+    )
     bench_parser.add_argument(
         "--backend",
         choices=("tensorflow", "jax"),

@@ -67,6 +67,15 @@ def has_tensorflow() -> bool:
     return True
 
 
+def as_arrays(split):
+    """An `(x, y)` pair of NumPy arrays: arrays as they are, a `tf.data`
+    split of `(x, y)` pairs read whole (CIFAR-10: 150 MB of uint8)."""
+    if isinstance(split, tuple):
+        return split
+    parts = [(x, y) for x, y in split.batch(10_000).as_numpy_iterator()]
+    return tuple(np.concatenate(column) for column in zip(*parts))
+
+
 def check_source(source: str) -> str:
     if source not in SOURCES:
         raise kmp.InputError(

@@ -14,9 +14,11 @@ import math
 import os
 
 import keras
+import numpy as np
 
 import kmp
 from kmp.app import data as kmp_data
+from kmp.app import device_data
 from kmp.app import report
 
 POLICIES = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
@@ -180,6 +182,18 @@ def make_strategy(name: str):
     return strategy
 
 
+def build_optimizer(model):
+    """Creates the optimizer's variables now, after `compile`.
+
+    Keras on TensorFlow without a strategy builds the optimizer inside
+    the first trace of the train step; a `tf.function` whose first trace
+    creates variables is traced a second time. Built here, the train
+    step is traced once (JAX builds it before tracing anyway).
+    """
+    model.optimizer.build(model.trainable_variables)
+    return model
+
+
 def scope(strategy):
     """The strategy's scope, or nothing."""
     return strategy.scope() if strategy else contextlib.nullcontext()
@@ -219,6 +233,42 @@ def evaluation_steps(config, splits) -> int | None:
     train_batches = max(split_size(splits.train) // config.batch_size, 1)
     share = min(config.steps / train_batches, 1.0)
     return max(math.ceil(share * test_batches), 1)
+
+
+def feeds_device(config) -> bool:
+    """Whether the examples hold their data on the device and cut batches
+    there (`kmp.app.device_data`): on JAX, without a distribution (a
+    `DataParallel` run shards host batches itself)."""
+    return keras.backend.backend() == "jax" and config.strategy == "none"
+
+
+def padded_evaluation(split, batch_size, steps=None):
+    """A `tf.data` split of `(x, y)` as full batches of `(x, y, weight)`:
+    the first `steps` batches (all if None), the last padded with rows of
+    weight 0 and the real rows weighted so that the loss and accuracy are
+    exact means over them (`device_data.padded_rows`). Full batches: the
+    test step compiles once under XLA."""
+    import tensorflow as tf
+
+    rows, weights = device_data.padded_rows(
+        split_size(split), batch_size, steps
+    )
+    real = int(np.count_nonzero(weights))
+    weight = tf.constant(weights[0])
+    kept = split.take(real).map(lambda x, y: (x, y, weight))
+    padding = (
+        split.repeat()
+        .take(len(rows) - real)
+        .map(lambda x, y: (x, y, tf.zeros_like(weight)))
+    )
+    return kept.concatenate(padding).batch(batch_size, drop_remainder=True)
+
+
+def padded_arrays(split, batch_size, steps=None):
+    """`padded_evaluation` for an `(x, y)` pair of arrays: `(x, y, w)`."""
+    x, y = split
+    rows, weights = device_data.padded_rows(len(y), batch_size, steps)
+    return x[rows], y[rows], weights
 
 
 def fit_data(data, batch_size):

@@ -1,5 +1,7 @@
 """kmp bench: four variants, interleaved, same data and seed."""
 
+import math
+
 import pytest
 
 from kmp.app import bench
@@ -26,7 +28,12 @@ def test_each_variant_is_timed_against_float32():
     for r in results:
         assert len(r["epoch_seconds"]) == 2
         assert r["examples_per_s"] == pytest.approx(4 / r["step_time_s"])
-        assert r["loss"] > 0
+        assert r["loss"] > 0 and r["loss_before"] > 0
+        assert r["tflops_achieved"] == pytest.approx(
+            r["flops_per_example"] * r["examples_per_s"] / 1e12
+        )
+        assert r["tflops_peak"] is None  # a CPU: no known peak
+        assert "not per variant" in r["peak_memory_note"]
     # kmp's and Keras's scalers apply the same updates with defaults.
     assert by_variant["fp16+kmp"]["loss"] == by_variant["fp16+stock"]["loss"]
     assert sum(line.startswith("round ") for line in lines) == 2
@@ -60,3 +67,30 @@ def test_markdown_has_one_table_per_model():
     text = bench.markdown(rows)
     assert text.count("| variant |") == 2
     assert "**imdb** (batch_size 4)" in text
+
+
+def _row(variant, loss, before=1.0):
+    return {"variant": variant, "loss": loss, "loss_before": before}
+
+
+@pytest.mark.backend_independent
+def test_warnings_flag_divergence_and_identical_losses():
+    rows = [_row("float32", 0.5), _row("bf16", 1.5), _row("fp16", math.nan)]
+    bench._warnings(rows)
+    assert [r["warning"] for r in rows] == [
+        "",
+        "loss rose: diverging?",
+        "loss not finite",
+    ]
+    same = [_row(v, 7.3035) for v in bench.VARIANTS]
+    bench._warnings(same)
+    assert all("same loss in every variant" in r["warning"] for r in same)
+    assert "loss rose" in same[0]["warning"]
+
+
+@pytest.mark.backend_independent
+@pytest.mark.slow
+def test_a_variants_memory_is_measured_in_a_process_of_its_own():
+    mib, what = bench.variant_memory("cifar10", "bf16", TINY, steps=1)
+    assert mib > 0, what
+    assert what.endswith("this variant alone")

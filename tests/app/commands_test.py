@@ -112,6 +112,7 @@ def test_bench_command_writes_markdown_and_json(tmp_path, monkeypatch, capsys):
             "1",
             "--rounds",
             "2",
+            "--no-memory",  # per-variant processes: tests/app/bench_test.py
             "--output",
             str(tmp_path),
         ]
@@ -122,7 +123,8 @@ def test_bench_command_writes_markdown_and_json(tmp_path, monkeypatch, capsys):
     record = json.loads((tmp_path / "bench.json").read_text())
     assert record["command"].startswith("kmp bench --models imdb")
     assert len(record["results"]) == 4
-    assert "kmp bench imdb" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "kmp bench imdb" in out and "not per variant" in out
 
 
 @pytest.mark.parametrize("optimizer", ["plain", "keras", "kmp"])

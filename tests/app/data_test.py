@@ -81,3 +81,12 @@ def test_tfds_path_with_mock_data(monkeypatch):
 def test_unknown_source_is_a_value_error():
     with pytest.raises(ValueError, match="data must be one of auto, tfds"):
         data.load("cifar10", "web", lambda: None)
+
+
+def test_as_arrays_reads_a_dataset_whole():
+    import tensorflow as tf
+
+    x, y = np.arange(12).reshape(6, 2), np.arange(6)
+    assert data.as_arrays((x, y)) == (x, y)
+    read = data.as_arrays(tf.data.Dataset.from_tensor_slices((x, y)))
+    assert np.array_equal(read[0], x) and np.array_equal(read[1], y)

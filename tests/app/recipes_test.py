@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from absl import flags
 from util import jax_only
+from util import tf_only
 
 from kmp.app import data
 from kmp.app import recipes
@@ -97,3 +98,29 @@ def test_jax_mirrored_is_data_parallel_and_multiworker_is_refused():
     )
     with pytest.raises(ValueError, match="needs KERAS_BACKEND=tensorflow"):
         recipes.make_strategy("multiworker")
+
+
+@tf_only
+def test_padded_evaluation_is_full_batches_and_exact():
+    import tensorflow as tf
+    from util import classification_data
+    from util import mlp
+
+    x, y = classification_data(n=50)
+    split = tf.data.Dataset.from_tensor_slices((x, y))
+    padded = recipes.padded_evaluation(split, 16)
+    shapes = [batch[0].shape[0] for batch in padded]
+    assert shapes == [16, 16, 16, 16]  # 50 rows and 14 of padding
+    model = mlp()
+    model.compile(
+        "sgd", "sparse_categorical_crossentropy", weighted_metrics=["accuracy"]
+    )
+    expected = model.evaluate(x, y, batch_size=50, verbose=0, return_dict=True)
+    got = model.evaluate(padded, verbose=0, return_dict=True)
+    assert got["loss"] == pytest.approx(expected["loss"], rel=1e-5)
+    assert got["accuracy"] == pytest.approx(expected["accuracy"], rel=1e-6)
+    # --steps: the first two batches, nothing padded.
+    first = recipes.padded_evaluation(split, 16, steps=2)
+    assert [batch[2].numpy().tolist() for batch in first] == [[1.0] * 16] * 2
+    x_padded, _, weights = recipes.padded_arrays((x, y), 16)
+    assert len(x_padded) == 64 and weights[-14:].tolist() == [0.0] * 14

@@ -144,3 +144,32 @@ def test_steps_bound_validation_and_the_test_figures(tmp_path, monkeypatch):
     assert seen["validation_steps"] == 1
     assert results["accuracy"] == results["history"]["val_accuracy"][-1]
     assert results["test_loss"] == results["history"]["val_loss"][-1]
+
+
+@pytest.mark.slow
+def test_each_step_is_traced_and_compiled_once(tmp_path):
+    """Ragged splits (200 training images, 40 test, batch 64) over two
+    epochs: the train step and the test step are each traced once, and on
+    JAX compiled once (tests/compiles.py counts; the cache is off)."""
+    from util import run_script
+
+    from kmp import backend
+
+    counts = run_script(
+        "compiles.py",
+        "cifar10",
+        "--data=synthetic",
+        "--synthetic_size=200",
+        "--width=8",
+        "--batch_size=64",
+        "--epochs=2",
+        "--policy=mixed_float16",
+        "--verbose=0",
+        "--compile_cache=off",
+        f"--output_dir={tmp_path}",
+        backend=backend.name(),
+    )
+    assert counts["traces"] == {"train_step": 1, "test_step": 1}
+    if backend.name() == "jax":
+        compiled = counts["compiled"]
+        assert (compiled["train_step"], compiled["test_step"]) == (1, 1)
