@@ -3,7 +3,7 @@
 On the JAX backend, `fit` fed with host arrays shuffles, slices and
 copies every batch from the host: on an H100 the ResNet-9 example trained
 at 60k images/s that way, against 96k for the same model in `kmp bench`
-(`../shared/gpu-results/2026-11-22/`). Here the arrays go to the device
+(`benchmarks/results/h100_2026-11-22/`). Here the arrays go to the device
 once, as they are (CIFAR-10's uint8 images are 150 MB), and one jitted
 function cuts each batch there: it gathers the rows by a permutation,
 then runs the example's `transform` (normalization, augmentation) on the
