@@ -141,19 +141,25 @@ class DeviceBatches(keras.utils.PyDataset):
             inputs = self.transform(inputs, jax.random.fold_in(key, position))
         return inputs, y[rows]
 
-    def __getitem__(self, index):
+    def _new_pass(self):
+        """A new pass (Keras restarts at 0 each epoch; a repeating dataset
+        counts on): a new order, new augmentation keys. Once per pass, so
+        a batch costs one dispatch of the jitted cut."""
         import jax
 
+        self._passes += 1
+        if self.shuffle:
+            key = jax.random.fold_in(self._order_key, self._passes)
+            self._order = jax.random.permutation(key, len(self._y))
+        self._pass_key = jax.random.fold_in(self._augment_key, self._passes)
+
+    def __getitem__(self, index):
         position = index % self._batches
-        if position == 0 or self._order is None:
-            # A new pass (Keras restarts at 0 each epoch; a repeating
-            # dataset counts on): new augmentations, a new order.
-            self._passes += 1
-            if self.shuffle:
-                key = jax.random.fold_in(self._order_key, self._passes)
-                self._order = jax.random.permutation(key, len(self._y))
-        key = jax.random.fold_in(self._augment_key, self._passes)
-        x, y = self._cut(self._x, self._y, self._order, position, key)
+        if position == 0 or self._passes == 0:
+            self._new_pass()
+        x, y = self._cut(
+            self._x, self._y, self._order, position, self._pass_key
+        )
         if self._weights is None:
             return x, y
         start = position * self.batch_size
