@@ -193,6 +193,7 @@ def synthetic_text(
     sequence_length=256,
     vocabulary_size=20_000,
     seed=0,
+    label_noise=0.1,
 ):
     """A learnable stand-in for a binary text-classification dataset, such
     as IMDB reviews, already tokenized.
@@ -200,7 +201,11 @@ def synthetic_text(
     Reviews are token ids (0 is padding, 1 out-of-vocabulary) of random
     length, drawn from a Zipf-like word distribution; each positive review
     also uses words from a small "positive" set, each negative one from a
-    "negative" set, as sentiment words do. Deterministic in `seed`.
+    "negative" set, as sentiment words do. A `label_noise` share of the
+    labels (both splits) is redrawn at random, so no model can pass about
+    `1 - 0.5 * label_noise` test accuracy (95% by default; without it every
+    policy reached 99-100% and a precision problem could not show).
+    Deterministic in `seed`.
 
     Returns:
         `((tokens_train, y_train), (tokens_test, y_test))`, tokens as
@@ -225,6 +230,8 @@ def synthetic_text(
             marked = rng.random(length) < 0.08
             words[marked] = rng.choice(sentiment[label], size=marked.sum())
             tokens[i, :length] = words
+        redrawn = rng.random(size) < label_noise
+        labels[redrawn] = rng.integers(0, 2, size=int(redrawn.sum()))
         return tokens, labels
 
     return split(train_size), split(test_size)
