@@ -45,6 +45,7 @@ def _api() -> dict:
     from kmp.doctor.diagnosis import Diagnosis
     from kmp.errors import InputError
     from kmp.errors import InputTypeError
+    from kmp.float8_model import float8
     from kmp.islands import pin_float32
     from kmp.loss_scale_optimizer import LossScaleOptimizer
     from kmp.policy import Recommendation
@@ -99,6 +100,7 @@ __all__ = [
     "distribute",
     "enable",
     "enable_compile_cache",
+    "float8",
     "is_chief",
     "layers",
     "multi_worker_strategy",

@@ -104,3 +104,10 @@ def _swap_class(layer, cls):
     if isinstance(layer, MultiHeadAttention) and layer.built:
         # A built layer's softmax was made by the stock _build_attention.
         _swap_class(layer._softmax, Float32Softmax)
+
+
+# The float8 layers live in their own module (one concept) and are part of
+# this namespace; imported last, as they build on the classes above.
+from kmp.float8_layers import Float8Dense  # noqa: E402, F401
+from kmp.float8_layers import Float8EinsumDense  # noqa: E402, F401
+from kmp.float8_layers import Float8MultiHeadAttention  # noqa: E402, F401

@@ -28,6 +28,7 @@ PUBLIC = {
     "parse_tf_config",
     "diagnose",
     "Diagnosis",
+    "float8",
 }
 
 
@@ -36,6 +37,7 @@ def test_public_names_exist_and_match_all():
     for name in PUBLIC:
         assert getattr(kmp, name) is not None
     assert kmp.callbacks.LossScaleMonitor is not None
+    assert kmp.layers.Float8Dense is not None
 
 
 def test_kmp_classes_are_registered_for_serialization():
