@@ -12,7 +12,9 @@ import json
 import keras
 
 from kmp import _audit_checks
+from kmp import _audit_float8
 from kmp.errors import InputError
+from kmp.islands import all_layers
 from kmp.islands import output_layers
 
 SEVERITIES = ("error", "warning", "info")
@@ -70,7 +72,9 @@ def audit(model, optimizer=None, verbose: bool = True) -> AuditReport:
     - `binary_crossentropy` on float16 sigmoid probabilities;
     - the environment: hardware where mixed precision is not faster, TF32
       (on GPUs that have it), XLA (for mixed-precision models) and an
-      active distribution.
+      active distribution;
+    - float8 layers (`kmp.float8`) on hardware without float8 tensor
+      cores, without XLA, or with sizes that are not multiples of 16.
 
     Args:
         model: A Keras model, built (recommended) or not.
@@ -104,6 +108,7 @@ def audit(model, optimizer=None, verbose: bool = True) -> AuditReport:
     _audit_checks.check_tensor_core_dims(half, findings)
     _audit_checks.check_loss(model, outputs, findings)
     _audit_checks.check_environment(model, half, findings)
+    _audit_float8.check_float8(model, all_layers(model), findings)
     report = AuditReport(
         sorted(
             (Finding(*finding) for finding in findings),

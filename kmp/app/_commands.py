@@ -199,7 +199,12 @@ def bench(args) -> list:
     from kmp.app import report
 
     results = bench_module.run(
-        args.models, args.size, args.steps, args.rounds, memory=args.memory
+        args.models,
+        args.size,
+        args.steps,
+        args.rounds,
+        memory=args.memory,
+        float8=args.float8,
     )
     for name in args.models:
         rows = [r for r in results if r["model"] == name]

@@ -46,6 +46,12 @@ VARIANTS = {
     "fp16+stock": ("mixed_float16", "stock"),
     "bf16": ("mixed_bfloat16", None),
 }
+# `--float8`: the same policies with `kmp.float8(model)` (the Transformer's
+# attention projections and feed-forward matmuls; a convnet has none).
+FLOAT8_VARIANTS = {
+    "bf16+fp8": ("mixed_bfloat16", None),
+    "fp16+kmp+fp8": ("mixed_float16", "kmp"),
+}
 # Sizes: "small" for a CPU, "full" for a GPU (the issue's targets: batch
 # >= 256 for the CIFAR net, d_model >= 512 for the IMDB transformer).
 SIZES = {
@@ -145,11 +151,13 @@ def _model(name, sizes, batches):
 def _variant(name, variant, sizes, steps):
     """The compiled model of one variant and a function that trains it
     for one epoch of `steps` distinct batches (returns the History)."""
-    policy, scaler = VARIANTS[variant]
+    policy, scaler = {**VARIANTS, **FLOAT8_VARIANTS}[variant]
     batch = sizes[name]["batch_size"]
     with kmp.policy_scope(policy):
         keras.utils.set_random_seed(0)
         model, x, y = _model(name, sizes, steps)
+        if variant in FLOAT8_VARIANTS:
+            kmp.float8(model)
         model.compile(
             optimizer=_optimizer(name, scaler),
             loss="sparse_categorical_crossentropy",
@@ -209,13 +217,17 @@ def _tflops(row, device, tf32):
 
 
 def bench_model(
-    name, sizes, steps, rounds, log=print, memory=False
+    name, sizes, steps, rounds, log=print, memory=False, float8=False
 ) -> list[dict]:
-    """Benchmarks the four variants on one example model; with `memory`,
-    also each variant's peak memory on its own (`variant_memory`)."""
+    """Benchmarks the four variants on one example model (six with
+    `float8`, on a model with matmul layers); with `memory`, also each
+    variant's peak memory on its own (`variant_memory`)."""
     batch = sizes[name]["batch_size"]
+    variants = dict(VARIANTS)
+    if float8 and name != "cifar10":  # ResNet-9: convolutions, one head
+        variants.update(FLOAT8_VARIANTS)
     runs, before = {}, {}
-    for variant in VARIANTS:
+    for variant in variants:
         model, runs[variant] = _variant(name, variant, sizes, steps)
         # Warm-up: compiles; its loss is the "before" figure.
         before[variant] = float(runs[variant]().history["loss"][-1])
@@ -223,14 +235,14 @@ def bench_model(
     shared_memory, shared_what = report.peak_memory_mib()
     if log:
         log(
-            f"{name}: {len(VARIANTS)} variants compiled; timing {rounds} "
+            f"{name}: {len(variants)} variants compiled; timing {rounds} "
             f"rounds of {steps} steps"
         )
     seconds = time_interleaved(runs, rounds, log)
     last = {variant: runs[variant]() for variant in runs}
     device, tf32 = backend.list_devices()[0], backend.tf32_enabled()
     results = []
-    for variant in VARIANTS:
+    for variant in variants:
         ratios = [f / v for f, v in zip(seconds["float32"], seconds[variant])]
         step_time = statistics.median(seconds[variant]) / steps
         memory_mib, memory_what = (
@@ -242,7 +254,7 @@ def bench_model(
         row = {
             "model": name,
             "variant": variant,
-            "policy": VARIANTS[variant][0],
+            "policy": variants[variant][0],
             "batch_size": batch,
             "step_time_s": step_time,
             "examples_per_s": batch / step_time,
@@ -268,16 +280,18 @@ def run(
     rounds=5,
     log=print,
     memory=True,
+    float8=False,
 ) -> list[dict]:
     """Runs the benchmark; returns one result per model and variant
-    (`memory=False` skips the per-variant memory processes)."""
+    (`memory=False` skips the per-variant memory processes; `float8` adds
+    the `kmp.float8` variants where the model has matmul layers)."""
     if size == "auto":
         accelerated = backend.list_devices()[0].platform != "cpu"
         size = "full" if accelerated else "small"
     results = []
     for name in models:
         results += bench_model(
-            name, SIZES[size], steps, rounds, log, memory=memory
+            name, SIZES[size], steps, rounds, log, memory=memory, float8=float8
         )
     for r in results:
         r["size"] = size

@@ -138,6 +138,12 @@ def _parser():
         "(--no-memory: one process-wide figure, no extra processes)",
     )
     bench_parser.add_argument(
+        "--float8",
+        action="store_true",
+        help="also bf16 and fp16 with kmp.float8 (models with matmul "
+        "layers: imdb); float8 is fast on H100/H200, slow on a CPU",
+    )
+    bench_parser.add_argument(
         "--backend",
         choices=("tensorflow", "jax"),
         help="Keras backend (default: KERAS_BACKEND)",

@@ -138,6 +138,10 @@ def define_flags(config_class, flag_values=None):
                 lower_bound=meta.get("lower_bound"),
                 flag_values=where,
             )
+        elif field.type in (bool, "bool"):
+            flags.DEFINE_boolean(
+                name, field.default, help_text, flag_values=where
+            )
         elif field.type in (float, "float"):
             flags.DEFINE_float(
                 name, field.default, help_text, flag_values=where

@@ -2,6 +2,7 @@
 through `kmp.app.cli.main`."""
 
 import json
+import math
 
 import pytest
 from util import fails_in_one_line
@@ -113,16 +114,20 @@ def test_bench_command_writes_markdown_and_json(tmp_path, monkeypatch, capsys):
             "--rounds",
             "2",
             "--no-memory",  # per-variant processes: tests/app/bench_test.py
+            "--float8",
             "--output",
             str(tmp_path),
         ]
     )
     table = (tmp_path / "bench.md").read_text()
-    for variant in ("float32", "fp16+kmp", "fp16+stock", "bf16"):
+    variants = ("float32", "fp16+kmp", "fp16+stock", "bf16", "bf16+fp8")
+    for variant in (*variants, "fp16+kmp+fp8"):
         assert f"| {variant} |" in table
     record = json.loads((tmp_path / "bench.json").read_text())
     assert record["command"].startswith("kmp bench --models imdb")
-    assert len(record["results"]) == 4
+    assert len(record["results"]) == 6
+    for row in record["results"]:
+        assert math.isfinite(row["loss"]), row["variant"]
     out = capsys.readouterr().out
     assert "kmp bench imdb" in out and "not per variant" in out
 

@@ -109,6 +109,17 @@ def test_synthetic_text_is_deterministic_and_learnable_with_headroom():
     assert 0.02 < (clean != y).mean() < 0.09  # 10% redrawn, half alike
 
 
+def test_float8_flag_trains_float8_layers_and_saves_them(tmp_path):
+    results = imdb.train(
+        small(tmp_path, policy="mixed_bfloat16", float8=True, steps=3)
+    )
+    assert np.isfinite(results["final_loss"])
+    model = keras.saving.load_model(tmp_path / "imdb.keras")
+    kinds = {type(layer).__name__ for layer in model.layers}
+    assert {"Float8MultiHeadAttention", "Float8Dense"} <= kinds
+    assert type(model.layers[-1]).__name__ == "Dense"  # the head
+
+
 @pytest.mark.backend_independent
 def test_d_model_must_split_over_heads(tmp_path):
     with pytest.raises(ValueError, match="d_model \\(16\\) must be a multiple"):

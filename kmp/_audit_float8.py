@@ -1,0 +1,89 @@
+"""`kmp.audit`'s float8 checks: float8 layers where they cannot be fast.
+
+Float8 tensor cores exist from NVIDIA compute capability 8.9 (Ada, e.g.
+L4, L40) and 9.0 (Hopper: H100, H200). Elsewhere `kmp.float8`'s layers
+compute correctly, through float8 rounding, but the matmuls run in the
+compute dtype plus the quantization's extra work: slower than bfloat16.
+XLA makes the FP8 GEMMs, so a model compiled without it has none.
+"""
+
+from kmp import backend
+from kmp import float8_layers
+
+FLOAT8_CAPABILITY = (8, 9)
+
+
+def float8_matmuls(layers):
+    """The float8 matmul layers among `layers`, attention projections
+    included."""
+    found = []
+    for layer in layers:
+        if isinstance(layer, float8_layers.Float8MultiHeadAttention):
+            found += [
+                dense
+                for dense in float8_layers.projections(layer)
+                if isinstance(dense, float8_layers.Float8EinsumDense)
+            ]
+        elif isinstance(
+            layer, (float8_layers.Float8Dense, float8_layers.Float8EinsumDense)
+        ):
+            found.append(layer)
+    # An attention's projections are also among `layers` when it is built.
+    return list({id(layer): layer for layer in found}.values())
+
+
+def has_float8_tensor_cores() -> bool:
+    """Whether every GPU here multiplies float8 on tensor cores (and there
+    is one)."""
+    gpus = [d for d in backend.list_devices() if d.platform == "gpu"]
+    return bool(gpus) and all(
+        d.compute_capability is not None
+        and d.compute_capability >= FLOAT8_CAPABILITY
+        for d in gpus
+    )
+
+
+def check_float8(model, layers, findings):
+    found = float8_matmuls(layers)
+    if not found:
+        return
+    if not has_float8_tensor_cores():
+        names = sorted({d.name for d in backend.list_devices()})
+        findings.append(
+            (
+                "warning",
+                "environment",
+                f"{len(found)} float8 matmul layers on hardware without "
+                f"float8 tensor cores ({', '.join(names)}; they need "
+                "compute capability 8.9+: L4, L40, H100, H200). They "
+                "compute correctly but slower than bfloat16.",
+                "Leave kmp.float8 out on this machine; keep it for Ada or "
+                "Hopper GPUs.",
+            )
+        )
+    if getattr(model, "compiled", False) and not getattr(
+        model, "jit_compile", True
+    ):
+        findings.append(
+            (
+                "warning",
+                "environment",
+                "Float8 layers in a model compiled without XLA "
+                "(jit_compile=False): XLA makes their FP8 GEMMs.",
+                "model.compile(..., jit_compile=True).",
+            )
+        )
+    for layer in found:
+        contracting, output = float8_layers.matmul_sizes(layer)
+        if contracting % 16 or output % 16:
+            findings.append(
+                (
+                    "warning",
+                    layer.path or layer.name,
+                    f"Float8 matmul of size {contracting} -> {output}: "
+                    "float8 tensor cores take multiples of 16, so XLA pads "
+                    "it on every step.",
+                    "Use sizes that are multiples of 16, or a plain layer "
+                    "here (kmp.float8 skips such layers).",
+                )
+            )
