@@ -22,6 +22,9 @@ from kmp.examples import cifar10  # noqa: E402
 from kmp.examples import imdb  # noqa: E402
 
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
+# The Transformer also trains with kmp.float8 (its issue: loss within 1 %
+# of bfloat16's after the same steps); the ResNet has no float8 layers.
+FLOAT8 = "mixed_bfloat16+float8"
 TARGET_PP = 0.5
 
 
@@ -61,14 +64,21 @@ def main():
     rows, records = [], []
     for name in args.examples:
         module, settings = configs(args.data)[name]
-        accuracy = {}
-        for policy in POLICIES:
+        accuracy, loss = {}, {}
+        variants = POLICIES + ((FLOAT8,) if name == "imdb" else ())
+        for policy in variants:
+            extra = {"float8": True} if policy == FLOAT8 else {}
             with tempfile.TemporaryDirectory() as out:
                 config = module.Config(
-                    policy=policy, output_dir=out, verbose=0, **settings
+                    policy=policy.split("+")[0],
+                    output_dir=out,
+                    verbose=0,
+                    **settings,
+                    **extra,
                 )
                 results = module.train(config)
             accuracy[policy] = results["accuracy"]
+            loss[policy] = results["final_loss"]
             records.append(
                 {
                     "example": name,
@@ -82,18 +92,19 @@ def main():
                 }
             )
             print(f"{name} {policy}: accuracy {results['accuracy']:.4f}")
-        for policy in POLICIES:
+        for policy in variants:
             gap = 100 * (accuracy[policy] - accuracy["float32"])
             rows.append(
                 f"| {name} | {records[-1]['data']} | {policy} | "
                 f"{accuracy[policy]:.4f} | {gap:+.2f} | "
-                f"{'yes' if abs(gap) <= TARGET_PP else 'NO'} |"
+                f"{'yes' if abs(gap) <= TARGET_PP else 'NO'} | "
+                f"{loss[policy]:.4f} |"
             )
     table = "\n".join(
         [
             "| example | data | policy | test accuracy | vs float32 (pp) "
-            f"| within {TARGET_PP} pp |",
-            "|---|---|---|---|---|---|",
+            f"| within {TARGET_PP} pp | final training loss |",
+            "|---|---|---|---|---|---|---|",
             *rows,
         ]
     )

@@ -136,6 +136,10 @@ class _Float8:
                 dtype="float32",  # amaxes of float16 data can exceed it
                 trainable=False,
                 autocast=False,
+                # Under tf.distribute every replica then holds the mean of
+                # the replicas' amaxes, so all quantize alike (JAX's data
+                # parallelism sees the global batch's amax as it is).
+                aggregation="mean",
             )
             setattr(self, name, variable)
         if locked:

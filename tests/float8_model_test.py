@@ -191,3 +191,41 @@ def test_float16_with_a_dynamic_scale_trains_like_bfloat16():
     bf16, fp16 = run("mixed_bfloat16"), run("mixed_float16")
     assert bf16[-1] < 0.8 * bf16[0]  # it learns
     assert fp16[-1] == pytest.approx(bf16[-1], rel=0.05)
+
+
+def language_model_loss(float8, steps=60, vocabulary=64, length=32, width=64):
+    """Test loss of a small causal Transformer trained `steps` steps on
+    next-token prediction over noisy arithmetic sequences."""
+    rng = np.random.default_rng(0)
+    start = rng.integers(0, vocabulary, (steps * 16, 1))
+    stride = rng.integers(1, 4, (steps * 16, 1))
+    tokens = (start + stride * np.arange(length + 1)) % vocabulary
+    noisy = rng.random(tokens.shape) < 0.1
+    tokens[noisy] = rng.integers(0, vocabulary, noisy.sum())
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    with kmp.policy_scope("mixed_bfloat16"):
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((length,), dtype="int32")
+        h = keras.layers.Embedding(vocabulary, width)(inputs)
+        attention = keras.layers.MultiHeadAttention(4, width // 4)
+        h = keras.layers.LayerNormalization()(
+            h + attention(h, h, use_causal_mask=True)
+        )
+        f = keras.layers.Dense(4 * width, activation="gelu")(h)
+        h = keras.layers.LayerNormalization()(h + keras.layers.Dense(width)(f))
+        outputs = keras.layers.Dense(vocabulary, activation="softmax")(h)
+        model = kmp.pin_float32(keras.Model(inputs, outputs))
+        if float8:
+            kmp.float8(model)
+        model.compile(
+            optimizer=keras.optimizers.Adam(3e-3),
+            loss="sparse_categorical_crossentropy",
+        )
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
+    return model.evaluate(x[:256], y[:256], batch_size=64, verbose=0)
+
+
+def test_language_model_loss_is_within_one_percent_of_bfloat16():
+    bf16, float8 = language_model_loss(False), language_model_loss(True)
+    assert bf16 < 0.5 * np.log(64)  # learned: from ln(64) = 4.16
+    assert abs(float8 - bf16) < 0.01 * bf16

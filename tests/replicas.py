@@ -5,6 +5,7 @@
     python tests/replicas.py tf_keras_loop
     python tests/replicas.py fit
     python tests/replicas.py distribute_stock
+    python tests/replicas.py float8_fit
     python tests/replicas.py all     # every scenario the tests read
 
 A helper for tests/replicas_test.py: logical devices must be set before
@@ -150,6 +151,31 @@ def fit():
     }
 
 
+def float8_fit():
+    """kmp.float8 under MirroredStrategy with kmp's scaler and monitor."""
+    kmp.enable("mixed_float16")
+    x, y = classification_data(features=32)
+    with STRATEGY.scope():
+        model = kmp.float8(mlp(features=32, units=32))
+        optimizer = kmp.wrap(keras.optimizers.Adam(1e-2))
+        model.compile(
+            optimizer=optimizer, loss="sparse_categorical_crossentropy"
+        )
+    history = model.fit(
+        x,
+        y,
+        batch_size=32,
+        epochs=3,
+        verbose=0,
+        callbacks=[kmp.callbacks.LossScaleMonitor()],
+    )
+    return {
+        "history": history.history,
+        "kinds": [type(layer).__name__ for layer in model.layers],
+        "weights": [per_replica(w) for w in model.weights],
+    }
+
+
 def distribute_stock():
     """Keras's own scaler (compile wraps "sgd"), then kmp.distribute; one
     step in which only replica 1's half of the batch overflows float16."""
@@ -180,6 +206,7 @@ ALL = {
     "clip stock": lambda: clip("stock"),
     "distribute_stock": distribute_stock,
     "fit": fit,
+    "float8_fit": float8_fit,
 }
 
 if __name__ == "__main__":
@@ -194,6 +221,8 @@ if __name__ == "__main__":
         out = clip(sys.argv[2])
     elif scenario == "fit":
         out = fit()
+    elif scenario == "float8_fit":
+        out = float8_fit()
     elif scenario == "distribute_stock":
         out = distribute_stock()
     else:

@@ -91,6 +91,19 @@ def test_fit_keeps_replicas_identical_and_learns(replicas):
         assert replicas_weights[0] == replicas_weights[1]
 
 
+@tf_only
+def test_float8_layers_train_alike_on_every_replica(replicas):
+    out = replicas["float8_fit"]
+    assert out["kinds"][0] == "Float8Dense"
+    loss = out["history"]["loss"]
+    assert loss[-1] < loss[0]
+    assert "loss_scale" in out["history"]  # LossScaleMonitor
+    # Weights and amax histories agree on both replicas.
+    for replicas_weights in out["weights"]:
+        assert replicas_weights[0] == replicas_weights[1]
+    assert any(w[0] != [0.0] * 16 for w in out["weights"] if len(w[0]) == 16)
+
+
 @jax_only
 def test_jax_data_parallel_skips_when_one_device_overflows():
     out = run_script("jax_data_parallel.py", backend="jax")

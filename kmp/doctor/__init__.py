@@ -11,6 +11,7 @@ above it (and the core), and only `diagnose` imports the stages:
     _taps           taps on every layer's outputs; temporary policies
     _passes      2. per batch: float32 and mixed pass -> `PassResult`s
     _counts      3. count each pass's tensors per layer -> `LayerCounts`
+    _float8     2b. float8 layers: each operand's amax vs its scale
     _view           tables and a PNG of per-layer reports (a renderer)
     diagnosis       the report, `kmp.Diagnosis`: data, JSON, show, plot
     _verdicts    4. judge the counts -> `kmp.Diagnosis`

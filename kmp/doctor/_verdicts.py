@@ -30,6 +30,7 @@ import numpy as np
 
 from kmp import backend
 from kmp import policy as policy_lib
+from kmp.doctor import _float8
 from kmp.doctor.diagnosis import Diagnosis
 from kmp.doctor.diagnosis import LayerReport
 from kmp.doctor.diagnosis import TensorReport
@@ -88,6 +89,7 @@ def judge(
     examples,
     notes,
     scale_bounds,
+    float8=(),
 ) -> Diagnosis:
     """Applies the verdicts to the counts; returns the `Diagnosis`.
 
@@ -102,6 +104,7 @@ def judge(
         notes: What the diagnosis could not see, and other remarks.
         scale_bounds: `(min_scale, max_scale)` of the model's scaler: the
             scales a recommendation may name.
+        float8: The float8 layers' rows (`kmp.doctor._float8.measure`).
     """
     fmt = FORMATS[keras.DTypePolicy(policy).compute_dtype]
     rows, pooled = _layer_rows(model, layers, counts, fmt, scale)
@@ -113,6 +116,7 @@ def judge(
     for row in rows:
         if row.verdict == "pin to float32":
             verdicts.append(f"pin {row.path}: " + "; ".join(row.reasons))
+    verdicts += _float8.verdicts(float8)
     return Diagnosis(
         model=model.name,
         policy=policy,
@@ -130,6 +134,7 @@ def judge(
         environment=backend.environment(),
         machine_policy=machine.policy,
         machine_reason=machine.reason,
+        float8=list(float8),
     )
 
 

@@ -14,6 +14,7 @@ again observing the model's top-level layers only.
 
 import keras
 
+from kmp.doctor import _float8
 from kmp.doctor import _inputs
 from kmp.doctor import _verdicts
 from kmp.doctor._counts import LayerCounts
@@ -104,6 +105,7 @@ def diagnose(
         examples=sum(len(keras.tree.flatten(x)[0]) for x, _ in inputs.batches),
         notes=notes + _coverage_notes(inputs, layers, counts),
         scale_bounds=inputs.scale_bounds,
+        float8=_float8.measure(inputs.model, inputs.batches),
     )
 
 

@@ -13,6 +13,7 @@ import math
 import keras
 import numpy as np
 
+from kmp.doctor import _float8
 from kmp.doctor import _view
 from kmp.doctor.numerics import FORMATS
 from kmp.doctor.numerics import LOG2_MIN
@@ -146,6 +147,9 @@ class Diagnosis:
         machine_policy, machine_reason: What `kmp.recommend_policy()`
             (`kmp.enable("auto")`) picks on that hardware, and why: speed,
             where `recommended_policy` is about this model's numerics.
+        float8: One dict per operand of each `kmp.float8` layer: amax,
+            history amax, headroom, saturated and flushed shares
+            (`kmp.doctor._float8`).
     """
 
     model: str
@@ -164,6 +168,7 @@ class Diagnosis:
     environment: dict = dataclasses.field(default_factory=dict)
     machine_policy: str = ""
     machine_reason: str = ""
+    float8: list = dataclasses.field(default_factory=list)
 
     @property
     def format(self):
@@ -242,6 +247,7 @@ class Diagnosis:
             if reason.startswith("note:")
         ]
         lines += [f"- note: {note}" for note in self.notes]
+        lines += [f"- {_float8.describe(row)}" for row in self.float8]
         _view.show(
             title,
             self.layers,

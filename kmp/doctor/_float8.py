@@ -1,0 +1,119 @@
+"""2b. Float8 layers: each operand's amax against its delayed scale.
+
+A `kmp.float8` layer quantizes its inputs and kernel to E4M3 with a
+scale set by the largest magnitude of recent steps (its amax history).
+Here every batch runs once more through the model, in inference, and for
+each float8 layer and operand this stage records:
+
+    headroom   log2(history amax / this batch's amax): powers of two to
+               spare; negative when the batch exceeds the history, and
+               then the excess saturates
+    saturated  share of values beyond the scale's range (clipped to the
+               largest E4M3 value)
+    flushed    share of nonzero values below half E4M3's smallest
+               subnormal at that scale (they become 0)
+
+The output gradients are scaled by their own amax on every step, so they
+never saturate and are not measured here. A model that has not trained
+has empty histories; its layers then scale by the batch itself, and the
+report says so.
+"""
+
+import math
+
+import numpy as np
+from keras import ops
+
+from kmp import _audit_float8
+
+# E4M3: largest value 448, smallest subnormal 2^-9.
+_E4M3_MAX = 448.0
+_E4M3_TINY = 2.0**-9
+
+
+def measure(model, batches) -> list:
+    """One dict per float8 layer operand (see the module docstring),
+    over all `batches` (`(x, y)` pairs); `[]` without float8 layers."""
+    layers = _audit_float8.float8_matmuls(
+        model._flatten_layers(include_self=False, recursive=True)
+    )
+    if not layers:
+        return []
+    seen = {}  # (layer index, operand) -> running statistics
+
+    def recorder(index, layer, original):
+        def record(x, history, training):
+            name = (
+                "inputs" if history is layer.inputs_amax_history else ("kernel")
+            )
+            values = np.abs(ops.convert_to_numpy(ops.cast(x, "float32")))
+            past = float(np.max(ops.convert_to_numpy(history)))
+            stats = seen.setdefault(
+                (index, name),
+                {"values": 0, "saturated": 0, "flushed": 0, "amax": 0.0},
+            )
+            current = float(values.max()) if values.size else 0.0
+            limit = past if past > 0 else current
+            nonzero = values[values > 0]
+            stats["values"] += int(values.size)
+            stats["saturated"] += int((values > limit).sum())
+            floor = limit / _E4M3_MAX * _E4M3_TINY / 2
+            stats["flushed"] += int((nonzero < floor).sum())
+            stats["amax"] = max(stats["amax"], current)
+            stats["history_amax"] = past
+            return original(x, history, training)
+
+        return record
+
+    for index, layer in enumerate(layers):
+        layer._float8_operand = recorder(index, layer, layer._float8_operand)
+    try:
+        for x, _ in batches:
+            model(x, training=False)
+    finally:
+        for layer in layers:
+            del layer._float8_operand  # the class's method again
+    return [
+        _row(layers[index], name, stats)
+        for (index, name), stats in sorted(seen.items())
+    ]
+
+
+def _row(layer, operand, stats):
+    past, amax = stats["history_amax"], stats["amax"]
+    count = max(stats["values"], 1)
+    headroom = math.log2(past / amax) if past > 0 and amax > 0 else None
+    return {
+        "path": layer.path or layer.name,
+        "operand": operand,
+        "amax": amax,
+        "history_amax": past,
+        "headroom": headroom,
+        "saturated": stats["saturated"] / count,
+        "flushed": stats["flushed"] / count,
+    }
+
+
+def describe(row) -> str:
+    """One line for the report."""
+    where = f"float8 {row['path']} {row['operand']}"
+    if row["headroom"] is None:
+        scale = "empty amax history (not trained yet): scaled by each batch"
+    else:
+        scale = f"headroom {row['headroom']:+.1f} bits"
+    return (
+        f"{where}: {scale}, {100 * row['saturated']:.2f}% saturated, "
+        f"{100 * row['flushed']:.2f}% flushed to 0"
+    )
+
+
+def verdicts(rows, threshold=0.001) -> list:
+    """Sentences for operands that saturate more than `threshold`."""
+    return [
+        f"float8 {row['path']} saturates {100 * row['saturated']:.2f}% of "
+        f"its {row['operand']}: its amax history lags the data; give it a "
+        "longer amax_history_length, or leave it out "
+        f'(kmp.float8(model, skip=[r"{row["path"]}"]))'
+        for row in rows
+        if row["saturated"] > threshold
+    ]
