@@ -39,6 +39,7 @@ import ml_dtypes
 from keras import ops
 
 from kmp import layers as kmp_layers
+from kmp.errors import InputError
 
 E4M3 = "float8_e4m3fn"
 E5M2 = "float8_e5m2"
@@ -192,7 +193,7 @@ def _history_length(length):
     if length is None:
         return _Float8.default_amax_history_length
     if isinstance(length, bool) or not isinstance(length, int) or length < 1:
-        raise ValueError(
+        raise InputError(
             "amax_history_length must be a positive int (the steps whose "
             f"largest |x| sets a float8 scale); got {length!r}."
         )

@@ -152,7 +152,8 @@ def fit():
 
 
 def float8_fit():
-    """kmp.float8 under MirroredStrategy with kmp's scaler and monitor."""
+    """kmp.float8 under MirroredStrategy with kmp.distribute, kmp's
+    scaler and monitor."""
     kmp.enable("mixed_float16")
     x, y = classification_data(features=32)
     with STRATEGY.scope():
@@ -161,6 +162,7 @@ def float8_fit():
         model.compile(
             optimizer=optimizer, loss="sparse_categorical_crossentropy"
         )
+    kmp.distribute(model)
     history = model.fit(
         x,
         y,
