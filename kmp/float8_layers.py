@@ -169,12 +169,19 @@ class _Float8:
             )
         return _quantize_forward(x, scale)
 
-    def _float8_matmul(self, inputs, training, product):
+    def _float8_call(self, inputs, training, product):
+        """The parent's `call` with `product(inputs, kernel)` in float8:
+        then the bias and activation, in the compute dtype."""
         x = self._float8_operand(inputs, self.inputs_amax_history, training)
         kernel = self._float8_operand(
             self.kernel, self.kernel_amax_history, training
         )
-        return quantize_gradient(product(x, kernel))
+        x = quantize_gradient(product(x, kernel))
+        if self.bias is not None:
+            x = ops.add(x, self.bias)
+        if self.activation is not None:
+            x = self.activation(x)
+        return x
 
     @property
     def variable_serialization_spec(self):
@@ -225,12 +232,7 @@ class Float8Dense(_Float8, keras.layers.Dense):
     """
 
     def call(self, inputs, training=None):
-        x = self._float8_matmul(inputs, training, ops.matmul)
-        if self.bias is not None:
-            x = ops.add(x, self.bias)
-        if self.activation is not None:
-            x = self.activation(x)
-        return x
+        return self._float8_call(inputs, training, ops.matmul)
 
 
 @keras.saving.register_keras_serializable(package="kmp")
@@ -244,14 +246,9 @@ class Float8EinsumDense(_Float8, keras.layers.EinsumDense):
     """
 
     def call(self, inputs, training=None):
-        x = self._float8_matmul(
+        return self._float8_call(
             inputs, training, lambda a, b: ops.einsum(self.equation, a, b)
         )
-        if self.bias is not None:
-            x = ops.add(x, self.bias)
-        if self.activation is not None:
-            x = self.activation(x)
-        return x
 
 
 @keras.saving.register_keras_serializable(package="kmp")
