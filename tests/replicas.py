@@ -121,6 +121,18 @@ def clip(kind):
     return {"weights": per_replica(v)}
 
 
+def _monitored_fit(model, x, y):
+    """3 epochs of `fit` at batch 32 with kmp's `LossScaleMonitor`."""
+    return model.fit(
+        x,
+        y,
+        batch_size=32,
+        epochs=3,
+        verbose=0,
+        callbacks=[kmp.callbacks.LossScaleMonitor()],
+    )
+
+
 def fit():
     kmp.enable("mixed_float16")
     x, y = classification_data()
@@ -135,14 +147,7 @@ def fit():
         model.compile(
             optimizer=optimizer, loss="sparse_categorical_crossentropy"
         )
-    history = model.fit(
-        x,
-        y,
-        batch_size=32,
-        epochs=3,
-        verbose=0,
-        callbacks=[kmp.callbacks.LossScaleMonitor()],
-    )
+    history = _monitored_fit(model, x, y)
     return {
         "history": history.history,
         "scale": per_replica(optimizer.dynamic_scale),
@@ -163,14 +168,7 @@ def float8_fit():
             optimizer=optimizer, loss="sparse_categorical_crossentropy"
         )
     kmp.distribute(model)
-    history = model.fit(
-        x,
-        y,
-        batch_size=32,
-        epochs=3,
-        verbose=0,
-        callbacks=[kmp.callbacks.LossScaleMonitor()],
-    )
+    history = _monitored_fit(model, x, y)
     return {
         "history": history.history,
         "kinds": [type(layer).__name__ for layer in model.layers],
