@@ -17,6 +17,22 @@ from kmp.app.bench import time_interleaved as _time_interleaved
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
+def jit_compile_flag(parser):
+    """`--jit_compile {auto,on,off}`; `auto` (the default) is XLA on
+    TensorFlow and JAX and eager on torch, which is Keras's default there
+    (torch.compile's first step costs 30-70 s on a 2-core CPU)."""
+    parser.add_argument(
+        "--jit_compile", choices=("auto", "on", "off"), default="auto"
+    )
+
+
+def jit_compile(args) -> bool:
+    """The `jit_compile` value `--jit_compile` stands for."""
+    if args.jit_compile == "auto":
+        return backend.name() != "torch"
+    return args.jit_compile == "on"
+
+
 def time_interleaved(runs, rounds, unit=None):
     """`kmp.app.bench.time_interleaved`, printing a line per round."""
     return _time_interleaved(

@@ -2,10 +2,12 @@
 
     python benchmarks/loss_scale_overhead.py                  # TensorFlow
     KERAS_BACKEND=jax python benchmarks/loss_scale_overhead.py
+    KERAS_BACKEND=torch python benchmarks/loss_scale_overhead.py
 
-In one process, the same jit-compiled model is trained under
-mixed_float16 with four optimizers, interleaved epoch by epoch after a
-warm-up so that machine noise hits them alike:
+In one process, the same model is trained under mixed_float16 with four
+optimizers, interleaved epoch by epoch after a warm-up so that machine
+noise hits them alike (compiled with XLA on TensorFlow and JAX; eager on
+torch, Keras's default there; `--jit_compile` overrides):
 
     none     Adam, no loss scaling (float16 gradients may underflow)
     stock    keras.optimizers.LossScaleOptimizer(Adam)
@@ -33,7 +35,7 @@ VARIANTS = ("none", "stock", "kmp", "kmp+mon")
 TARGET = 1.03
 
 
-def build(variant, features, units):
+def build(variant, features, units, jit_compile):
     keras.utils.set_random_seed(0)
     model = keras.Sequential(
         [
@@ -57,7 +59,7 @@ def build(variant, features, units):
     model.compile(
         optimizer=optimizer,
         loss="sparse_categorical_crossentropy",
-        jit_compile=True,
+        jit_compile=jit_compile,
         auto_scale_loss=False,
     )
     monitor = variant == "kmp+mon"
@@ -72,6 +74,7 @@ def main():
     parser.add_argument("--features", type=int, default=512)
     parser.add_argument("--units", type=int, default=512)
     parser.add_argument("--out", default=None, help="JSON path")
+    common.jit_compile_flag(parser)
     args = parser.parse_args()
 
     kmp.enable("mixed_float16")
@@ -92,7 +95,9 @@ def main():
 
     runs = {}
     for variant in VARIANTS:
-        model, callbacks = build(variant, args.features, args.units)
+        model, callbacks = build(
+            variant, args.features, args.units, common.jit_compile(args)
+        )
         runs[variant] = epoch(model, callbacks)
         runs[variant]()  # warm-up: compile
     seconds = common.time_interleaved(runs, args.rounds)
@@ -115,6 +120,7 @@ def main():
             "batch_size": args.batch_size,
             "steps_per_epoch": args.steps,
             "rounds": args.rounds,
+            "jit_compile": common.jit_compile(args),
             "epoch_seconds": seconds,
             "ratios": stats,
             "target_kmp_over_stock": TARGET,

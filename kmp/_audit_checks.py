@@ -298,6 +298,36 @@ def check_loss(model, outputs, findings):
         for layer in outputs or []
         if layer.compute_dtype in _HALF and activation_name(layer) == "sigmoid"
     ]
+    probabilities = [
+        layer
+        for layer in outputs or []
+        if activation_name(layer) in ("softmax", "sigmoid")
+    ]
+    for name, from_logits in names:
+        if (
+            "crossentropy" in name
+            and not from_logits
+            and probabilities
+            and not backend.crossentropy_reads_logits()
+        ):
+            # Info, not a warning: float32 gives the same, pinning cannot
+            # change it, and such an example is rare outside label noise.
+            findings.append(
+                (
+                    "info",
+                    _path(probabilities[0]),
+                    f"{name} on {activation_name(probabilities[0])} "
+                    f"probabilities: on the {backend.name()} backend Keras "
+                    "computes it from probabilities clipped to [1e-7, "
+                    "1 - 1e-7] (only TensorFlow recovers the logits), so "
+                    "an example whose true class trails by more than ~16 "
+                    "in logits gets a loss of 16.1 and no gradient, in "
+                    "float32 as in float16.",
+                    "Output logits (no activation, dtype='float32') and "
+                    "use the loss with from_logits=True.",
+                )
+            )
+            break
     for name, from_logits in names:
         if "binary_crossentropy" in name and not from_logits and sigmoid_half:
             findings.append(
@@ -373,11 +403,12 @@ def check_environment(model, half, findings):
         )
     jit = getattr(model, "jit_compile", None)
     compiled = getattr(model, "compiled", False) and half  # mixed only
+    compiler = backend.step_compiler()
     if compiled and jit:
         findings.append(
-            ("info", ENVIRONMENT, "XLA is on (jit_compile=True).", "-")
+            ("info", ENVIRONMENT, f"{compiler} is on (jit_compile=True).", "-")
         )
-    elif compiled:
+    elif compiled and compiler == "XLA":
         findings.append(
             (
                 "warning",
@@ -385,6 +416,20 @@ def check_environment(model, half, findings):
                 "The model is compiled without XLA (jit_compile=False); "
                 "unfused casts make mixed precision slower.",
                 "model.compile(..., jit_compile=True).",
+            )
+        )
+    elif compiled:
+        # Keras's default on torch; whether torch.compile pays for its
+        # compile time on a GPU is unmeasured here, so no warning.
+        findings.append(
+            (
+                "info",
+                ENVIRONMENT,
+                "The model runs eagerly (jit_compile=False, Keras's "
+                "default on torch): each layer's casts to the compute "
+                "dtype are kernels of their own.",
+                "model.compile(..., jit_compile=True) compiles the step "
+                "with torch.compile (minutes to compile on a CPU).",
             )
         )
     strategy = backend.distribution_name()

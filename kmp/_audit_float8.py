@@ -4,7 +4,8 @@ Float8 tensor cores exist from NVIDIA compute capability 8.9 (Ada, e.g.
 L4, L40) and 9.0 (Hopper: H100, H200). Elsewhere `kmp.float8`'s layers
 compute correctly, through float8 rounding, but the matmuls run in the
 compute dtype plus the quantization's extra work: slower than bfloat16.
-XLA makes the FP8 GEMMs, so a model compiled without it has none.
+XLA makes the FP8 GEMMs, so a model compiled without it has none, and
+neither has one on the torch backend.
 """
 
 from kmp import backend
@@ -61,7 +62,20 @@ def check_float8(model, layers, findings):
                 "Hopper GPUs.",
             )
         )
-    if getattr(model, "compiled", False) and not getattr(
+    if backend.step_compiler() != "XLA":
+        findings.append(
+            (
+                "warning",
+                "environment",
+                f"{len(found)} float8 matmul layers on the "
+                f"{backend.name()} backend: only XLA turns their "
+                "dequantize-then-matmul into FP8 GEMMs, so here they "
+                "compute correctly but in the compute dtype, slower than "
+                "without float8.",
+                "Use kmp.float8 with KERAS_BACKEND=jax or tensorflow.",
+            )
+        )
+    elif getattr(model, "compiled", False) and not getattr(
         model, "jit_compile", True
     ):
         findings.append(

@@ -1,20 +1,22 @@
 """The one place where kmp's code differs between Keras backends.
 
 Everything else in kmp is written against `keras.ops` and the public Keras
-API. What cannot be, lives here, and each function branches exactly once:
+API. What cannot be, branches here, each function once:
 
-- which accelerators are attached (`list_devices`), since Keras has no
-  backend-neutral way to ask for a GPU's compute capability;
-- the framework's name and version (`framework_versions`);
-- how a train step exposes the optimizer state it just produced
-  (`add_train_step_logs`): TF's step is stateful, JAX's is pure;
-- how to take gradients with respect to intermediate tensors
-  (`taped_gradients`): a tape watches them on TensorFlow, JAX adds a zero
-  it can differentiate by;
-- the persistent XLA compilation cache (`use_compile_cache`).
+- the machine: accelerators and their compute capability
+  (`list_devices`), framework versions, peak memory, TF32, the persistent
+  XLA compilation cache, what compiles a step (`step_compiler`);
+- the train step: its logs of optimizer state (`add_train_step_logs`;
+  TF's and torch's steps are stateful, JAX's is pure), gradients by
+  intermediate tensors (`taped_gradients`), the scaler's branch, fused
+  unscale and stateless copies (`cond`, `fused_unscale`, `own_values`:
+  torch runs eagerly), replicas under `tf.distribute`
+  (`all_replicas_agree`, `sum_over_replicas`).
 
-TensorFlow is imported only inside its branches: kmp trains with
-`KERAS_BACKEND=jax` on a machine without TensorFlow.
+A framework's longer bodies live in private modules that branch on
+nothing: `_taped_gradients`, `_torch_step`, `_tf_replicas`. Each
+framework is imported only inside its branches: kmp trains with
+`KERAS_BACKEND=jax` or `torch` on a machine without TensorFlow.
 """
 
 import importlib.metadata
@@ -25,8 +27,6 @@ from typing import NamedTuple
 
 import keras
 from keras import ops
-
-from kmp.errors import InputError
 
 
 class Device(NamedTuple):
@@ -54,14 +54,65 @@ def is_stateless() -> bool:
     return name() == "jax"
 
 
+def step_compiler() -> str:
+    """What compiles a train step under `jit_compile=True`: `"XLA"`, or
+    `"torch.compile"` on PyTorch (which Keras runs eagerly by default,
+    and which makes no float8 GEMMs of kmp's float8 layers)."""
+    return "torch.compile" if name() == "torch" else "XLA"
+
+
+def cond(pred, true_fn: Callable, false_fn: Callable):
+    """`keras.ops.cond`; on torch a Python `if` on the tensor, without
+    the operation `ops.cond` builds per call (`kmp._torch_step.cond`
+    says why: torch.compile recompiles for each one)."""
+    if name() != "torch":
+        return ops.cond(pred, true_fn, false_fn)
+    from kmp import _torch_step
+
+    return _torch_step.cond(pred, true_fn, false_fn)
+
+
+def fused_unscale(grads: list, scale):
+    """`(grads / scale, all finite)`, `None`s kept, in one fused kernel on
+    torch (`kmp._torch_step.fused_unscale`); `None` elsewhere (XLA fuses
+    the stock ops itself) and on torch devices the kernel does not serve.
+    """
+    if name() != "torch":
+        return None
+    from kmp import _torch_step
+
+    return _torch_step.fused_unscale(grads, scale)
+
+
+def own_values(values: list) -> list:
+    """`values`, as tensors a stateless update may change in place: on
+    torch, copies (`kmp._torch_step.own_values`); elsewhere arrays are
+    immutable and `values` is returned as it is."""
+    if name() != "torch":
+        return values
+    from kmp import _torch_step
+
+    return _torch_step.own_values(values)
+
+
+def crossentropy_reads_logits() -> bool:
+    """Whether Keras's crossentropy on softmax or sigmoid probabilities
+    recovers the logits they came from (`_keras_logits`): TensorFlow
+    only. JAX and torch compute it from the probabilities, clipped to
+    [1e-7, 1 - 1e-7], in float32 as in float16."""
+    return name() == "tensorflow"
+
+
 def list_devices() -> list[Device]:
     """Lists the devices the current Keras backend will compute on."""
     if name() == "jax":
         return _jax_devices()
     if name() == "tensorflow":
         return _tf_devices()
-    # Other backends (torch, numpy): kmp does not probe them; report the
-    # host so that the policy choice falls back to float32 with a reason.
+    if name() == "torch":
+        return _torch_devices()
+    # Other backends (numpy): nothing to probe; report the host so that
+    # the policy choice falls back to float32 with a reason.
     return [Device("cpu", host_cpu())]
 
 
@@ -120,10 +171,30 @@ def _tf_devices() -> list[Device]:
     return devices
 
 
+def _torch_devices(kind: str | None = None) -> list[Device]:
+    """The torch devices of `kind` (`"cuda"`, ...); by default of the
+    kind Keras computes on (its choice, read off a tensor)."""
+    import torch
+
+    kind = kind or ops.convert_to_tensor(0.0).device.type
+    if kind == "cuda":
+        return [
+            Device(
+                "gpu",
+                torch.cuda.get_device_name(i),
+                tuple(torch.cuda.get_device_capability(i)),
+            )
+            for i in range(torch.cuda.device_count())
+        ]
+    if kind in ("mps", "xpu"):
+        return [Device("gpu", f"{kind.upper()} ({host_cpu()})")]
+    return [Device("cpu", host_cpu())]
+
+
 def framework_versions() -> dict[str, str]:
     """Returns the versions of Keras and of the framework under it."""
     versions = {"keras": keras.__version__, "backend": name()}
-    framework = {"tensorflow": "tensorflow", "jax": "jax"}.get(name())
+    framework = name() if name() in ("tensorflow", "jax", "torch") else None
     if framework is not None:
         versions[framework] = importlib.metadata.version(framework)
     return versions
@@ -195,10 +266,12 @@ def add_train_step_logs(
 
         def train_step(data):
             logs = original(data)
-            # Inside the traced step, this read is ordered after the
-            # optimizer's update by TensorFlow's automatic control deps.
+            # Read after the update (TF: automatic control deps), as a
+            # copy: torch assigns variables in place (an eager TF read is
+            # the variable too), and Keras may read logs on a thread steps
+            # later. A scalar copy on the device, no transfer.
             if isinstance(logs, dict):
-                logs = {**logs, **extra_logs(ops.convert_to_tensor)}
+                logs = {**logs, **extra_logs(ops.copy)}
             return logs
 
     train_step._kmp_wrapped = True
@@ -213,96 +286,24 @@ def taped_gradients(loss_fn: Callable, jit_compile: bool = False):
     `loss_fn(values, args, tap)` returns a scalar loss computed from the
     list `values` (e.g. trainable variable values) and `args`; inside it,
     `x = tap(key, x)` marks the floating tensor `x` and returns the tensor
-    to compute on with. The marking leaves values unchanged.
+    to compute on with. The marking leaves values unchanged. Each
+    framework's way of doing it is in `kmp._taped_gradients`.
 
     Args:
         loss_fn: The loss, as above. With `jit_compile`, it is traced once
             per input shape, so `tap` is called at trace time only.
-        jit_compile: Compile with XLA.
+        jit_compile: Compile with XLA (TensorFlow, JAX); PyTorch runs
+            eagerly either way.
 
     Returns:
         `run(values, *args)` -> `(loss, keys, tapped, value_grads,
         tap_grads)`, `keys` in `tap`'s call order; a tapped tensor's
         gradient has its dtype (a float16 activation's is float16). One
-        the loss does not depend on is None (TF) or zeros (JAX).
+        the loss does not depend on is None (TF, torch) or zeros (JAX).
     """
-    keys = []
+    from kmp import _taped_gradients
 
-    if name() == "jax":
-        import jax
-        import jax.numpy as jnp
-
-        def traced(values, zeros, args):
-            keys.clear()
-            taps = []
-            supply = None if zeros is None else iter(zeros)
-
-            def tap(key, x):
-                keys.append(key)
-                if supply is not None:
-                    # d(loss)/d(zero) is d(loss)/d(x): JAX differentiates
-                    # by inputs only, so each tapped tensor gets one.
-                    x = x + next(supply)
-                taps.append(x)
-                return x
-
-            return loss_fn(values, args, tap), taps
-
-        grad = jax.value_and_grad(traced, argnums=(0, 1), has_aux=True)
-        if jit_compile:
-            grad = jax.jit(grad)
-
-        shapes_by_input = {}
-
-        def run(values, *args):
-            signature = tuple(
-                (tuple(jnp.shape(a)), str(jnp.result_type(a)))
-                for a in jax.tree_util.tree_leaves(args)
-            )
-            if signature not in shapes_by_input:  # trace once per shape
-                _, shapes_by_input[signature] = jax.eval_shape(
-                    lambda v, a: traced(v, None, a), values, args
-                )
-            zeros = [
-                jnp.zeros(s.shape, s.dtype) for s in shapes_by_input[signature]
-            ]
-            (loss, taps), (value_grads, tap_grads) = grad(values, zeros, args)
-            return loss, list(keys), taps, value_grads, tap_grads
-
-        return run
-
-    if name() != "tensorflow":
-        raise InputError(
-            f"Gradients by intermediate tensors need the TensorFlow or JAX "
-            f"backend; KERAS_BACKEND is {name()!r}."
-        )
-    import tensorflow as tf
-
-    def step(values, args):
-        keys.clear()
-        taps = []
-        with tf.GradientTape() as tape:
-            tape.watch(values)
-
-            def tap(key, x):
-                tape.watch(x)
-                keys.append(key)
-                taps.append(x)
-                return x
-
-            loss = loss_fn(values, args, tap)
-        value_grads, tap_grads = tape.gradient(loss, (values, taps))
-        return loss, taps, value_grads, tap_grads
-
-    if jit_compile:
-        step = tf.function(step, jit_compile=True)
-
-    def run(values, *args):
-        values = [tf.convert_to_tensor(v) for v in values]
-        loss, taps, value_grads, tap_grads = step(values, args)
-        return loss, list(keys), taps, value_grads, tap_grads
-
-    return run
+    return _taped_gradients.maker(name())(loss_fn, jit_compile)
 
 
 def distribution_name() -> str | None:
@@ -316,39 +317,20 @@ def distribution_name() -> str | None:
     return None if distribution is None else type(distribution).__name__
 
 
-def _replica_context():
-    """The `tf.distribute` replica context when several replicas are in
-    sync, else None (also on JAX, whose arrays are already global)."""
-    if name() != "tensorflow":
-        return None
-    import tensorflow as tf
-
-    if not tf.distribute.has_strategy() or (
-        tf.distribute.in_cross_replica_context()
-    ):
-        return None
-    context = tf.distribute.get_replica_context()
-    return context if context.num_replicas_in_sync > 1 else None
-
-
 def all_replicas_agree(flag):
     """The AND of a boolean scalar over every replica on every worker.
 
     Under `tf.distribute`, each replica holds its own local gradients, so a
     local finiteness check can differ between replicas; this all-reduces
-    it. On JAX the gradients are global arrays, so `flag` already covers
+    it (`kmp._tf_replicas`). On JAX the gradients are global arrays, and
+    Keras's torch backend runs one replica, so `flag` already covers
     every device.
     """
-    context = _replica_context()
-    if context is None:
+    if name() != "tensorflow":
         return flag
-    import tensorflow as tf
+    from kmp import _tf_replicas
 
-    # ReduceOp has no MIN: count the replicas that disagree.
-    dissent = context.all_reduce(
-        tf.distribute.ReduceOp.SUM, tf.cast(tf.logical_not(flag), tf.float32)
-    )
-    return tf.equal(dissent, 0.0)
+    return _tf_replicas.all_agree(flag)
 
 
 def sum_over_replicas(grads):
@@ -357,20 +339,14 @@ def sum_over_replicas(grads):
     Returns:
         `(grads, replicas)`: the summed gradients and the number of
         replicas in sync; the gradients unchanged and 1 outside a
-        multi-replica `tf.distribute` replica context (and on JAX, whose
-        gradients are already global).
+        multi-replica `tf.distribute` replica context (and on JAX and
+        torch, see `all_replicas_agree`).
     """
-    grads = list(grads)
-    context = _replica_context()
-    if context is None:
-        return grads, 1
-    import tensorflow as tf
+    if name() != "tensorflow":
+        return list(grads), 1
+    from kmp import _tf_replicas
 
-    present = [g for g in grads if g is not None]
-    summed = iter(context.all_reduce(tf.distribute.ReduceOp.SUM, present))
-    return [
-        None if g is None else next(summed) for g in grads
-    ], context.num_replicas_in_sync
+    return _tf_replicas.sum_over_replicas(grads)
 
 
 def peak_memory() -> tuple[int | None, str]:
@@ -389,6 +365,11 @@ def peak_memory() -> tuple[int | None, str]:
             stats = jax.devices()[0].memory_stats() or {}
             if "peak_bytes_in_use" in stats:
                 return stats["peak_bytes_in_use"], "device peak bytes (JAX)"
+        if name() == "torch" and device.compute_capability is not None:
+            import torch
+
+            peak = torch.cuda.max_memory_allocated()
+            return peak, "CUDA peak allocated (PyTorch)"
     import resource
 
     # Linux reports KiB. Host memory covers the model and the data.
@@ -408,6 +389,11 @@ def use_compile_cache(directory: str | None) -> str | None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         compilation_cache.reset_cache()  # read the directory at next use
         return None
+    if name() == "torch":
+        return (
+            "Keras runs torch eagerly unless jit_compile=True, and "
+            "torch.compile keeps its own cache (TORCHINDUCTOR_CACHE_DIR)"
+        )
     if name() != "tensorflow":
         return f"{name()} has none kmp can switch on"
     key = "--tf_xla_persistent_cache_directory="
@@ -434,6 +420,13 @@ def disable_tf32() -> None:
         import jax
 
         jax.config.update("jax_default_matmul_precision", "highest")
+    elif name() == "torch":
+        import torch
+
+        # PyTorch's own defaults: TF32 off for matmuls, on for cuDNN
+        # convolutions.
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
 
 
 def tf32_enabled() -> bool | None:
@@ -447,4 +440,11 @@ def tf32_enabled() -> bool | None:
 
         precision = jax.config.jax_default_matmul_precision
         return precision not in ("highest", "float32")
+    if name() == "torch":
+        import torch
+
+        return bool(
+            torch.backends.cuda.matmul.allow_tf32
+            or torch.backends.cudnn.allow_tf32
+        )
     return None

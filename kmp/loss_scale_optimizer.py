@@ -1,9 +1,10 @@
 """A loss-scaling optimizer that cannot corrupt weights.
 
 `kmp.LossScaleOptimizer` subclasses `keras.optimizers.LossScaleOptimizer`
-and replaces only its state transitions: the stock class's distribution
-logic, finiteness check, loss scaling and serialization are reused as they
-are.
+and replaces its state transitions, and the branch of its apply (taken by
+`kmp.backend`, which on torch fuses the check and unscale into one
+kernel): the stock class's distribution logic, finiteness check, loss
+scaling and serialization are reused as they are.
 """
 
 import keras
@@ -232,9 +233,13 @@ class LossScaleOptimizer(TfKerasLossScaleAPI, _StockLossScaleOptimizer):
         tvs = trainable_variables or self._trainable_variables
         # Unscale with the scale in force when the loss was scaled, i.e.
         # before this step's update.
-        unscaled = self._clip_aggregate(self._unscale(grads, tvs), tvs)
+        self._apply_unscaled(self._unscale(grads, tvs), trainable_variables)
+
+    def _apply_unscaled(self, unscaled, trainable_variables):
+        tvs = trainable_variables or self._trainable_variables
         self.inner_optimizer.apply(
-            unscaled, trainable_variables=trainable_variables
+            self._clip_aggregate(unscaled, tvs),
+            trainable_variables=trainable_variables,
         )
         self._update_scale_state(finite=True)
 
@@ -291,6 +296,15 @@ class LossScaleOptimizer(TfKerasLossScaleAPI, _StockLossScaleOptimizer):
             scope.get_current_value(v) for v in self.variables
         ]
 
+    def stateless_apply(self, optimizer_variables, grads, trainable_variables):
+        # On torch the stock class would update the values it is given in
+        # place (the model's own, in a custom loop); `own_values` copies.
+        return super().stateless_apply(
+            backend.own_values(optimizer_variables),
+            grads,
+            backend.own_values(trainable_variables),
+        )
+
     def check_finite(self, grads):
         # Keras checks each replica's local gradients and, on the merge_call
         # path, uses replica 0's answer: a step that overflows on another
@@ -299,7 +313,8 @@ class LossScaleOptimizer(TfKerasLossScaleAPI, _StockLossScaleOptimizer):
 
     def _common_apply(self, grads, trainable_variables=None):
         if not backend.is_stateless():
-            return super()._common_apply(grads, trainable_variables)
+            self._stateful_apply(grads, trainable_variables)
+            return
         # Keras's JAX `cond` is `lax.cond`, which traces both branches and
         # so cannot hold the stock handlers' variable assignments (the
         # stock class raises UnexpectedTracerError here). Compute the step
@@ -312,6 +327,30 @@ class LossScaleOptimizer(TfKerasLossScaleAPI, _StockLossScaleOptimizer):
         )
         for variable, value in zip(tvs + self.variables, new_tvs + new_values):
             variable.assign(value)
+
+    def _stateful_apply(self, grads, trainable_variables):
+        """The stock class's check-then-branch, with the branch taken by
+        `backend.cond` (on torch, no operation built per step) and, where
+        the backend has one, the check and unscale fused in one pass."""
+        tvs = list(trainable_variables or self._trainable_variables)
+        fused = None
+        if not self._given_unscaled and not any(map(self._overwrites, tvs)):
+            fused = backend.fused_unscale(grads, self.dynamic_scale.value)
+        if fused is None:
+            backend.cond(
+                self.check_finite(grads),
+                lambda: self._stateful_handle_finite_grads(
+                    grads, trainable_variables
+                ),
+                self._stateful_handle_non_finite_grads,
+            )
+            return
+        unscaled, finite = fused
+        backend.cond(
+            finite,
+            lambda: self._apply_unscaled(unscaled, trainable_variables),
+            self._stateful_handle_non_finite_grads,
+        )
 
     def get_config(self):
         config = super().get_config()

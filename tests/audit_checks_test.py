@@ -128,7 +128,7 @@ def test_per_layer_float16_under_a_float32_policy_is_caught():
         ]
     )
     model.compile(optimizer="adam", loss="mse")  # Keras wraps nothing
-    assert type(model.optimizer) is keras.optimizers.Adam
+    assert not isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
     assert _has(_audit(model), "half'", "error")
 
 
@@ -208,7 +208,39 @@ def test_binary_crossentropy_on_float16_sigmoid_is_an_error():
     fused = _compiled(fused, loss="binary_crossentropy")
     assert _has(_audit(fused), "binary_crossentropy on float16", "error")
     kmp.pin_float32(fused)
-    assert not _has(_audit(fused), "binary_crossentropy")
+    assert not _has(_audit(fused), "binary_crossentropy on float16")
+
+
+def test_crossentropy_without_a_logits_path_is_said_with_its_fix():
+    # On JAX and torch, Keras's crossentropy of probabilities clips them
+    # at 1e-7: logits [0, -30] give 16.1 (TensorFlow: 30) and the
+    # gradient by the logits is zero, even in float32.
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((1,)),
+            keras.layers.Dense(2),
+            keras.layers.Activation("softmax", dtype="float32"),
+        ]
+    )
+    model.layers[0].set_weights(
+        [np.zeros((1, 2), "float32"), np.array([0.0, -30.0], "float32")]
+    )
+    loss = keras.losses.SparseCategoricalCrossentropy()
+    value = float(loss(np.array([1]), model(np.ones((1, 1), "float32"))))
+    model.compile(optimizer="sgd", loss=loss)
+    said = _has(_audit(model), "no gradient", "info")
+    if backend.crossentropy_reads_logits():
+        assert value == pytest.approx(30.0) and not said
+        return
+    assert value == pytest.approx(16.118, abs=1e-3) and said
+    # The fix it names: logits out, from_logits=True.
+    logits = keras.Sequential([keras.Input((1,)), model.layers[0]])
+    model_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    value = float(model_loss(np.array([1]), logits(np.ones((1, 1)))))
+    assert value == pytest.approx(30.0)
+    logits.compile(optimizer="sgd", loss=model_loss)
+    assert not _has(_audit(logits), "no gradient")
 
 
 def test_environment_findings(monkeypatch):
@@ -218,7 +250,7 @@ def test_environment_findings(monkeypatch):
     monkeypatch.setattr(backend, "list_devices", lambda: [Device("cpu", "x")])
     report = _audit(model)
     assert _has(report, "environment|Mixed precision on hardware", "warning")
-    assert _has(report, "XLA is on", "info")
+    assert _has(report, f"{backend.step_compiler()} is on", "info")
     # A CPU has no TF32, whatever TensorFlow's setting says.
     assert not _has(report, "TF32")
     monkeypatch.setattr(
@@ -231,7 +263,10 @@ def test_environment_findings(monkeypatch):
     )
     assert not _has(_audit(model), "TF32")
     model.compile(optimizer=kmp.wrap("adam"), loss="mse", jit_compile=False)
-    assert _has(_audit(model), "without XLA", "warning")
+    if backend.name() == "torch":
+        assert _has(_audit(model), "runs eagerly (jit_compile=False", "info")
+    else:
+        assert _has(_audit(model), "without XLA", "warning")
 
 
 def test_xla_is_not_mentioned_for_a_float32_model():

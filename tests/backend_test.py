@@ -4,9 +4,9 @@ import sys
 import textwrap
 
 import keras
-import numpy as np
 import pytest
-from util import jax_only
+from util import not_tf
+from util import torch_only
 
 from kmp import backend
 
@@ -33,6 +33,29 @@ def test_parse_capability(value, expected):
     assert backend._parse_capability(value) == expected
 
 
+@torch_only
+def test_torch_cuda_devices_carry_their_compute_capability(monkeypatch):
+    import torch
+
+    from kmp import policy
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(
+        torch.cuda, "get_device_name", lambda i: ["NVIDIA H100", "T4"][i]
+    )
+    monkeypatch.setattr(
+        torch.cuda, "get_device_capability", lambda i: [(9, 0), (7, 5)][i]
+    )
+    devices = backend._torch_devices("cuda")
+    assert devices == [
+        backend.Device("gpu", "NVIDIA H100", (9, 0)),
+        backend.Device("gpu", "T4", (7, 5)),
+    ]
+    # The least capable GPU decides.
+    assert policy.choose_policy(devices).policy == "mixed_float16"
+    assert backend._torch_devices("cpu")[0].platform == "cpu"
+
+
 def test_tf32_is_off_in_tests():
     assert backend.tf32_enabled() is False
 
@@ -45,62 +68,112 @@ def test_add_train_step_logs_wraps_once():
     assert model.train_step is wrapped
 
 
-@jax_only
-def test_kmp_trains_with_jax_when_tensorflow_cannot_be_imported():
-    # The lent GPU machines have JAX but no TensorFlow.
-    script = textwrap.dedent(
-        """
-        import sys
-        sys.modules["tensorflow"] = None  # any `import tensorflow` fails
-        import numpy as np
-        import keras
-        import kmp
-        kmp.enable("mixed_float16")
-        model = keras.Sequential(
-            [keras.Input((4,)), keras.layers.Dense(2, dtype="float32")]
+# Prepended to a script: TensorFlow and TFDS cannot be imported, as on a
+# machine without them (the lent GPU machines have JAX and PyTorch only).
+# `find_spec` still answers, with a spec that fails to load, because
+# torch's dynamo asks for TensorFlow's location when it starts; nothing
+# is left in sys.modules.
+WITHOUT_TENSORFLOW = textwrap.dedent(
+    """
+    import importlib.abc
+    import importlib.machinery
+    import sys
+
+    class _Absent(importlib.abc.Loader):
+        def create_module(self, spec):
+            raise ModuleNotFoundError(
+                f"No module named {spec.name!r}", name=spec.name
+            )
+
+        def exec_module(self, module):
+            pass
+
+    class _NoTensorFlow(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name.split(".")[0] in ("tensorflow", "tensorflow_datasets"):
+                return importlib.machinery.ModuleSpec(name, _Absent())
+
+    sys.meta_path.insert(0, _NoTensorFlow())
+    """
+)
+
+
+def _run_without_tensorflow(script, absent=True):
+    """Runs `script` under this backend, with TensorFlow absent (or, with
+    `absent=False`, installed); it must end without having imported it.
+    Returns its stdout."""
+    script = (
+        (WITHOUT_TENSORFLOW if absent else "import sys\n")
+        + textwrap.dedent(script)
+        + textwrap.dedent(
+            """
+            loaded = [
+                m for m in sys.modules if m.split(".")[0] == "tensorflow"
+            ]
+            assert not loaded, loaded[:5]
+            """
         )
-        model.compile(optimizer=kmp.wrap("sgd"), loss="mse")
-        history = model.fit(
-            np.ones((8, 4)), np.ones((8, 2)), verbose=0,
-            callbacks=[kmp.callbacks.LossScaleMonitor()],
-        )
-        print(kmp.recommend_policy().policy, history.history["loss_scale"])
-        assert sys.modules.get("tensorflow") is None
-        """
     )
-    env = dict(os.environ, KERAS_BACKEND="jax")
     result = subprocess.run(
         [sys.executable, "-c", script],
-        env=env,
+        env=dict(os.environ, KERAS_BACKEND=backend.name()),
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "[32768.0]" in result.stdout
+    return result.stdout
+
+
+@not_tf
+def test_kmp_imports_no_tensorflow_where_it_is_installed():
+    # The library, under JAX or torch: fit with kmp's scaler and monitor,
+    # pinning, float8, audit, diagnose. (The application seeds with
+    # Keras's set_random_seed, which imports TensorFlow when installed,
+    # for tf.data; it runs without it: the next test.)
+    stdout = _run_without_tensorflow(
+        absent=False,
+        script="""
+        import numpy as np
+        import keras
+        import kmp
+        kmp.enable("mixed_float16")
+        model = kmp.pin_float32(keras.Sequential(
+            [keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(2)]
+        ))
+        model.compile(
+            optimizer=kmp.wrap("sgd", initial_scale=1024), loss="mse"
+        )
+        history = model.fit(
+            np.ones((8, 4)), np.ones((8, 2)), verbose=0,
+            callbacks=[kmp.callbacks.LossScaleMonitor()],
+        )
+        kmp.audit(model, verbose=False)
+        kmp.diagnose(model, (np.ones((8, 4)), np.ones((8, 2))))
+        with kmp.policy_scope("mixed_bfloat16"):
+            wide = keras.Sequential(
+                [keras.Input((16,)), keras.layers.Dense(16),
+                 keras.layers.Dense(2, dtype="float32")]
+            )
+        kmp.audit(kmp.float8(wide), verbose=False)
+        print(kmp.recommend_policy().policy, history.history["loss_scale"])
+        """,
+    )
+    assert "float32 [1024.0]" in stdout
 
 
 @pytest.mark.slow
-@jax_only
-def test_examples_and_bench_run_with_jax_when_tensorflow_cannot_be_imported(
+@not_tf
+def test_examples_bench_and_doctor_run_when_tensorflow_cannot_be_imported(
     tmp_path,
 ):
-    # `kmp bench --backend jax` and the trainers on synthetic data are what
+    # `kmp bench`, the trainers and the doctor on synthetic data are what
     # runs on a lent GPU, where there is no TensorFlow.
-    script = textwrap.dedent(
+    stdout = _run_without_tensorflow(
         f"""
-        import importlib.abc
-        import sys
-
-        class NoTensorFlow(importlib.abc.MetaPathFinder):
-            # Like a machine without it: no entry in sys.modules at all.
-            def find_spec(self, name, path, target=None):
-                if name.split(".")[0] in ("tensorflow", "tensorflow_datasets"):
-                    raise ImportError(f"No module named {{name!r}}")
-
-        sys.meta_path.insert(0, NoTensorFlow())
         from kmp.app import bench
-        from kmp.examples import cifar10, imdb
+        from kmp.app import cli
+        from kmp.examples import cifar10
         tiny = {{"imdb": {{"d_model": 16, "batch_size": 4,
                           "sequence_length": 8}}}}
         rows = bench.bench_model("imdb", tiny, steps=1, rounds=2, log=None)
@@ -109,43 +182,12 @@ def test_examples_and_bench_run_with_jax_when_tensorflow_cannot_be_imported(
             data="auto", width=8, steps=2, epochs=1, batch_size=8,
             synthetic_size=32, verbose=0, output_dir={str(tmp_path)!r}))
         print("train", results["data"], results["data_note"][:30])
-        assert "tensorflow" not in sys.modules
+        cli.main(["doctor", "imdb", "--data=synthetic", "--synthetic_size=64",
+                  "--d_model=16", "--sequence_length=8", "--batch_size=8",
+                  "--batches=1",
+                  "--output_dir={tmp_path / "doctor"}"])
         """
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        env=dict(os.environ, KERAS_BACKEND="jax"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "bench 4" in result.stdout
-    assert "train synthetic offline: TFDS cannot be import" in result.stdout
-
-
-@pytest.mark.parametrize("jit_compile", [False, True])
-def test_taped_gradients_by_values_and_tapped_tensors(jit_compile):
-    from keras import ops
-
-    def loss_fn(values, args, tap):
-        (w,) = values
-        (x,) = args
-        h = tap("h", ops.cast(w * x, "float16"))
-        unused = tap("unused", ops.cast(x, "float16"))
-        del unused
-        return ops.sum(ops.square(ops.cast(h, "float32")))
-
-    run = backend.taped_gradients(loss_fn, jit_compile)
-    x = np.array([1.0, 2.0, 3.0], "float32")
-    loss, keys, taps, value_grads, tap_grads = run([np.float32(2.0)], x)
-    assert keys == ["h", "unused"]
-    assert float(loss) == 4 + 16 + 36
-    np.testing.assert_array_equal(ops.convert_to_numpy(taps[0]), 2 * x)
-    # d/dh sum(h^2) = 2h, in h's dtype (float16).
-    assert keras.backend.standardize_dtype(tap_grads[0].dtype) == "float16"
-    np.testing.assert_array_equal(ops.convert_to_numpy(tap_grads[0]), 4 * x)
-    # d/dw sum((w x)^2) = 2 w sum(x^2) = 56.
-    assert float(value_grads[0]) == 56.0
-    unused = tap_grads[1]
-    assert unused is None or not np.any(ops.convert_to_numpy(unused))
+    assert "bench 4" in stdout
+    assert "train synthetic offline: TFDS cannot be import" in stdout
+    assert (tmp_path / "doctor" / "doctor.json").exists()

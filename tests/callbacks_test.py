@@ -4,14 +4,16 @@ import glob
 import keras
 import numpy as np
 import pytest
+from util import JIT_COMPILE
 from util import classification_data
 from util import mlp
 from util import tf_only
 
 import kmp
+from kmp import backend
 
 
-def _fit(optimizer, callbacks, jit_compile=True, epochs=2):
+def _fit(optimizer, callbacks, jit_compile=JIT_COMPILE[0], epochs=2):
     model = mlp()
     model.compile(
         optimizer=optimizer,
@@ -25,7 +27,7 @@ def _fit(optimizer, callbacks, jit_compile=True, epochs=2):
     return model, history
 
 
-@pytest.mark.parametrize("jit_compile", [True, False])
+@pytest.mark.parametrize("jit_compile", JIT_COMPILE)
 def test_fit_logs_loss_scale_and_skipped_steps(jit_compile):
     kmp.enable("mixed_float16")
     # 2**30 overflows float16 gradients: the first steps are skipped.
@@ -49,6 +51,29 @@ def test_fit_logs_loss_scale_and_skipped_steps(jit_compile):
     # Each skipped step halved the scale.
     assert per_step["loss_scale"][0] == 2.0**29
     assert np.all(np.diff(per_step["skipped_steps"]) >= 0)
+
+
+@pytest.mark.skipif(backend.is_stateless(), reason="JAX steps are pure")
+def test_a_step_s_logged_values_do_not_change_with_later_steps():
+    # When every callback is async_safe, Keras reads batch-end logs on a
+    # thread pool (torch, JAX), possibly steps later. Torch assigns
+    # variables in place, so a log that were the variable's own tensor
+    # would then show a later step's scale.
+    kmp.enable("mixed_float16")
+    model = mlp()
+    model.compile(
+        optimizer=kmp.wrap(
+            keras.optimizers.SGD(0.0), initial_scale=2.0, dynamic_growth_steps=1
+        ),
+        loss="sparse_categorical_crossentropy",
+    )
+    model.optimizer.build(model.trainable_variables)
+    kmp.callbacks.LossScaleMonitor().set_model(model)  # wraps train_step
+    x, y = classification_data(n=32)
+    first = model.train_step((x, y))
+    second = model.train_step((x, y))
+    assert float(first["loss_scale"]) == 4.0  # the scale doubles per step
+    assert float(second["loss_scale"]) == 8.0
 
 
 def test_every_callback_sees_the_values_whatever_its_position(tmp_path):

@@ -3,7 +3,7 @@ Keras's global state and the compile cache restored after each test; the
 suite's two markers.
 
 The suite runs once per backend (README: `KERAS_BACKEND=tensorflow`, then
-`KERAS_BACKEND=jax`):
+`jax`, then `torch`):
 
 - `slow`: a whole job (a multi-worker or multi-replica subprocess, an
   example trainer, a bench or doctor run of an example). The fast

@@ -4,6 +4,7 @@ import keras
 import numpy as np
 import pytest
 from keras import ops
+from util import JIT_COMPILE
 from util import classification_data
 
 import kmp
@@ -175,7 +176,7 @@ def test_pinned_model_survives_keras_save_and_load(tmp_path):
     assert type(loaded.get_layer("mha")._softmax) is kmp.layers.Float32Softmax
 
 
-@pytest.mark.parametrize("jit_compile", [True, False])
+@pytest.mark.parametrize("jit_compile", JIT_COMPILE)
 def test_pinned_model_trains_with_kmp_scaler(jit_compile):
     kmp.enable("mixed_float16")
     inputs = keras.Input((8,))

@@ -1,3 +1,4 @@
+import logging
 import math
 from unittest import mock
 
@@ -13,6 +14,7 @@ from util import jax_only
 from util import mlp
 from util import reference_scale_rule
 from util import tf_only
+from util import torch_only
 
 import kmp
 from kmp import backend
@@ -280,6 +282,35 @@ def test_stateful_apply_on_jax_where_stock_keras_fails():
     np.testing.assert_array_equal(v.numpy(), [-1.0, 0.0])
 
 
+@pytest.mark.skipif(
+    backend.name() == "tensorflow",
+    reason="Keras's TensorFlow optimizers refuse stateless_apply",
+)
+@pytest.mark.parametrize(
+    "cls", [keras.optimizers.LossScaleOptimizer, kmp.LossScaleOptimizer]
+)
+def test_stateless_apply_leaves_the_values_it_is_given_alone(cls):
+    # Keras's torch optimizers update the tensors a stateless call is
+    # given in place (torch._foreach_*_ under a StatelessScope): given the
+    # variables' own values, the model and the slots change.
+    opt = cls(keras.optimizers.Adam(0.1), initial_scale=4.0)
+    v = keras.Variable([1.0, 1.0])
+    opt.build([v])
+    before = _values([v] + opt.variables)
+    new_vars, _ = opt.stateless_apply(
+        [x.value for x in opt.variables],
+        [ops.convert_to_tensor([4.0, 4.0])],
+        [v.value],
+    )
+    assert ops.convert_to_numpy(new_vars[0])[0] < 1.0  # a step was taken
+    after = _values([v] + opt.variables)
+    changed = any(np.any(b != a) for b, a in zip(before, after))
+    stock_on_torch = (
+        backend.name() == "torch" and cls is keras.optimizers.LossScaleOptimizer
+    )
+    assert changed == stock_on_torch
+
+
 @pytest.mark.parametrize("path", PATHS)
 @given(
     kinds=st.lists(
@@ -415,6 +446,138 @@ def test_custom_stateless_apply_loop_with_jax():
     assert losses[-1] < 0.8 * losses[0]
     assert int(opt.skipped_steps) > 0  # 2**30 overflows float16 at first
     assert 1.0 <= float(opt.loss_scale) < 2.0**30
+
+
+def _compiled_fit_with_one_overflow(optimizer, jit_compile):
+    """10 steps of a float32 model, the third batch holding an inf: the
+    step skips are the data's, not float16's (which torch.compile's fused
+    casts may round differently from eager). Returns the per-step
+    `(scale, iterations)` and dynamo's recompile-limit warnings."""
+    import torch._dynamo
+
+    keras.utils.set_random_seed(0)
+    x, _ = classification_data(n=80, features=4)
+    y = x[:, :1].copy()
+    x[16] = np.inf
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1)]
+    )
+    model.compile(optimizer=optimizer, loss="mse", jit_compile=jit_compile)
+    steps = []
+
+    class Record(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            steps.append(
+                (float(optimizer.dynamic_scale), int(optimizer.iterations))
+            )
+
+    warnings = []
+
+    class Warnings(logging.Handler):
+        def emit(self, record):
+            if "recompile_limit" in record.getMessage():
+                warnings.append(record.getMessage().splitlines()[1].strip())
+
+    handler = Warnings()
+    logging.getLogger("torch._dynamo").addHandler(handler)
+    torch._dynamo.reset()
+    try:
+        model.fit(
+            x, y, batch_size=8, shuffle=False, verbose=0, callbacks=[Record()]
+        )
+    finally:
+        logging.getLogger("torch._dynamo").removeHandler(handler)
+    return steps, warnings
+
+
+@torch_only
+@pytest.mark.slow
+def test_torch_compile_recompiles_the_stock_scaler_s_cond_not_kmp_s():
+    # Keras's `ops.cond` builds a new operation per call, and dynamo
+    # guards on its name: the stock scaler's step recompiles each call
+    # until dynamo gives up (its limit: 8) and runs `cond` uncompiled.
+    def optimizer(cls):
+        return cls(keras.optimizers.SGD(0.01), dynamic_growth_steps=3)
+
+    _, stock = _compiled_fit_with_one_overflow(
+        optimizer(keras.optimizers.LossScaleOptimizer), jit_compile=True
+    )
+    assert any("'cond'" in w for w in stock)
+    steps, ours = _compiled_fit_with_one_overflow(
+        optimizer(kmp.LossScaleOptimizer), jit_compile=True
+    )
+    assert ours == []
+    eager, _ = _compiled_fit_with_one_overflow(
+        optimizer(kmp.LossScaleOptimizer), jit_compile=False
+    )
+    assert steps == eager
+    # The overflow at step 3 skipped it; growth after 3 finite steps.
+    assert [i for _, i in steps] == [1, 2, 2, 3, 4, 5, 6, 7, 8, 9]
+
+
+@torch_only
+@pytest.mark.parametrize(
+    "cls, syncs",
+    [(keras.optimizers.LossScaleOptimizer, 2), (kmp.LossScaleOptimizer, 1)],
+)
+def test_host_syncs_per_train_step_on_torch(cls, syncs):
+    # A tensor read on the host (`if tensor:`, `.item()`) waits for the
+    # GPU to finish all queued work. The stock scaler branches twice per
+    # step (skip, growth); kmp once (skip; growth is a `where`), as
+    # PyTorch's GradScaler. Adam itself reads nothing back.
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        reads = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default:
+                self.reads += 1
+            return func(*args, **(kwargs or {}))
+
+    kmp.enable("mixed_float16")
+    model = mlp()
+    model.compile(
+        optimizer=cls(keras.optimizers.Adam(1e-3), initial_scale=256.0),
+        loss="sparse_categorical_crossentropy",
+    )
+    model.optimizer.build(model.trainable_variables)
+    x, y = (ops.convert_to_tensor(a) for a in classification_data(n=16))
+    model.train_step((x, y))  # builds the metrics
+    with Count() as count:
+        for _ in range(4):
+            model.train_step((x, y))
+    assert count.reads == 4 * syncs
+
+
+@torch_only
+def test_custom_torch_loop():
+    # The README's loop: autograd computes the gradients of the scaled
+    # loss, the optimizer unscales them and skips non-finite steps.
+    import torch
+
+    kmp.enable("mixed_float16")
+    model = mlp()
+    optimizer = kmp.LossScaleOptimizer(
+        keras.optimizers.Adam(1e-2), initial_scale=2.0**30, max_scale=2.0**30
+    )
+    optimizer.build(model.trainable_variables)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy()
+    x, y = (ops.convert_to_tensor(a) for a in classification_data())
+
+    losses = []
+    for _ in range(40):
+        model.zero_grad()
+        loss = loss_fn(y, model(x, training=True))
+        optimizer.scale_loss(loss).backward()
+        grads = [v.value.grad for v in model.trainable_variables]
+        with torch.no_grad():
+            optimizer.apply(grads, model.trainable_variables)
+        losses.append(float(loss))
+    assert losses[-1] < 0.8 * losses[0]
+    assert int(optimizer.skipped_steps) > 0  # 2**30 overflows float16
+    assert 1.0 <= float(optimizer.loss_scale) < 2.0**30
 
 
 def _bad(**kwargs):

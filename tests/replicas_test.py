@@ -2,20 +2,28 @@
 skips a step that overflows on any replica, and clipping acts on the
 summed gradients.
 
-tf.distribute.MirroredStrategy on 2 logical CPUs (tests/replicas.py) and
+tf.distribute.MirroredStrategy on 2 logical CPUs (tests/replicas.py),
 keras.distribution.DataParallel on 2 JAX host CPUs
 (tests/jax_data_parallel.py), each in a subprocess, since devices must be
-set before the framework starts. The MirroredStrategy scenarios share one
-process (the `replicas` fixture). Multi-worker training is
-tests/distributed/multi_worker_test.py.
+set before the framework starts, and on torch, whose Keras backend has no
+multi-device fit, the recipe kmp gives instead: DistributedDataParallel
+in two gloo processes (tests/torch_ddp.py). The MirroredStrategy
+scenarios share one process (the `replicas` fixture). Multi-worker
+training is tests/distributed/multi_worker_test.py.
 """
 
 import math
+import os
 
 import pytest
+from util import HERE
+from util import free_ports
 from util import jax_only
+from util import run_processes
 from util import run_script
+from util import script_result
 from util import tf_only
+from util import torch_only
 
 pytestmark = pytest.mark.slow
 
@@ -116,3 +124,20 @@ def test_jax_data_parallel_skips_when_one_device_overflows():
     assert out["loss"][-1] < out["loss"][0]
     assert out["skipped"] == 1
     assert out["replicas_agree"]
+
+
+@torch_only
+def test_one_rank_overflowing_makes_every_ddp_rank_skip():
+    (port,) = free_ports(1)
+    script = os.path.join(HERE, "torch_ddp.py")
+    outputs = run_processes(
+        [[script, str(rank), str(port)] for rank in (0, 1)],
+        [{}, {}],
+        timeout=240,
+        backend="torch",
+    )
+    ranks = [script_result(out) for out in outputs]
+    assert [r["skipped"] for r in ranks] == [1, 1]
+    assert [r["iterations"] for r in ranks] == [4, 4]
+    assert [r["scale"] for r in ranks] == [512.0, 512.0]
+    assert ranks[0]["weights"] == ranks[1]["weights"]

@@ -19,6 +19,19 @@ tf_only = pytest.mark.skipif(
 jax_only = pytest.mark.skipif(
     backend.name() != "jax", reason="JAX backend only"
 )
+torch_only = pytest.mark.skipif(
+    backend.name() != "torch", reason="PyTorch backend only"
+)
+not_tf = pytest.mark.skipif(
+    backend.name() == "tensorflow", reason="backends other than TensorFlow"
+)
+
+
+# The `jit_compile` values fit tests run with. On torch, Keras's default
+# is eager and `jit_compile=True` is torch.compile, whose first step costs
+# 30-70 s of compiling on a 2-core CPU: there the fit tests run eagerly,
+# and test_loss_scale_under_torch_compile (slow) covers torch.compile.
+JIT_COMPILE = [False] if backend.name() == "torch" else [True, False]
 
 
 def classification_data(n=256, features=8, seed=0):
@@ -76,16 +89,16 @@ def free_ports(count):
     return ports
 
 
-def run_processes(argvs, envs, timeout):
-    """Runs Python processes side by side (TensorFlow backend); returns
-    their stdouts."""
+def run_processes(argvs, envs, timeout, backend="tensorflow"):
+    """Runs Python processes side by side (TensorFlow backend unless
+    told); returns their stdouts."""
     procs = [
         subprocess.Popen(
             [sys.executable, *argv],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=dict(os.environ, KERAS_BACKEND="tensorflow", **env),
+            env=dict(os.environ, KERAS_BACKEND=backend, **env),
         )
         for argv, env in zip(argvs, envs)
     ]

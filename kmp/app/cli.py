@@ -25,6 +25,7 @@ from kmp.app._commands import EXAMPLES
 from kmp.app._commands import audit
 from kmp.app._commands import bench
 from kmp.app._commands import demo
+from kmp.app._commands import fail
 from kmp.app._commands import info
 from kmp.app._commands import train
 from kmp.app._doctor_command import doctor
@@ -145,7 +146,7 @@ def _parser():
     )
     bench_parser.add_argument(
         "--backend",
-        choices=("tensorflow", "jax"),
+        choices=("tensorflow", "jax", "torch"),
         help="Keras backend (default: KERAS_BACKEND)",
     )
     bench_parser.add_argument(
@@ -183,6 +184,20 @@ def _parser():
     return parser
 
 
+def _backend_missing(error: ImportError):
+    """Keras's own error for a backend whose framework is not installed,
+    in one line (exit status 2); any other import error is re-raised."""
+    backend = os.environ.get("KERAS_BACKEND", "tensorflow")
+    if (error.name or "").split(".")[0] != backend:
+        raise error
+    fail(
+        "kmp",
+        f"{type(error).__name__}: {error} (KERAS_BACKEND={backend}). "
+        f"Install it (pip install {backend}), or choose another backend "
+        "with KERAS_BACKEND.",
+    )
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
@@ -197,12 +212,15 @@ def main(argv=None) -> int:
         if os.path.basename(sys.argv[0]) == "kmp":  # the console script
             os.execv(sys.argv[0], [sys.argv[0], *argv])
         os.execv(sys.executable, [sys.executable, "-m", "kmp.app.cli", *argv])
-    quiet_start(verbose=args.verbose)
-    import kmp
+    try:
+        quiet_start(verbose=args.verbose)
+        import kmp
 
-    # The first public name loads the API, and registers kmp's classes
-    # before a command loads a `.keras` file.
-    kmp.LossScaleOptimizer  # noqa: B018
+        # The first public name loads the API, and registers kmp's classes
+        # before a command loads a `.keras` file.
+        kmp.LossScaleOptimizer  # noqa: B018
+    except ImportError as error:
+        _backend_missing(error)
     if args.command == "info":
         info(as_json=args.json)
     elif args.command == "demo":

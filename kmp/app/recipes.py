@@ -161,19 +161,27 @@ def make_strategy(name: str):
     """A `tf.distribute` strategy for `name`, or `None`.
 
     On JAX, `"mirrored"` sets `keras.distribution.DataParallel` over the
-    local devices instead (and returns `None`).
+    local devices instead (and returns `None`). Keras's torch backend has
+    neither.
     """
     if name == "none":
         return None
-    if keras.backend.backend() != "tensorflow":
+    backend = keras.backend.backend()
+    if backend == "jax" and name == "mirrored":
+        keras.distribution.set_distribution(keras.distribution.DataParallel())
+        return None
+    if backend != "tensorflow":
+        where = "KERAS_BACKEND=tensorflow"
         if name == "mirrored":
-            keras.distribution.set_distribution(
-                keras.distribution.DataParallel()
-            )
-            return None
+            where += " or jax"
         raise kmp.InputError(
-            f"strategy={name} needs KERAS_BACKEND=tensorflow (it is "
-            f"{keras.backend.backend()!r})."
+            f"strategy={name} needs {where} (it is {backend!r})"
+            + (
+                ": Keras's torch backend has no multi-device fit "
+                "(README, Multi-GPU and multi-node)."
+                if backend == "torch"
+                else "."
+            )
         )
     import tensorflow as tf
 

@@ -239,11 +239,24 @@ def multi_worker_strategy(timeout: float = 120.0, communication_options=None):
     )
 
 
+# What a user of each other backend does instead of tf.distribute.
+_INSTEAD = {
+    "jax": "On JAX, use keras.distribution.DataParallel: kmp's loss scaler "
+    "works under it as is.",
+    "torch": "Keras's torch backend has no multi-device fit: in a custom "
+    "loop, wrap the model in torch.nn.parallel.DistributedDataParallel "
+    "(keras.io, 'Multi-GPU distributed training with PyTorch'). It "
+    "averages the gradients in backward, so kmp.LossScaleOptimizer sees "
+    "the same gradients, and skips the same steps, on every process.",
+}
+
+
 def require_tensorflow(what):
+    """Refuses, in one line, a tf.distribute feature on another backend,
+    saying what to use there instead."""
     if backend.name() != "tensorflow":
         raise InputError(
             f"{what} is for tf.distribute strategies and needs "
             f"KERAS_BACKEND=tensorflow; the backend is {backend.name()!r}. "
-            "On JAX, use keras.distribution.DataParallel: kmp's loss "
-            "scaler works under it as is."
+            + _INSTEAD.get(backend.name(), "")
         )

@@ -60,6 +60,38 @@ def test_help_and_bad_flags_answer_without_importing_keras():
     assert "keras imported: False" in result.stdout, result.stderr
 
 
+@pytest.mark.parametrize("backend", ["tensorflow", "jax", "torch"])
+def test_bench_takes_each_keras_backend(backend):
+    args = cli._parser().parse_args(["bench", "--backend", backend])
+    assert args.backend == backend
+
+
+def test_a_backend_that_is_not_installed_is_keras_s_error_in_one_line():
+    # PyTorch absent, as on a machine without it, under KERAS_BACKEND=torch.
+    code = (
+        "import importlib.abc, sys\n"
+        "class NoTorch(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name.split('.')[0] == 'torch':\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}',"
+        " name=name)\n"
+        "sys.meta_path.insert(0, NoTorch())\n"
+        "sys.argv[0] = 'kmp'\n"
+        "from kmp.app import cli\n"
+        "cli.main(['info'])\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, KERAS_BACKEND="torch"),
+    )
+    assert result.returncode == 2
+    assert "No module named 'torch' (KERAS_BACKEND=torch)" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_import_kmp_loads_the_api_and_registers_its_classes():
     code = (
         "import sys, kmp, keras\n"
@@ -82,6 +114,7 @@ def test_import_kmp_loads_the_api_and_registers_its_classes():
         (["train", "mnist"], "invalid choice: 'mnist'"),
         (["bench", "--models", "mnist"], "invalid choice: 'mnist'"),
         (["bench", "--steps", "0"], "must be >= 1"),
+        (["bench", "--backend", "numpy"], "invalid choice: 'numpy'"),
         (["nope"], "invalid choice: 'nope'"),
     ],
 )

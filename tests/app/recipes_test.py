@@ -8,6 +8,7 @@ import pytest
 from absl import flags
 from util import jax_only
 from util import tf_only
+from util import torch_only
 
 from kmp.app import data
 from kmp.app import recipes
@@ -98,6 +99,13 @@ def test_jax_mirrored_is_data_parallel_and_multiworker_is_refused():
     )
     with pytest.raises(ValueError, match="needs KERAS_BACKEND=tensorflow"):
         recipes.make_strategy("multiworker")
+
+
+@torch_only
+def test_torch_has_no_strategy_and_says_so():
+    for name in ("mirrored", "multiworker"):
+        with pytest.raises(ValueError, match="no multi-device fit"):
+            recipes.make_strategy(name)
 
 
 @tf_only

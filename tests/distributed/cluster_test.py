@@ -5,10 +5,11 @@ import socket
 import time
 
 import pytest
-from util import jax_only
+from util import not_tf
 from util import tf_only
 
 import kmp
+from kmp import backend
 from kmp.distributed import cluster
 
 WORKERS = {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}
@@ -139,10 +140,15 @@ def test_a_busy_own_port_is_a_clear_error():
             cluster._wait_for_peers(parsed, timeout=1.0)
 
 
-@jax_only
+@not_tf
 def test_multi_worker_strategy_needs_the_tensorflow_backend():
-    with pytest.raises(ValueError, match="keras.distribution.DataParallel"):
+    instead = {
+        "jax": "keras.distribution.DataParallel",
+        "torch": "torch.nn.parallel.DistributedDataParallel",
+    }[backend.name()]
+    with pytest.raises(ValueError, match="KERAS_BACKEND=tensorflow") as error:
         kmp.multi_worker_strategy()
+    assert instead in str(error.value)
 
 
 @tf_only

@@ -5,18 +5,27 @@ import keras
 import numpy as np
 import pytest
 from util import classification_data
-from util import jax_only
 from util import mlp
+from util import not_tf
 from util import tf_only
 
 import kmp
+from kmp import backend
 from kmp.distributed import fit
 
+# What each other backend's user is told to use instead.
+INSTEAD = {
+    "jax": "keras.distribution.DataParallel",
+    "torch": "torch.nn.parallel.DistributedDataParallel",
+}
 
-@jax_only
+
+@not_tf
 def test_distribute_needs_the_tensorflow_backend():
-    with pytest.raises(ValueError, match="KERAS_BACKEND=tensorflow"):
+    with pytest.raises(ValueError, match="KERAS_BACKEND=tensorflow") as error:
         kmp.distribute(mlp())
+    assert INSTEAD[backend.name()] in str(error.value)
+    assert "\n" not in str(error.value)
 
 
 @tf_only
