@@ -18,6 +18,14 @@ import os
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# A JAX test spends most of its time in XLA's CPU compiler; LLVM's cheap
+# pipeline compiles the same HLO programs about 16 % faster (measured on
+# the slowest JAX tests). Subprocesses inherit it.
+os.environ.setdefault(
+    "XLA_FLAGS",
+    "--xla_backend_optimization_level=0 "
+    "--xla_llvm_disable_expensive_passes=true",
+)
 # The examples turn on kmp's compile cache by default: keep the suite's out
 # of the user's ~/.cache (subprocesses inherit this too).
 os.environ["XDG_CACHE_HOME"] = os.path.join(

@@ -12,6 +12,7 @@ same step. Prints `RESULT {...}` (rank, skipped steps, scale, weights).
 A helper for tests/replicas_test.py.
 """
 
+import datetime
 import json
 import os
 import sys
@@ -23,7 +24,6 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from keras import ops  # noqa: E402
 from util import classification_data  # noqa: E402
-from util import mlp  # noqa: E402
 
 import kmp  # noqa: E402
 
@@ -34,9 +34,20 @@ def main(rank, port):
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=2,
+        # A rank that dies ends the other's collectives with an error.
+        timeout=datetime.timedelta(seconds=90),
     )
     kmp.enable("mixed_float16")
-    model = mlp()  # the same seed, the same weights on both ranks
+    model = keras.Sequential(
+        [
+            keras.Input((8,)),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dense(2),
+            keras.layers.Activation("softmax", dtype="float32"),
+        ]
+    )
+    # DDP broadcasts rank 0's weights to every rank here. (No seeding:
+    # Keras's set_random_seed would import TensorFlow where installed.)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = kmp.LossScaleOptimizer(
         keras.optimizers.SGD(0.1), initial_scale=2.0**10

@@ -1,5 +1,6 @@
 """Helpers shared by the tests."""
 
+import concurrent.futures
 import json
 import os
 import socket
@@ -102,13 +103,22 @@ def run_processes(argvs, envs, timeout, backend="tensorflow"):
         )
         for argv, env in zip(argvs, envs)
     ]
-    try:
-        outputs = [p.communicate(timeout=timeout) for p in procs]
-    finally:
+    # Drain every process's pipes at once: drained one after another, a
+    # process blocked on a full pipe would stall the collective the one
+    # being drained waits in.
+    with concurrent.futures.ThreadPoolExecutor(len(procs)) as pool:
+        futures = [pool.submit(p.communicate, timeout=timeout) for p in procs]
+        concurrent.futures.wait(futures)
+    if any(f.exception() for f in futures):  # a timeout: say what each said
         for p in procs:
             p.kill()
-    for p, (_, err) in zip(procs, outputs):
-        assert p.returncode == 0, err[-3000:]
+    outputs = [
+        p.communicate() if f.exception() else f.result()
+        for p, f in zip(procs, futures)
+    ]
+    said = "\n".join(f"[{i}] {e[-1500:]}" for i, (_, e) in enumerate(outputs))
+    for i, p in enumerate(procs):
+        assert p.returncode == 0, f"process {i} failed or hung:\n{said}"
     return [out for out, _ in outputs]
 
 
