@@ -173,7 +173,7 @@ def torch_variant(variant, width, batches, compiled):
             scaler.scale(loss).backward()
             scaler.step(optimizer)
             scaler.update()
-        return float(loss)
+        return float(loss.detach())
 
     return run
 

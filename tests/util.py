@@ -28,11 +28,17 @@ not_tf = pytest.mark.skipif(
 )
 
 
-# The `jit_compile` values fit tests run with. On torch, Keras's default
-# is eager and `jit_compile=True` is torch.compile, whose first step costs
+# The `jit_compile` values fit tests run with: XLA and TensorFlow's graph
+# on TensorFlow. On JAX, `jit_compile=False` dispatches op by op, which no
+# one trains with, and Keras's scaler then compiles its `lax.cond` on
+# every step (0.2 s): JAX's fit tests jit. On torch, Keras's default is
+# eager and `jit_compile=True` is torch.compile, whose first step costs
 # 30-70 s of compiling on a 2-core CPU: there the fit tests run eagerly,
-# and test_loss_scale_under_torch_compile (slow) covers torch.compile.
-JIT_COMPILE = [False] if backend.name() == "torch" else [True, False]
+# and test_torch_compile_recompiles_the_stock_scaler_s_cond_not_kmp_s
+# (slow) covers torch.compile.
+JIT_COMPILE = {"jax": [True], "torch": [False]}.get(
+    backend.name(), [True, False]
+)
 
 
 def classification_data(n=256, features=8, seed=0):

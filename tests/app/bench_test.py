@@ -12,7 +12,7 @@ TINY = {
 }
 
 
-@pytest.mark.backend_independent
+@pytest.mark.backend_independent("torch")
 @pytest.mark.slow
 def test_each_variant_is_timed_against_float32():
     # The IMDB model runs in tests/app/commands_test.py's `kmp bench` test;
@@ -88,7 +88,7 @@ def test_warnings_flag_divergence_and_identical_losses():
     assert "loss rose" in same[0]["warning"]
 
 
-@pytest.mark.backend_independent
+@pytest.mark.backend_independent("torch")
 @pytest.mark.slow
 def test_a_variants_memory_is_measured_in_a_process_of_its_own():
     mib, what = bench.variant_memory("cifar10", "bf16", TINY, steps=1)

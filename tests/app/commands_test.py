@@ -93,7 +93,7 @@ def test_train_runs_the_example_and_prints_the_table(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.backend_independent
+@pytest.mark.backend_independent("torch")
 def test_bench_command_writes_markdown_and_json(tmp_path, monkeypatch, capsys):
     from kmp.app import bench
 
