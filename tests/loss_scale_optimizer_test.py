@@ -45,6 +45,11 @@ def _apply(optimizer, grads, variables, path):
         v.assign(value)
 
 
+# One jitted `stateless_apply` per optimizer: a fresh `jax.jit` wrapper
+# would start with an empty cache and compile on every call.
+_JITTED = weakref.WeakKeyDictionary()
+
+
 def _stateless_apply(optimizer):
     # On JAX, jitted as `fit` runs it: eagerly, Keras's `stateless_apply`
     # compiles a `lax.cond` program on every call (0.2 s on a CPU).
@@ -55,9 +60,6 @@ def _stateless_apply(optimizer):
 
         _JITTED[optimizer] = jax.jit(optimizer.stateless_apply)
     return _JITTED[optimizer]
-
-
-_JITTED = weakref.WeakKeyDictionary()
 
 
 def _stock_path(path):
