@@ -39,37 +39,29 @@ if __name__ == "__main__":
     # `kmp train` also filters the lines TensorFlow prints while loading.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import dataclasses
-
 import keras
 import numpy as np
 
 import kmp
 from kmp.app import data as kmp_data
 from kmp.app import recipes
+from kmp_cli import configs
 
 MEAN = np.array([0.4914, 0.4822, 0.4465], "float32") * 255
 STD = np.array([0.2470, 0.2435, 0.2616], "float32") * 255
 
 
-@dataclasses.dataclass
-class Config(recipes.RunConfig):
-    """What `train` does; every field is also a flag (see `--help`)."""
+# ## Configuration
+#
+# `Config` holds a run's settings, and each field is a flag
+# (`--help` lists them): those every example takes (policy, epochs,
+# batch_size, steps, data, seed, strategy, output_dir, restart, ...) and
+# this model's `width`. Defaults are GPU sizes (batch 512, width 64); where
+# no GPU is found, the sizes not given are batch 128, width 16, and the run
+# says so. The class is in kmp_cli/configs.py, which imports no Keras, so
+# that `kmp train` refuses a bad flag before TensorFlow loads.
 
-    batch_size: int = recipes.flag(512, "Global batch.", lower_bound=1)
-    output_dir: str = recipes.flag("runs/cifar10", "Output directory.")
-    learning_rate: float = recipes.flag(
-        0.2, "Peak learning rate at batch 512 (scaled with the batch)."
-    )
-    width: int = recipes.flag(
-        64, "Channels of the first block (64: ResNet-9).", lower_bound=8
-    )
-    synthetic_size: int = recipes.flag(
-        50_000,
-        "Training examples of synthetic data; its test split is a fifth "
-        "of that.",
-        lower_bound=1,
-    )
+Config = configs.Cifar10Config
 
 
 # ## Data
@@ -260,12 +252,13 @@ def train(config: Config) -> dict:
         config.batch_size
     )
     with kmp.policy_scope(config.policy) as policy:
+        # Loss-scale monitor, step times, and a backup: rerun the same
+        # command after an interruption and it resumes (a backup of
+        # other settings is refused here, before anything is built).
+        run = recipes.Run(config, splits, strategy, policy.name)
         with recipes.scope(strategy):
             model = compile_model(config, steps)
         recipes.prepare(model, strategy)  # kmp.distribute under a strategy
-        # Loss-scale monitor, step times, and a backup: rerun the same
-        # command after an interruption and it resumes.
-        run = recipes.Run(config, splits, strategy)
         args, kwargs = recipes.fit_data(train_data, config.batch_size)
         history = model.fit(
             *args,
@@ -277,13 +270,9 @@ def train(config: Config) -> dict:
             callbacks=run.callbacks,
             verbose=config.verbose,
         )
-        # The test figures are the last epoch's validation: the same
-        # weights on the same batches, so it is not run a second time.
-        test_loss = history.history["val_loss"][-1]
-        accuracy = history.history["val_accuracy"][-1]
-        results = run.results(
-            "resnet9", policy.name, history, model, test_loss, accuracy
-        )
+        # The History of every epoch (those before an interruption too);
+        # the test figures are the last epoch's validation.
+        results = run.results("resnet9", history, model)
     run.save(model, results, "cifar10")
     return results
 
@@ -304,5 +293,7 @@ def main(argv):
 if __name__ == "__main__":
     from absl import app
 
-    recipes.define_flags(Config)
+    from kmp_cli import flags
+
+    flags.define_flags(Config)
     app.run(main)

@@ -36,47 +36,27 @@ if __name__ == "__main__":
     # `kmp train` also filters the lines TensorFlow prints while loading.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import dataclasses
-
 import keras
 from keras import ops
 
 import kmp
 from kmp.app import data as kmp_data
 from kmp.app import recipes
+from kmp_cli import configs
 
+# ## Configuration
+#
+# `Config` holds a run's settings, and each field is a flag
+# (`--help` lists them): those every example takes (policy, epochs,
+# batch_size, steps, data, seed, strategy, output_dir, restart, ...) and
+# this model's: model, d_model, heads, layers, sequence_length,
+# vocabulary_size, float8. Where no GPU is found, the sizes not given are
+# batch 32, d_model 64, sequence 128, and the run says so. The class is in
+# kmp_cli/configs.py, which imports no Keras, so that `kmp train` refuses
+# a bad flag (`--heads` that do not divide `--d_model` too) before
+# TensorFlow loads.
 
-@dataclasses.dataclass
-class Config(recipes.RunConfig):
-    """What `train` does; every field is also a flag (see `--help`)."""
-
-    epochs: int = recipes.flag(3, "Epochs.", lower_bound=1)
-    output_dir: str = recipes.flag("runs/imdb", "Output directory.")
-    learning_rate: float = recipes.flag(5e-4, "Peak learning rate (AdamW).")
-    model: str = recipes.flag(
-        "transformer", "Architecture.", ("transformer", "bilstm")
-    )
-    d_model: int = recipes.flag(128, "Embedding width.", lower_bound=8)
-    heads: int = recipes.flag(4, "Attention heads.", lower_bound=1)
-    layers: int = recipes.flag(2, "Encoder blocks.", lower_bound=1)
-    sequence_length: int = recipes.flag(
-        256, "Tokens per review.", lower_bound=8
-    )
-    vocabulary_size: int = recipes.flag(20_000, "Vocabulary.", lower_bound=8)
-    float8: bool = recipes.flag(
-        False,
-        "Attention and feed-forward matmuls in float8 (kmp.float8): fast "
-        "on H100/H200 tensor cores, slow on a CPU.",
-    )
-
-    def check(self):
-        super().check()
-        if self.d_model % self.heads:
-            raise ValueError(
-                f"d_model ({self.d_model}) must be a multiple of heads "
-                f"({self.heads})."
-            )
-        return self
+Config = configs.ImdbConfig
 
 
 # ## Data
@@ -268,10 +248,10 @@ def train(config: Config) -> dict:
         config.batch_size
     )
     with kmp.policy_scope(config.policy) as policy:
+        run = recipes.Run(config, splits, strategy, policy.name)  # + backup
         with recipes.scope(strategy):
             model = compile_model(config, steps)
         recipes.prepare(model, strategy)  # kmp.distribute under a strategy
-        run = recipes.Run(config, splits, strategy)
         args, kwargs = recipes.fit_data(train_data, config.batch_size)
         history = model.fit(
             *args,
@@ -283,14 +263,9 @@ def train(config: Config) -> dict:
             callbacks=run.callbacks,
             verbose=config.verbose,
         )
-        # The test figures are the last epoch's validation: the same
-        # weights on the same batches, so it is not run a second time.
-        test_loss = history.history["val_loss"][-1]
-        accuracy = history.history["val_accuracy"][-1]
-        name = f"imdb_{config.model}"
-        results = run.results(
-            name, policy.name, history, model, test_loss, accuracy
-        )
+        # The History of every epoch (those before an interruption too);
+        # the test figures are the last epoch's validation.
+        results = run.results(f"imdb_{config.model}", history, model)
     run.save(model, results, "imdb")
     return results
 
@@ -309,5 +284,7 @@ def main(argv):
 if __name__ == "__main__":
     from absl import app
 
-    recipes.define_flags(Config)
+    from kmp_cli import flags
+
+    flags.define_flags(Config)
     app.run(main)

@@ -3,13 +3,17 @@
 `LossScaleMonitor` puts the loss scale and the count of skipped steps into
 the logs of `model.fit`, so they appear in the progress bar, in
 `History.history`, in `CSVLogger` files and as TensorBoard scalars, like
-any metric.
+any metric; and it stops a run that no loss scale can save.
 """
 
+import warnings
+
 import keras
+from keras import ops
 
 from kmp import backend
-from kmp.loss_scale_optimizer import LossScaleOptimizer
+from kmp.errors import InputError
+from kmp.scaling import LossScaleOptimizer
 
 
 def _scale_logs(model, read):
@@ -20,7 +24,18 @@ def _scale_logs(model, read):
     logs = {"loss_scale": read(optimizer.dynamic_scale)}
     if isinstance(optimizer, LossScaleOptimizer):
         logs["skipped_steps"] = read(optimizer.skipped_steps)
+        # Read for the stop rule, then taken out of the logs (`_STREAK`).
+        # As a float: on JAX a log that is the state's own int32 array (a
+        # constant 0 on finite steps) can share its buffer, which the next
+        # step donates.
+        logs[_STREAK] = ops.cast(read(optimizer.overflow_streak), "float32")
     return logs
+
+
+# The optimizer's count of non-finite steps in a row, in the step's logs
+# for the monitor only: it removes it before the progress bar and History
+# (which Keras runs after the user's callbacks) see it.
+_STREAK = "overflow_streak"
 
 
 class StepCount(float):
@@ -55,9 +70,32 @@ class LossScaleMonitor(keras.callbacks.Callback):
     training), it adds nothing, so the same training code works in every
     mode.
 
+    It also stops a run that loss scaling cannot save. A scale at its
+    floor (`min_scale`) that still overflows means the gradients are
+    non-finite for another reason (a NaN or inf in the data, a float16
+    activation beyond 65504, a diverging learning rate), and kmp would
+    otherwise skip every step, silently, to the end of the run. The rule,
+    with kmp's optimizer, checked after each step:
+
+    ```
+    if overflow_streak >= stop_after and loss_scale == min_scale:
+        model.stop_training = True   # with a RuntimeWarning saying why
+    ```
+
+    where `overflow_streak` is the optimizer's count of non-finite steps
+    in a row (the steps it took the scale to back off to the floor
+    included). Fit stops after that step, or a step or two later where
+    Keras runs batch-end callbacks on its thread pool (JAX, torch, when
+    every callback is async-safe); the skipped steps changed nothing.
+    `kmp doctor` / `kmp.diagnose(model, data)` then shows which layers
+    overflow. The reason stays in `stop_reason`.
+
     The per-step values of the latest `fit` are also kept in
     `self.history`, a dict of lists (`"epoch"`, `"batch"`, `"loss_scale"`,
     `"skipped_steps"`), for plots.
+
+    Args:
+        stop_after: Int >= 1, or `None` never to stop. Default 100.
 
     Example:
 
@@ -74,13 +112,29 @@ class LossScaleMonitor(keras.callbacks.Callback):
     # are sorted when read.
     async_safe = True
 
-    def __init__(self):
+    def __init__(self, stop_after: int | None = 100):
         super().__init__()
+        if stop_after is not None and (
+            isinstance(stop_after, bool)
+            or not isinstance(stop_after, int)
+            or stop_after < 1
+        ):
+            raise InputError(
+                "stop_after must be a positive int (non-finite steps in a "
+                "row, with the scale at min_scale, before fit stops) or "
+                f"None (never stop); got {stop_after!r}."
+            )
+        self.stop_after = stop_after
+        self.stop_reason = None
         self._records = []
         self._epoch = 0
 
     def set_model(self, model):
         super().set_model(model)
+        # Batch-end calls may run on Keras's thread pool, where
+        # `self.model` would sync JAX's state from under the running
+        # step (Keras's Callback.model does that): keep the model here.
+        self._fitting = model
         backend.add_train_step_logs(
             model, lambda read: _scale_logs(model, read)
         )
@@ -88,11 +142,15 @@ class LossScaleMonitor(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         # Like keras.callbacks.History: each fit starts a new record.
         self._records = []
+        self.stop_reason = None
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
 
     def on_train_batch_end(self, batch, logs=None):
+        streak = logs.pop(_STREAK, None) if logs else None
+        if streak is not None:
+            self._stop_if_hopeless(float(streak), float(logs["loss_scale"]))
         if logs and "skipped_steps" in logs:
             # Callbacks share one logs dict, and Keras appends its progress
             # bar after the user's callbacks: it shows the count.
@@ -108,8 +166,31 @@ class LossScaleMonitor(keras.callbacks.Callback):
             )
 
     def on_epoch_end(self, epoch, logs=None):
+        if logs:
+            logs.pop(_STREAK, None)
         if logs and "skipped_steps" in logs:
             logs["skipped_steps"] = StepCount(logs["skipped_steps"])
+
+    def _stop_if_hopeless(self, streak, scale):
+        optimizer = self._fitting.optimizer
+        if (
+            self.stop_after is None
+            or self.stop_reason is not None
+            or streak < self.stop_after
+            or scale > optimizer.min_scale
+        ):
+            return
+        self.stop_reason = (
+            f"kmp: {int(streak)} steps in a row had non-finite gradients, "
+            f"the loss scale at its floor (min_scale={optimizer.min_scale:g})"
+            ": a lower scale cannot help, so fit stops here. The cause is "
+            "not the loss scale: look for a NaN or inf in the data, a "
+            "float16 overflow in a layer, or a diverging learning rate; "
+            "`kmp doctor` (kmp.diagnose(model, data)) shows which layers "
+            "overflow. LossScaleMonitor(stop_after=None) never stops."
+        )
+        self._fitting.stop_training = True
+        warnings.warn(self.stop_reason, RuntimeWarning, stacklevel=2)
 
     @property
     def history(self):

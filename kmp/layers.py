@@ -1,113 +1,25 @@
-"""Layers that compute in float32 inside a mixed-precision model.
+"""`kmp.layers`: the layers kmp puts in place of Keras's, for use in
+models of your own.
 
-These are KerasHub's idiom (b): cast up to float32 inside `call`, compute,
-and return the layer's `compute_dtype`, so that the next matmul still runs
-in float16 (or bfloat16) on tensor cores. They differ from their Keras
-parents only in that; `kmp.pin_float32` puts them in place of the exact
-Keras classes, and because they are registered for serialization a pinned
-model keeps them through `.keras` save and load.
-
-Use idiom (a), `dtype="float32"` on the layer, where the *output* itself
-must be float32 (a model's final softmax); `kmp.pin_float32` does that for
-the layers that produce model outputs.
+Float32 islands (`kmp.pin_float32` puts them in; `kmp.islands`):
+`Float32Softmax`, `Float32Activation`, `MultiHeadAttention`. Float8
+matmuls (`kmp.float8` puts them in; `kmp.fp8`): `Float8Dense`,
+`Float8EinsumDense`, `Float8MultiHeadAttention`. All are registered for
+serialization (`kmp>ClassName`), so a `.keras` file keeps them.
 """
 
-import keras
-from keras import ops
+from kmp.fp8 import Float8Dense
+from kmp.fp8 import Float8EinsumDense
+from kmp.fp8 import Float8MultiHeadAttention
+from kmp.islands import Float32Activation
+from kmp.islands import Float32Softmax
+from kmp.islands import MultiHeadAttention
 
-from kmp.errors import InputTypeError
-
-
-class _Float32Compute:
-    """Mixin: run the parent's `call` on float32 inputs, return
-    `compute_dtype`."""
-
-    def call(self, inputs, *args, **kwargs):
-        outputs = super().call(ops.cast(inputs, "float32"), *args, **kwargs)
-        return ops.cast(outputs, self.compute_dtype)
-
-
-@keras.saving.register_keras_serializable(package="kmp")
-class Float32Softmax(_Float32Compute, keras.layers.Softmax):
-    """`keras.layers.Softmax` computed in float32, returned in
-    `compute_dtype`.
-
-    Under `mixed_float16`, a softmax's exponentials and normalising sum lose
-    precision (and its large-negative mask value, range) in float16. This
-    layer casts its input to float32, applies the softmax there, and casts
-    the probabilities back to the layer's compute dtype for the next
-    matmul.
-
-    Args:
-        axis: As for `keras.layers.Softmax`.
-        **kwargs: Base layer keyword arguments, such as `name` and `dtype`.
-
-    Example:
-
-    ```python
-    kmp.enable("mixed_float16")
-    probs = kmp.layers.Float32Softmax()(scores)   # float16 out,
-                                                  # float32 inside
-    ```
-    """
-
-
-@keras.saving.register_keras_serializable(package="kmp")
-class Float32Activation(_Float32Compute, keras.layers.Activation):
-    """`keras.layers.Activation` computed in float32, returned in
-    `compute_dtype`.
-
-    Used by `kmp.pin_float32` for softmax, log-softmax and sigmoid
-    activations inside a model.
-
-    Args:
-        activation: As for `keras.layers.Activation`.
-        **kwargs: Base layer keyword arguments, such as `name` and `dtype`.
-    """
-
-
-@keras.saving.register_keras_serializable(package="kmp")
-class MultiHeadAttention(keras.layers.MultiHeadAttention):
-    """`keras.layers.MultiHeadAttention` whose attention softmax computes in
-    float32.
-
-    The query, key, value and output projections and both attention
-    matmuls keep the layer's policy (float16 under `mixed_float16`); only
-    the softmax over the attention scores runs in float32, through a
-    `kmp.layers.Float32Softmax`, and hands float16 probabilities to the
-    next matmul. (When Keras takes its fused `ops.dot_product_attention`
-    path, used when there is no dropout and no returned scores, that op
-    already computes its softmax in float32 on the TensorFlow and JAX
-    backends; this layer changes the other path.)
-
-    Args:
-        As for `keras.layers.MultiHeadAttention`.
-    """
-
-    def _build_attention(self, rank):
-        super()._build_attention(rank)
-        _swap_class(self._softmax, Float32Softmax)
-
-
-def _swap_class(layer, cls):
-    """Turns `layer` into an instance of `cls`, a kmp subclass of its class.
-
-    The layer keeps its identity, weights, config and build state; only
-    the `call` that `cls` overrides changes. Used on exact Keras classes
-    only, so no user subclass's behaviour is lost.
-    """
-    if not issubclass(cls, type(layer)):
-        raise InputTypeError(
-            f"{cls.__name__} is not a subclass of {type(layer).__name__}."
-        )
-    layer.__class__ = cls
-    if isinstance(layer, MultiHeadAttention) and layer.built:
-        # A built layer's softmax was made by the stock _build_attention.
-        _swap_class(layer._softmax, Float32Softmax)
-
-
-# The float8 layers live in their own module (one concept) and are part of
-# this namespace; imported last, as they build on the classes above.
-from kmp.float8_layers import Float8Dense  # noqa: E402, F401
-from kmp.float8_layers import Float8EinsumDense  # noqa: E402, F401
-from kmp.float8_layers import Float8MultiHeadAttention  # noqa: E402, F401
+__all__ = [
+    "Float32Activation",
+    "Float32Softmax",
+    "Float8Dense",
+    "Float8EinsumDense",
+    "Float8MultiHeadAttention",
+    "MultiHeadAttention",
+]

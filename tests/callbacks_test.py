@@ -48,9 +48,13 @@ def test_fit_logs_loss_scale_and_skipped_steps(jit_compile):
     assert per_step["epoch"] == sorted(per_step["epoch"])
     assert per_step["skipped_steps"] == sorted(per_step["skipped_steps"])
     assert per_step["skipped_steps"][-1] == skipped
-    # Each skipped step halved the scale.
+    # Each skipped step halved the scale, and nothing else changed it
+    # (growth comes after 2000 finite steps): after every step the scale
+    # is 2**30 halved once per step skipped so far.
     assert per_step["loss_scale"][0] == 2.0**29
-    assert np.all(np.diff(per_step["skipped_steps"]) >= 0)
+    assert per_step["loss_scale"] == [
+        2.0**30 / 2.0**s for s in per_step["skipped_steps"]
+    ]
 
 
 @pytest.mark.skipif(backend.is_stateless(), reason="JAX steps are pure")
@@ -159,3 +163,55 @@ def test_progress_bar_shows_skipped_steps_as_a_count(capsys):
     shown = capsys.readouterr().out
     assert "skipped_steps: 0" in shown
     assert "e+00" not in shown
+
+
+def _nan_fit(stop_after, epochs=3):
+    """A float16 model whose data holds a NaN: every gradient is
+    non-finite, whatever the scale."""
+    kmp.enable("mixed_float16")
+    model = mlp()
+    optimizer = kmp.wrap("sgd", initial_scale=4.0, min_scale=1.0)
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
+    x, y = classification_data()
+    x[:, 0] = np.nan
+    monitor = kmp.callbacks.LossScaleMonitor(stop_after=stop_after)
+    history = model.fit(
+        x,
+        y,
+        batch_size=32,
+        epochs=epochs,
+        verbose=0,
+        callbacks=[monitor, _InStepOrder()],
+    )
+    return optimizer, monitor, history
+
+
+class _InStepOrder(keras.callbacks.Callback):
+    """A batch-end callback that is not async-safe: Keras then runs every
+    batch-end callback before the next step, so a stop comes at the very
+    step that asked for it (on a thread pool it may come a step later)."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        pass
+
+
+def test_a_run_no_loss_scale_can_save_stops_with_the_reason():
+    with pytest.warns(RuntimeWarning, match="5 steps in a row") as caught:
+        optimizer, monitor, history = _nan_fit(stop_after=5)
+    # Scale 4 -> 2 -> 1 on the first two skips, then at its floor: the
+    # fifth skip in a row is the last step run.
+    assert int(optimizer.skipped_steps) == 5
+    assert int(optimizer.iterations) == 0
+    assert monitor.history["loss_scale"] == [2.0, 1.0, 1.0, 1.0, 1.0]
+    assert "kmp doctor" in monitor.stop_reason
+    assert monitor.stop_reason in [str(w.message) for w in caught]
+    assert "overflow_streak" not in history.history
+
+
+def test_stop_after_none_skips_to_the_end_and_bad_values_are_refused():
+    optimizer, monitor, _ = _nan_fit(stop_after=None, epochs=2)
+    assert int(optimizer.skipped_steps) == 16  # 2 epochs of 8 steps
+    assert monitor.stop_reason is None
+    for bad in (0, 2.5, True, "10"):
+        with pytest.raises(kmp.InputError, match="stop_after must be"):
+            kmp.callbacks.LossScaleMonitor(stop_after=bad)

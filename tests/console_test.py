@@ -1,8 +1,8 @@
-"""The console kmp's tables print to (`kmp._console`)."""
+"""The console kmp's tables print to (`kmp.console`)."""
 
 import pytest
 
-from kmp._console import make_console
+from kmp.console import make_console
 
 pytestmark = pytest.mark.backend_independent
 

@@ -2,10 +2,17 @@
 imports (top-level and inside functions) and hold them to the layering
 that BUILD_NOTES.md draws.
 
-    kmp/*.py          the core: imports no wing, no application
-    kmp/doctor/       a wing: the core and itself; its stages in order
-    kmp/distributed/  a wing: the core and itself
-    kmp/app/, examples/  the application: anything above
+    kmp/*.py, kmp/backend/, kmp/scaling/, kmp/islands/, kmp/fp8/,
+    kmp/auditing/         the core: imports no wing, no application;
+                          its parts import each other without a cycle
+    kmp/doctor/, kmp/distributed/
+                          the wings: the core and themselves
+    kmp/app/, examples/   the application: the public API, `backend`
+                          and `console`
+
+Each package's docstring says, on a line "Imports from kmp: ...", which
+parts of kmp its modules import; the tests hold it to that. A module or
+name with a leading underscore is imported only inside its own package.
 """
 
 import ast
@@ -18,12 +25,19 @@ pytestmark = pytest.mark.backend_independent
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "kmp"
+CORE_PACKAGES = ("backend", "scaling", "islands", "fp8", "auditing")
 WINGS = ("doctor", "distributed")
+LIBRARY_PACKAGES = CORE_PACKAGES + WINGS
 APPLICATION = ("kmp.app", "kmp.examples")
+COMMAND = ROOT / "kmp_cli"
 
 
 def _modules(folder):
     return sorted(p for p in folder.glob("*.py"))
+
+
+def _source_folders():
+    return [PACKAGE] + [PACKAGE / name for name in (*LIBRARY_PACKAGES, "app")]
 
 
 def _is_module(name):
@@ -34,43 +48,157 @@ def _is_module(name):
     return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
 
 
+def _import_pairs(path):
+    """`(module, name)` for every kmp import in `path`: `name` is the
+    imported name for `from module import name` (None for a module)."""
+    pairs = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            pairs += [(alias.name, None) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                # `from kmp.doctor import _view` imports kmp.doctor._view.
+                submodule = f"{node.module}.{alias.name}"
+                if _is_module(submodule):
+                    pairs.append((submodule, None))
+                else:
+                    pairs.append((node.module, alias.name))
+    return [
+        (module, name)
+        for module, name in pairs
+        if module == "kmp" or module.startswith("kmp.")
+    ]
+
+
 def _imports(path):
     """Every kmp module `path` imports, as dotted names (`kmp` itself for
     the public API)."""
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            for alias in node.names:
-                # `from kmp.doctor import _view` imports kmp.doctor._view;
-                # `from kmp.policy import enable` imports kmp.policy.
-                submodule = f"{node.module}.{alias.name}"
-                names.add(submodule if _is_module(submodule) else node.module)
-    return {n for n in names if n == "kmp" or n.startswith("kmp.")}
+    return {module for module, _ in _import_pairs(path)}
 
 
-def _is_core(name):
+def _part(name):
+    """The part of kmp a module belongs to: `kmp.fp8.convert` -> `fp8`,
+    `kmp.policy` -> `policy`, `kmp` -> `kmp` (the public API)."""
     parts = name.split(".")
-    return len(parts) == 2 and (PACKAGE / f"{parts[1]}.py").exists()
+    return parts[1] if len(parts) > 1 else "kmp"
 
 
-CORE = [p for p in _modules(PACKAGE) if p.name != "__init__.py"]
+def _part_of_path(path):
+    relative = path.relative_to(PACKAGE)
+    return relative.parts[0] if len(relative.parts) > 1 else relative.stem
 
 
-@pytest.mark.parametrize("path", CORE, ids=lambda p: p.name)
-def test_the_core_imports_no_wing_no_application_and_not_the_api(path):
+def _declared_imports(folder):
+    """The parts named on the docstring's "Imports from kmp:" line."""
+    text = ast.get_docstring(ast.parse((folder / "__init__.py").read_text()))
+    found = re.search(r"^Imports from kmp: (.*?)\.(\s|$)", text, re.M | re.S)
+    assert found, f"kmp/{folder.name}/__init__.py has no 'Imports from kmp:'"
+    named = re.sub(r"\([^)]*\)", "", found.group(1))  # drop the reasons
+    return {n.strip() for n in named.replace("\n", " ").split(",")}
+
+
+def _library_modules():
+    """Every module of the library (core and wings), not the app."""
+    paths = [p for p in _modules(PACKAGE) if p.name != "__init__.py"]
+    for name in LIBRARY_PACKAGES:
+        paths += _modules(PACKAGE / name)
+    return paths
+
+
+@pytest.mark.parametrize("path", _library_modules(), ids=str)
+def test_the_library_never_imports_the_application_or_the_api(path):
     for name in _imports(path):
-        assert _is_core(name), f"{path.name} imports {name}"
+        assert _part(name) not in ("kmp", "app", "examples"), (
+            f"{path.relative_to(ROOT)} imports {name}"
+        )
 
 
-@pytest.mark.parametrize("wing", WINGS)
-def test_a_wing_imports_the_core_and_itself_only(wing):
-    for path in _modules(PACKAGE / wing):
-        for name in _imports(path):
-            assert _is_core(name) or name.startswith(f"kmp.{wing}."), (
-                f"kmp/{wing}/{path.name} imports {name}"
-            )
+@pytest.mark.parametrize("path", _library_modules(), ids=str)
+def test_the_core_imports_no_wing(path):
+    if _part_of_path(path) in WINGS:
+        return
+    for name in _imports(path):
+        assert _part(name) not in WINGS, f"{path.relative_to(ROOT)} -> {name}"
+
+
+@pytest.mark.parametrize("package", LIBRARY_PACKAGES)
+def test_each_package_imports_what_its_docstring_says(package):
+    folder = PACKAGE / package
+    imported = {
+        _part(name)
+        for path in _modules(folder)
+        for name in _imports(path)
+        if _part(name) != package
+    }
+    assert imported == _declared_imports(folder)
+
+
+def test_the_parts_of_the_library_import_each_other_without_a_cycle():
+    graph = {}
+    for path in _library_modules():
+        part = _part_of_path(path)
+        graph.setdefault(part, set()).update(
+            _part(name) for name in _imports(path) if _part(name) != part
+        )
+    done, on_path = set(), []
+
+    def visit(part):
+        if part in on_path:
+            cycle = on_path[on_path.index(part) :] + [part]
+            pytest.fail("import cycle: " + " -> ".join(cycle))
+        if part in done:
+            return
+        on_path.append(part)
+        for other in sorted(graph.get(part, ())):
+            visit(other)
+        on_path.pop()
+        done.add(part)
+
+    for part in sorted(graph):
+        visit(part)
+
+
+def _private_owner(module, name):
+    """The package whose privacy an import crosses, or None: for
+    `kmp.backend._torch_step` it is `kmp.backend`; for `from
+    kmp.doctor.numerics import _x`, `kmp.doctor`."""
+    if name is not None and name.startswith("_") and name != "__version__":
+        return module.rsplit(".", 1)[0] if _is_module(module) else module
+    parts = module.split(".")
+    for i, part in enumerate(parts):
+        if part.startswith("_"):
+            return ".".join(parts[:i])
+    return None
+
+
+def _package_of(path):
+    relative = path.relative_to(ROOT).with_suffix("")
+    if relative.parts[0] == "examples":
+        return "kmp.examples"
+    return ".".join(relative.parts[:-1])
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for folder in _source_folders() for p in _modules(folder)]
+    + _modules(ROOT / "examples")
+    + _modules(COMMAND),
+    ids=str,
+)
+def test_an_underscore_means_not_imported_outside_its_package(path):
+    package = _package_of(path)
+    for module, name in _import_pairs(path):
+        owner = _private_owner(module, name)
+        assert (
+            owner is None
+            or package == owner
+            or (package.startswith(owner + "."))
+        ), f"{path.relative_to(ROOT)} imports {module} {name or ''}"
+
+
+def test_the_top_of_kmp_holds_at_most_twelve_modules():
+    top = [p.name for p in _modules(PACKAGE)]
+    assert len(top) <= 12, top
 
 
 def _doctor_stages():
@@ -106,10 +234,10 @@ def test_only_diagnose_imports_the_numbered_stages():
 
 
 def test_the_application_uses_the_library_through_its_public_api():
-    # It may import kmp, its own modules, the examples, and `backend`
-    # (versions, devices, memory for reports); no private core module and
-    # no wing module.
-    allowed = ("kmp", "kmp.backend", "kmp._console") + APPLICATION
+    # It may import kmp, its own modules, the examples, `backend`
+    # (versions, devices, memory for reports) and `console`; nothing else
+    # of the library.
+    allowed = ("kmp", "kmp.backend", "kmp.console") + APPLICATION
     for path in _modules(PACKAGE / "app") + _modules(ROOT / "examples"):
         for name in _imports(path):
             assert name in allowed or name.startswith(
@@ -117,8 +245,26 @@ def test_the_application_uses_the_library_through_its_public_api():
             ), f"{path.relative_to(ROOT)} imports {name}"
 
 
+@pytest.mark.parametrize("path", _modules(COMMAND), ids=lambda p: p.name)
+def test_the_command_s_start_imports_no_keras_and_no_kmp_at_load(path):
+    # `kmp --help` and a refused flag answer before Keras loads
+    # (tests/app/cli_test.py times nothing, it checks sys.modules): so
+    # the module-level imports of kmp_cli name neither.
+    for node in ast.parse(path.read_text()).body:
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module]
+        for name in names:
+            top = name.split(".")[0]
+            assert top not in ("kmp", "keras", "tensorflow", "jax", "torch"), (
+                f"kmp_cli/{path.name} imports {name} when loaded"
+            )
+
+
 def test_every_package_says_what_it_is():
-    for folder in [PACKAGE] + [PACKAGE / w for w in (*WINGS, "app")]:
+    for folder in _source_folders() + [COMMAND]:
         docstring = ast.get_docstring(
             ast.parse((folder / "__init__.py").read_text())
         )
@@ -131,21 +277,24 @@ def _test_file(path):
         return ROOT / "tests" / f"{stem}_test.py"
     if path.parent == ROOT / "examples":
         return ROOT / "tests" / "examples" / f"{stem}_test.py"
+    if path.parent == COMMAND:  # the command's start, tested with the app
+        return ROOT / "tests" / "app" / f"{stem}_test.py"
     return ROOT / "tests" / path.parent.name / f"{stem}_test.py"
 
 
 # Modules whose whole content another test file covers, and why.
 NO_OWN_TEST = {
     "_version.py": "a constant; api_test.py checks kmp.__version__",
+    "__main__.py": "`python -m kmp_cli`; tests/app/cli_test.py runs it",
 }
 
 
 def test_every_module_has_a_test_file_named_after_it():
-    sources = [
-        p
-        for folder in [PACKAGE] + [PACKAGE / w for w in (*WINGS, "app")]
-        for p in _modules(folder)
-    ] + _modules(ROOT / "examples")
+    sources = (
+        [p for folder in _source_folders() for p in _modules(folder)]
+        + _modules(ROOT / "examples")
+        + _modules(COMMAND)
+    )
     missing = [
         str(_test_file(p).relative_to(ROOT))
         for p in sources
@@ -156,10 +305,17 @@ def test_every_module_has_a_test_file_named_after_it():
     assert not missing
 
 
+def test_test_files_have_distinct_names():
+    # pytest imports test files by their base name (no __init__.py in
+    # tests/), so two of the same name in different folders collide.
+    names = [p.name for p in (ROOT / "tests").rglob("*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
+
+
 def test_modules_stay_readable_in_size():
     # One concept per module: roughly 100-350 lines (STYLE.md); above 450
     # a module has grown a second concept.
-    for folder in [PACKAGE] + [PACKAGE / w for w in (*WINGS, "app")]:
+    for folder in _source_folders():
         for path in _modules(folder):
             lines = len(path.read_text().splitlines())
             assert lines <= 450, f"{path.relative_to(ROOT)}: {lines} lines"

@@ -80,7 +80,7 @@ def test_distribute_gives_keras_s_own_scaler_replica_agreement(replicas):
     # compile(optimizer="sgd") under mixed_float16 makes Keras's scaler;
     # after kmp.distribute, replica 1's overflow is skipped on both.
     out = replicas["distribute_stock"]
-    assert out["optimizer"] == "kmp.loss_scale_optimizer"
+    assert out["optimizer"] == "kmp.scaling.loss_scale_optimizer"
     assert out["unchanged"]
     assert out["scale"] == [2.0**14, 2.0**14]
     assert out["skipped"] == [1, 1]

@@ -156,27 +156,60 @@ SCALE_RULES = {
 }
 
 
+def docstring_pseudo_code():
+    """The loss-scale rule as `kmp.LossScaleOptimizer`'s docstring writes
+    it: the first code block there, compiled (it is valid Python)."""
+    import textwrap
+
+    import kmp
+
+    doc = kmp.LossScaleOptimizer.__doc__
+    block = doc.split("```\n", 2)[1]  # the block before the Args
+    return compile(textwrap.dedent(block), "<docstring>", "exec")
+
+
 def reference_scale_rule(
-    kinds, initial, growth_steps, growth, backoff, lo, hi, hyst
+    kinds, initial, growth_steps, growth, backoff, lo, hi, hyst, dynamic=True
 ):
-    """kmp.LossScaleOptimizer's docstring pseudo-code, in plain Python:
-    `(scale, step_counter, overflow_streak, skipped_steps)` after the steps
-    `kinds` ("finite" or not), the scale rounded to float32."""
-    scale, counter, streak, skipped = float(initial), 0, 0, 0
+    """Runs the docstring's pseudo-code (`docstring_pseudo_code`) over the
+    steps `kinds` ("finite" or not): `(scale, step_counter,
+    overflow_streak, skipped_steps)` after them, the scale computed in
+    float32 as the optimizer's variable is."""
+
+    class Inner:
+        def apply(self, grads):
+            pass
+
+    code = docstring_pseudo_code()
+    state = {
+        "scale": np.float32(initial),
+        "step_counter": 0,
+        "overflow_streak": 0,
+        "skipped_steps": 0,
+    }
     for kind in kinds:
-        if kind != "finite":
-            skipped += 1
-            counter = 0
-            streak += 1
-            if streak >= hyst:
-                scale = max(np.float32(scale) * np.float32(backoff), lo)
-        else:
-            streak = 0
-            counter += 1
-            if counter == growth_steps:
-                scale = min(np.float32(scale) * np.float32(growth), hi)
-                counter = 0
-    return float(np.float32(scale)), counter, streak, skipped
+        grads = [np.float32(1.0 if kind == "finite" else np.inf)]
+        env = {
+            **state,
+            "grads": grads,
+            "isfinite": np.isfinite,
+            "inner_optimizer": Inner(),
+            "dynamic": dynamic,
+            "hysteresis": hyst,
+            "backoff_factor": np.float32(backoff),
+            "growth_factor": np.float32(growth),
+            "min_scale": np.float32(lo),
+            "max_scale": np.float32(hi),
+            "dynamic_growth_steps": growth_steps,
+        }
+        exec(code, env)
+        state = {name: env[name] for name in state}
+    return (
+        float(state["scale"]),
+        state["step_counter"],
+        state["overflow_streak"],
+        state["skipped_steps"],
+    )
 
 
 def overflow_model():
@@ -193,4 +226,24 @@ def overflow_model():
         outputs = keras.layers.Dense(1, name="head")(x)
         model = kmp.pin_float32(keras.Model(inputs, outputs))
     model.compile(optimizer=kmp.wrap("sgd"), loss="mse")
+    return model
+
+
+def probability_model(policy):
+    """Dense logits [0, -30] for any input, then a softmax output layer
+    (crossentropy of class 1: 30 exactly, 16.118 from a float16 softmax
+    clipped to 1e-7)."""
+    import kmp
+
+    with kmp.policy_scope(policy):
+        model = keras.Sequential(
+            [
+                keras.Input((1,)),
+                keras.layers.Dense(2),
+                keras.layers.Activation("softmax"),
+            ]
+        )
+    model.layers[0].set_weights(
+        [np.zeros((1, 2), "float32"), np.array([0.0, -30.0], "float32")]
+    )
     return model

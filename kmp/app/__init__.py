@@ -1,15 +1,25 @@
-"""The application around the library: the `kmp` command and what the
+"""The application around the library: the `kmp` commands and what the
 example trainers and `kmp bench` share.
 
-    cli              the `kmp` command's parser and dispatch
+    cli              runs a parsed command (the dispatch)
     _commands        info, demo, audit, train, bench
     _doctor_command  doctor
-    recipes          the examples' plumbing: flags as a config dataclass,
-                     strategy, callbacks, the results record
+    recipes          the examples' plumbing: CPU sizes, strategy,
+                     callbacks, the results record
+    backup           the backup an interrupted run resumes from, and
+                     the configuration and epochs it belongs to
     data             TFDS datasets, or synthetic twins that say so
+    device_data      batches cut and augmented on the device (JAX)
     report           run tables (rich, Markdown), step times, memory, PNG
     bench            float32 vs mixed precision, interleaved in one process
+    flops            a model's training FLOPs, the device's peak
     demo             a 30-second mixed-float16 fit (`kmp demo`)
+
+The command starts in `kmp_cli`, outside this package: importing
+anything here imports `kmp`, and with it Keras, so the command parses
+and checks its arguments there first (with the examples' settings,
+`kmp_cli.configs`, and the stderr filter, `kmp_cli.logs`), then imports
+kmp and calls `cli.run`.
 
 The examples (`examples/`, installed as `kmp.examples`) belong here too:
 they import `recipes` and `data`, and `cli` and `bench` import them. The

@@ -1,22 +1,13 @@
-"""What the `kmp` commands do, once `kmp.app.cli` has parsed them:
-`info`, `demo`, `audit`, `train` and `bench` (`doctor` has a module of its
-own). Each imports what it needs (the examples, TensorFlow's data
+"""What the `kmp` commands do, once `kmp_cli` has parsed and checked
+them: `info`, `demo`, `audit`, `train` and `bench` (`doctor` has a module
+of its own). Each imports what it needs (the examples, TensorFlow's data
 pipelines, plotting) when it runs.
 """
 
 import json
 import os
-import sys
 
-EXAMPLES = ("cifar10", "imdb")
-
-
-def fail(command: str, message) -> None:
-    """Ends a command on bad input or configuration: one line on stderr,
-    exit status 2 (as argparse's usage errors). A bug keeps its
-    traceback: only what a user can fix comes here."""
-    print(f"{command}: {message}", file=sys.stderr)
-    raise SystemExit(2)
+from kmp_cli.parser import fail
 
 
 def info(as_json: bool = False) -> dict:
@@ -98,13 +89,8 @@ def demo(args) -> dict:
 
 
 def audit(args) -> list:
-    """Loads a `.keras` model and prints `kmp.audit`'s findings."""
-    if not args.path.endswith(".keras") or not os.path.isfile(args.path):
-        fail(
-            "kmp audit",
-            f"{args.path!r} is not a .keras file. Save the model with "
-            "model.save('model.keras') first.",
-        )
+    """Loads a `.keras` model (`kmp_cli` checked that the file is there)
+    and prints `kmp.audit`'s findings; returns them."""
     import keras
 
     import kmp
@@ -157,40 +143,22 @@ def saved_policy(path) -> str:
 
 
 def train(args) -> dict:
-    """Runs examples/<name>.py's `train` with its flags (absl syntax)."""
+    """Runs examples/<name>.py's `train` on the config of its flags
+    (parsed and checked by `kmp_cli`), with CPU sizes where no GPU is
+    found for the sizes not given; prints the table and summary."""
     import importlib
-
-    from absl import flags
 
     import kmp
     from kmp.app import recipes
 
+    name = f"kmp train {args.example}"
     module = importlib.import_module(f"kmp.examples.{args.example}")
-    values = flags.FlagValues()
-    recipes.define_flags(module.Config, values)
-    if {"-h", "--help", "--helpfull"} & set(args.flags):
-        print(f"usage: kmp train {args.example} [--flag=value ...]\n")
-        print(values.get_help())
-        return {}
     try:
-        values([f"kmp train {args.example}", *args.flags])
-        config = recipes.config_from_flags(module.Config, values)
-        config.check()
-    except (flags.Error, kmp.InputError) as error:
-        fail(f"kmp train {args.example}", error)
-    try:
-        results = module.train(config)
-    except kmp.InputError as error:  # data, cluster, cache: fixable
-        fail(f"kmp train {args.example}", error)
-    from kmp.app import report
-
-    report.show(
-        [results],
-        f"kmp train {args.example}",
-        note="memory: " + results["peak_memory_note"],
-    )
-    print(recipes.summary(args.example, results))
-    return results
+        return recipes.run_and_report(
+            args.example, name, args.config, args.given, module.train
+        )
+    except kmp.InputError as error:  # data, cluster, backup, cache
+        fail(name, error)
 
 
 def bench(args) -> list:

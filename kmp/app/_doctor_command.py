@@ -13,104 +13,20 @@ import json
 import os
 
 import kmp
-from kmp.app._commands import EXAMPLES
-from kmp.app._commands import fail
 from kmp.app._commands import saved_policy
-
-DOCTOR_POLICIES = ("mixed_float16", "mixed_bfloat16")
-
-
-def _doctor_flags(values, target):
-    """The doctor's own flags; an example's come from its Config."""
-    from absl import flags
-
-    from kmp.app import recipes
-
-    if target in EXAMPLES:
-        import importlib
-
-        module = importlib.import_module(f"kmp.examples.{target}")
-        recipes.define_flags(module.Config, values)
-        # Two batches need little data; the CIFAR cost figure is at 128.
-        values.set_default("policy", "mixed_float16")
-        values.set_default("batch_size", 128)
-        values.set_default("synthetic_size", 2048)
-        values.set_default("output_dir", f"runs/doctor_{target}")
-        return module
-    flags.DEFINE_string(
-        "data", None, "A .npz file with arrays x and y.", flag_values=values
-    )
-    flags.DEFINE_string(
-        "policy",
-        "",
-        "Mixed policy to test (default: the model's own).",
-        flag_values=values,
-    )
-    flags.DEFINE_integer(
-        "batch_size", 128, "Batch size.", lower_bound=1, flag_values=values
-    )
-    flags.DEFINE_string(
-        "loss",
-        "",
-        "A Keras loss name (default: the saved model's compiled loss).",
-        flag_values=values,
-    )
-    flags.DEFINE_string(
-        "output_dir",
-        "runs/doctor",
-        "Where doctor.txt, doctor.json and doctor.png go.",
-        flag_values=values,
-    )
-    return None
+from kmp_cli.parser import fail
 
 
 def doctor(args):
-    """Runs `kmp.diagnose` on an example model or a saved one; prints the
+    """Runs `kmp.diagnose` on an example model or a saved one (flags
+    parsed and checked by `kmp_cli.flags.parse_doctor`); prints the
     table and writes doctor.txt, doctor.json and doctor.png."""
-    from absl import flags
-
     name = f"kmp doctor {args.target}"
-    values = flags.FlagValues()
-    module = _doctor_flags(values, args.target)
-    flags.DEFINE_integer(
-        "batches", 2, "Batches to run.", lower_bound=1, flag_values=values
-    )
-    flags.DEFINE_float(
-        "loss_scale",
-        0.0,
-        "Loss scale to test (0: the model's optimizer's current one).",
-        lower_bound=0.0,
-        flag_values=values,
-    )
-    if {"-h", "--help", "--helpfull"} & set(args.flags):
-        print(f"usage: {name} [--flag=value ...]\n")
-        print(values.get_help())
-        return None
+    values, example = args.flag_values, args.config is not None
     try:
-        values([name, *args.flags])
-    except flags.IllegalFlagValueError as error:
-        data = [a for a in args.flags if a.startswith("--data=")]
-        if module and data and data[-1].endswith(".npz"):
-            fail(
-                name,
-                f"{data[-1]}: a .npz file is for saved models (kmp doctor "
-                "PATH.keras --data=PATH.npz); an example takes --data="
-                "auto, tfds or synthetic.",
-            )
-        fail(name, error)
-    except flags.Error as error:
-        fail(name, error)
-    try:
-        if values["policy"].value and (
-            values["policy"].value not in DOCTOR_POLICIES
-        ):
-            raise kmp.InputError(
-                f"--policy must be one of {', '.join(DOCTOR_POLICIES)} "
-                f"(the mixed policy under test); got {values.policy!r}."
-            )
         model, data = (
-            _example_inputs(module, values)
-            if module
+            _example_inputs(args.target, args.config)
+            if example
             else _saved_inputs(args.target, values)
         )
     except (kmp.InputError, OSError) as error:
@@ -119,11 +35,11 @@ def doctor(args):
         report = kmp.diagnose(
             model,
             data,
-            loss=None if module else (values.loss or None),
+            loss=None if example else (values.loss or None),
             batches=values.batches,
             batch_size=values.batch_size,
             loss_scale=values.loss_scale or None,
-            policy=None if module else (values.policy or None),
+            policy=None if example else (values.policy or None),
         )
     except kmp.InputError as error:  # diagnose's input checks
         fail(name, error)
@@ -143,13 +59,14 @@ def doctor(args):
     return report
 
 
-def _example_inputs(module, values):
+def _example_inputs(example, config):
     """The example's compiled model (under --policy) and training data."""
+    import importlib
+
     import keras
 
-    from kmp.app import recipes
-
-    config = recipes.config_from_flags(module.Config, values).check()
+    module = importlib.import_module(f"kmp.examples.{example}")
+    config.check()  # a multi-worker run's cluster
     keras.utils.set_random_seed(config.seed)  # data order, augmentation
     splits = module.load_splits(config)  # DataUnavailable: an InputError
     train_data, _ = module.make_datasets(splits, config)
@@ -159,17 +76,8 @@ def _example_inputs(module, values):
 
 
 def _saved_inputs(path, values):
-    """A saved model and the arrays of --data."""
-    if not path.endswith(".keras") or not os.path.isfile(path):
-        raise kmp.InputError(
-            f"{path!r} is neither an example ({', '.join(EXAMPLES)}) nor a "
-            ".keras file."
-        )
-    if not values.data or not os.path.isfile(values.data):
-        raise kmp.InputError(
-            f"--data must name a .npz file with arrays x and y; got "
-            f"{values.data!r}."
-        )
+    """A saved model and the arrays of --data (both files are there:
+    `kmp_cli` checked)."""
     import numpy as np
 
     with np.load(values.data) as arrays:

@@ -38,6 +38,7 @@ import kmp
 from kmp import backend
 from kmp.app import data as kmp_data
 from kmp.app import flops
+from kmp.app import recipes
 from kmp.app import report
 
 VARIANTS = {
@@ -286,8 +287,7 @@ def run(
     (`memory=False` skips the per-variant memory processes; `float8` adds
     the `kmp.float8` variants where the model has matmul layers)."""
     if size == "auto":
-        accelerated = backend.list_devices()[0].platform != "cpu"
-        size = "full" if accelerated else "small"
+        size = "full" if recipes.has_accelerator() else "small"
     results = []
     for name in models:
         results += bench_model(

@@ -18,10 +18,10 @@ from typing import NamedTuple
 import numpy as np
 
 import kmp
+from kmp_cli.configs import SOURCES
 
 logger = logging.getLogger("kmp")
 
-SOURCES = ("auto", "tfds", "synthetic")
 # Where TFDS downloads from first; a machine that cannot open a connection
 # here within seconds is treated as offline.
 _PROBE = ("storage.googleapis.com", 443)

@@ -1,10 +1,12 @@
-"""What the example trainers share: flags, strategy, callbacks, results.
+"""What the example trainers share: devices, strategy, callbacks, results.
 
 `examples/cifar10.py` and `examples/imdb.py` each show their data, model
-and `fit` call; the plumbing around them lives here once: a config
-dataclass whose fields are the command-line flags, the strategy choice,
-the callbacks every run gets (loss-scale monitor, step log, backup), and
-the results record that `kmp train`, `kmp bench` and the tests read.
+and `fit` call; the plumbing around them lives here once: the sizes for
+a machine without a GPU, the strategy choice, the callbacks every run
+gets (loss-scale monitor, step log, the backup it resumes from), and the
+results record that `kmp train`, `kmp bench` and the tests read. Their
+settings, whose fields are the command-line flags, are in
+`kmp_cli.configs` (no Keras there, so the command checks flags first).
 """
 
 import contextlib
@@ -17,89 +19,35 @@ import keras
 import numpy as np
 
 import kmp
-from kmp.app import data as kmp_data
+from kmp import backend
+from kmp.app import backup as kmp_backup
 from kmp.app import device_data
 from kmp.app import report
-
-POLICIES = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
-STRATEGIES = ("none", "mirrored", "multiworker")
+from kmp_cli import flags as kmp_flags
 
 
-def flag(default, help, choices=None, lower_bound=None):
-    """A config field that is also a command-line flag."""
-    metadata = {"help": help, "choices": choices, "lower_bound": lower_bound}
-    return dataclasses.field(default=default, metadata=metadata)
+def has_accelerator() -> bool:
+    """Whether the backend computes on a GPU or TPU (its first device)."""
+    return backend.list_devices()[0].platform != "cpu"
 
 
-@dataclasses.dataclass
-class RunConfig:
-    """The flags every example takes; examples subclass it."""
+def device_sized(config, given=()):
+    """`(config, note)`: where no GPU is found, `config` with the
+    example's CPU sizes (`CPU_SIZES`) for the sizes not in `given` (the
+    flags the user set), and the line that says so; else `config` and
+    `None`. Asks the backend for its devices only when a size is left
+    to choose: call it after the flags are checked.
 
-    policy: str = flag(
-        "auto", "Dtype policy; auto picks by hardware.", POLICIES
+    A multi-worker run keeps its sizes: listing devices starts
+    TensorFlow's runtime, after which the cluster's collective ops can no
+    longer be configured (and such a job is sized for its GPUs)."""
+    sized, changes = config.cpu_sized(given)
+    if not changes or config.strategy == "multiworker" or has_accelerator():
+        return config, None
+    shown = ", ".join(f"{name}={value}" for name, value in changes.items())
+    return sized, (
+        f"kmp: no GPU found: {shown} (CPU sizes); pass them to override."
     )
-    epochs: int = flag(10, "Epochs.", lower_bound=1)
-    batch_size: int = flag(64, "Global batch (all replicas).", lower_bound=1)
-    steps: int = flag(
-        0,
-        "Steps per epoch; 0 means all. Also bounds validation (the same "
-        "share of the test split) unless --eval_steps is set.",
-        lower_bound=0,
-    )
-    eval_steps: int = flag(
-        0,
-        "Validation steps; 0 means all, or with --steps the same share "
-        "of the test split as --steps is of the training split.",
-        lower_bound=0,
-    )
-    data: str = flag("auto", "Data source.", kmp_data.SOURCES)
-    data_dir: str = flag("", "TFDS data directory (default: TFDS's).")
-    output_dir: str = flag("runs", "Where results and checkpoints go.")
-    seed: int = flag(0, "Random seed.")
-    strategy: str = flag("none", "Where the replicas are.", STRATEGIES)
-    learning_rate: float = flag(1e-3, "Peak learning rate.")
-    synthetic_size: int = flag(
-        25_000,
-        "Training examples of synthetic data; its test split is a fifth "
-        "of that.",
-        lower_bound=1,
-    )
-    verbose: int = flag(1, "fit's verbosity (0, 1, 2).", lower_bound=0)
-    compile_cache: str = flag(
-        "auto",
-        "Persistent XLA compilation cache: a directory, 'auto' (~/.cache/"
-        "kmp/xla, on backends that have one) or 'off'.",
-    )
-
-    def check(self):
-        """Raises `ValueError` naming the first bad field."""
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            choices = field.metadata.get("choices")
-            low = field.metadata.get("lower_bound")
-            if choices and value not in choices:
-                raise kmp.InputError(
-                    f"{field.name} must be one of {', '.join(choices)}; "
-                    f"got {value!r}."
-                )
-            if low is not None and value < low:
-                raise kmp.InputError(
-                    f"{field.name} must be >= {low}, got {value}."
-                )
-        if not self.learning_rate > 0:
-            raise kmp.InputError(
-                f"learning_rate must be > 0, got {self.learning_rate}."
-            )
-        if self.strategy == "multiworker" and kmp.parse_tf_config() is None:
-            raise kmp.InputError(
-                "strategy=multiworker needs TF_CONFIG, the cluster (every "
-                "worker's host:port) and this worker's index, e.g. "
-                'TF_CONFIG=\'{"cluster": {"worker": ["host1:12345", '
-                '"host2:12345"]}, "task": {"type": "worker", "index": 0}}\' '
-                "(README, Multi-GPU and multi-node). On one machine use "
-                "strategy=mirrored or none."
-            )
-        return self
 
 
 def use_compile_cache(config) -> str | None:
@@ -112,49 +60,6 @@ def use_compile_cache(config) -> str | None:
             return None
         return kmp.enable_compile_cache()
     return kmp.enable_compile_cache(config.compile_cache)
-
-
-def define_flags(config_class, flag_values=None):
-    """Defines one absl flag per field of `config_class`."""
-    from absl import flags
-
-    where = flags.FLAGS if flag_values is None else flag_values
-    for field in dataclasses.fields(config_class):
-        meta, name = field.metadata, field.name
-        help_text = meta.get("help", name)
-        if meta.get("choices"):
-            flags.DEFINE_enum(
-                name,
-                field.default,
-                list(meta["choices"]),
-                help_text,
-                flag_values=where,
-            )
-        elif field.type in (int, "int"):
-            flags.DEFINE_integer(
-                name,
-                field.default,
-                help_text,
-                lower_bound=meta.get("lower_bound"),
-                flag_values=where,
-            )
-        elif field.type in (bool, "bool"):
-            flags.DEFINE_boolean(
-                name, field.default, help_text, flag_values=where
-            )
-        elif field.type in (float, "float"):
-            flags.DEFINE_float(
-                name, field.default, help_text, flag_values=where
-            )
-        else:
-            flags.DEFINE_string(
-                name, field.default, help_text, flag_values=where
-            )
-
-
-def config_from_flags(config_class, flag_values):
-    names = [field.name for field in dataclasses.fields(config_class)]
-    return config_class(**{name: flag_values[name].value for name in names})
 
 
 def make_strategy(name: str):
@@ -296,17 +201,27 @@ class Run:
     """The callbacks of one training run, and its results afterwards.
 
     Args:
-        config: The run's `RunConfig`. Its `output_dir` holds the backup
-            (so an interrupted run resumes when rerun), and afterwards the
-            model, `results.json` and `results.png` (chief only).
+        config: The run's config (`kmp_cli.configs.RunConfig`). Its
+            `output_dir` holds the backup (a rerun resumes an interrupted
+            run: `kmp.app.backup`), and afterwards the model,
+            `results.json` and `results.png` (chief only).
         splits: The `kmp.app.data.Splits` trained on.
         strategy: The `tf.distribute` strategy, or `None`.
+        policy: The dtype policy's name, as `config.policy` resolved.
+
+    Raises:
+        kmp.InputError: `output_dir` holds the backup of a run with
+            other settings (before anything is built: create it first).
     """
 
-    def __init__(self, config, splits, strategy):
+    def __init__(self, config, splits, strategy, policy):
         self.config, self.splits, self.strategy = config, splits, strategy
+        self.policy = policy
         output_dir = self.output_dir = config.output_dir
         os.makedirs(output_dir, exist_ok=True)
+        self.backup = kmp_backup.Backup(
+            config, policy, os.path.join(output_dir, "backup"), self._per_step
+        )
         self.steps = report.StepLog()
         self.monitor = kmp.callbacks.LossScaleMonitor()
         # --steps (or --eval_steps) bounds validation too.
@@ -316,21 +231,31 @@ class Run:
             self.monitor,
             self.steps,
             report.ValidationProgress(shown, config.verbose),
-            keras.callbacks.BackupAndRestore(
-                os.path.join(output_dir, "backup")
-            ),
+            *self.backup.callbacks,
         ]
+        self.loss_scales = []
 
-    def results(self, model_name, policy, history, model, test_loss, accuracy):
-        """The run's record: figures, History, per-step losses, config."""
+    def _per_step(self):
+        """What the backup keeps per step: losses and loss scales."""
+        return {
+            "loss": getattr(self.steps, "losses", []),
+            "loss_scale": self.monitor.history["loss_scale"],
+        }
+
+    def results(self, model_name, history, model):
+        """The run's record: figures, the History of every epoch (those
+        before an interruption too), per-step losses, config. The test
+        figures are the last epoch's validation: the same weights on the
+        same batches, so it is not run a second time."""
         config, splits, strategy = self.config, self.splits, self.strategy
         step_time = self.steps.median_step_time()  # without compiling
         memory, memory_note = report.peak_memory_mib()
-        logs = {k: [float(v) for v in vs] for k, vs in history.history.items()}
+        logs = self.backup.history(history)
+        self.loss_scales = self.backup.steps(history, "loss_scale")
         replicas = strategy.num_replicas_in_sync if strategy else 1
         return {
             "model": model_name,
-            "policy": policy,
+            "policy": self.policy,
             "data": splits.source,
             "data_note": splits.note,
             "strategy": config.strategy,
@@ -342,13 +267,16 @@ class Run:
             "peak_memory_mib": memory,
             "peak_memory_note": memory_note,
             "final_loss": logs["loss"][-1] if logs.get("loss") else math.nan,
-            "test_loss": float(test_loss),
-            "accuracy": float(accuracy),
+            "test_loss": logs["val_loss"][-1],
+            "accuracy": logs["val_accuracy"][-1],
             "loss_scale": logs.get("loss_scale", [None])[-1],
             "skipped_steps": logs.get("skipped_steps", [0])[-1],
+            # Why fit stopped early, if LossScaleMonitor stopped it: the
+            # scale overflowed at its floor (None: the run went on).
+            "stopped": self.monitor.stop_reason,
             "parameters": model.count_params(),
             "history": logs,
-            "step_losses": self.steps.losses,
+            "step_losses": self.backup.steps(history, "loss"),
             "config": dataclasses.asdict(config),
         }
 
@@ -360,11 +288,7 @@ class Run:
         model.save(os.path.join(out, f"{name}.keras"))
         with open(os.path.join(out, "results.json"), "w") as f:
             json.dump(results, f, indent=2)
-        report.plot(
-            results,
-            os.path.join(out, "results.png"),
-            self.monitor.history["loss_scale"],
-        )
+        report.plot(results, os.path.join(out, "results.png"), self.loss_scales)
 
 
 def summary(name, results) -> str:
@@ -378,15 +302,32 @@ def summary(name, results) -> str:
         f"{results['examples_per_s']:.0f} examples/s, "
         f"loss scale {results['loss_scale'] or 'none'}, "
         f"skipped steps {results['skipped_steps']:g}"
+        + (f"\n{results['stopped']}" if results.get("stopped") else "")
     )
 
 
-def main(name, title, config_class, train):
-    """An example's `main`: flags -> train -> table and summary."""
-    from absl import flags
-
-    results = train(config_from_flags(config_class, flags.FLAGS))
+def run_and_report(name, title, config, given, train):
+    """Trains an example from its flags: CPU sizes where no GPU is found
+    for the sizes not `given` (said in one line), then `train(config)`,
+    the results table and the summary line. Returns the results."""
+    # Before the devices are listed, which starts TensorFlow: its cache
+    # is set when it starts or not at all (`train` asks again: a no-op).
+    use_compile_cache(config)
+    config, note = device_sized(config, given)
+    if note:
+        print(note)
+    results = train(config)
     note = "memory: " + results["peak_memory_note"]
     report.show([results], title, note=note)
     print(summary(name, results))
     return results
+
+
+def main(name, title, config_class, train):
+    """An example's `main` (run as a script, its flags in absl's
+    `flags.FLAGS`)."""
+    from absl import flags
+
+    config = kmp_flags.config_from_flags(config_class, flags.FLAGS)
+    given = kmp_flags.given(config_class, flags.FLAGS)
+    return run_and_report(name, title, config, given, train)

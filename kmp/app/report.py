@@ -11,7 +11,7 @@ import time
 import keras
 
 from kmp import backend
-from kmp._console import make_console
+from kmp.console import make_console
 
 # (key in the results dict, column title, format)
 COLUMNS = (

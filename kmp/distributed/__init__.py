@@ -11,12 +11,21 @@ it runs on.
 
 Data flows from the cluster to the fit: a job reads TF_CONFIG, builds the
 strategy, builds and compiles the model in its scope, then
-`kmp.distribute`s it. This wing needs TensorFlow (imported where used)
-and imports nothing of kmp but the core's `backend`.
+`kmp.distribute`s it. This wing needs TensorFlow (imported where used).
+
+Imports from kmp: backend, errors, scaling (kmp's scaler replaces the
+one Keras put in place, which can hang a multi-worker job).
 
 What keeps *replicas* in agreement inside one training step (every
 replica skips an overflowing step, clipping acts on the summed
 gradients) is not here: it is the loss scaler's job, in the core
-(`kmp.LossScaleOptimizer`, `kmp.backend.all_replicas_agree`), and works
+(`kmp.scaling`, `kmp.backend.all_replicas_agree`), and works
 under any strategy, `kmp.distribute` or not.
 """
+
+from kmp.distributed.cluster import is_chief
+from kmp.distributed.cluster import multi_worker_strategy
+from kmp.distributed.cluster import parse_tf_config
+from kmp.distributed.fit import distribute
+
+__all__ = ["distribute", "is_chief", "multi_worker_strategy", "parse_tf_config"]

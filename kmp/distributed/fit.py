@@ -36,12 +36,12 @@ import os
 
 import keras
 
-from kmp._wrap import upgrade_stock_scaler
 from kmp.distributed.cluster import is_chief
 from kmp.distributed.cluster import require_tensorflow
 from kmp.errors import InputError
 from kmp.errors import InputTypeError
-from kmp.loss_scale_optimizer import LossScaleOptimizer
+from kmp.scaling import LossScaleOptimizer
+from kmp.scaling import upgrade_stock_scaler
 
 logger = logging.getLogger("kmp")
 

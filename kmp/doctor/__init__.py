@@ -19,7 +19,14 @@ above it (and the core), and only `diagnose` imports the stages:
 
 (`tests/layout_test.py` checks this order against the imports.)
 
-The doctor imports the core (`kmp.backend` for gradients by intermediate
-tensors, `kmp.islands` for what pinning keeps float32) and nothing else
-of kmp. BUILD_NOTES.md, "How kmp.diagnose works", has the design.
+Imports from kmp: backend (gradients by intermediate tensors, the
+machine), console, errors, fp8 (float8 layers' operands), islands (what
+pinning keeps float32), model_layers, policy, scaling (the scale range).
+
+BUILD_NOTES.md, "How kmp.diagnose works", has the design.
 """
+
+from kmp.doctor.diagnose import diagnose
+from kmp.doctor.diagnosis import Diagnosis
+
+__all__ = ["Diagnosis", "diagnose"]

@@ -24,7 +24,8 @@ import math
 import numpy as np
 from keras import ops
 
-from kmp import _audit_float8
+from kmp.fp8 import float8_matmuls
+from kmp.fp8 import observe_operands
 
 # E4M3: largest value 448, smallest subnormal 2^-9.
 _E4M3_MAX = 448.0
@@ -34,45 +35,34 @@ _E4M3_TINY = 2.0**-9
 def measure(model, batches) -> list:
     """One dict per float8 layer operand (see the module docstring),
     over all `batches` (`(x, y)` pairs); `[]` without float8 layers."""
-    layers = _audit_float8.float8_matmuls(
+    layers = float8_matmuls(
         model._flatten_layers(include_self=False, recursive=True)
     )
     if not layers:
         return []
+    index = {id(layer): i for i, layer in enumerate(layers)}
     seen = {}  # (layer index, operand) -> running statistics
 
-    def recorder(index, layer, original):
-        def record(x, history, training):
-            name = (
-                "inputs" if history is layer.inputs_amax_history else ("kernel")
-            )
-            values = np.abs(ops.convert_to_numpy(ops.cast(x, "float32")))
-            past = float(np.max(ops.convert_to_numpy(history)))
-            stats = seen.setdefault(
-                (index, name),
-                {"values": 0, "saturated": 0, "flushed": 0, "amax": 0.0},
-            )
-            current = float(values.max()) if values.size else 0.0
-            limit = past if past > 0 else current
-            nonzero = values[values > 0]
-            stats["values"] += int(values.size)
-            stats["saturated"] += int((values > limit).sum())
-            floor = limit / _E4M3_MAX * _E4M3_TINY / 2
-            stats["flushed"] += int((nonzero < floor).sum())
-            stats["amax"] = max(stats["amax"], current)
-            stats["history_amax"] = past
-            return original(x, history, training)
+    def record(layer, operand, x, history):
+        values = np.abs(ops.convert_to_numpy(ops.cast(x, "float32")))
+        past = float(np.max(ops.convert_to_numpy(history)))
+        stats = seen.setdefault(
+            (index[id(layer)], operand),
+            {"values": 0, "saturated": 0, "flushed": 0, "amax": 0.0},
+        )
+        current = float(values.max()) if values.size else 0.0
+        limit = past if past > 0 else current
+        nonzero = values[values > 0]
+        stats["values"] += int(values.size)
+        stats["saturated"] += int((values > limit).sum())
+        floor = limit / _E4M3_MAX * _E4M3_TINY / 2
+        stats["flushed"] += int((nonzero < floor).sum())
+        stats["amax"] = max(stats["amax"], current)
+        stats["history_amax"] = past
 
-        return record
-
-    for index, layer in enumerate(layers):
-        layer._float8_operand = recorder(index, layer, layer._float8_operand)
-    try:
+    with observe_operands(layers, record):
         for x, _ in batches:
             model(x, training=False)
-    finally:
-        for layer in layers:
-            del layer._float8_operand  # the class's method again
     return [
         _row(layers[index], name, stats)
         for (index, name), stats in sorted(seen.items())

@@ -16,15 +16,15 @@ import keras
 import numpy as np
 from keras import ops
 
-from kmp._scale_rule import ScaleRule
 from kmp.doctor.numerics import FORMATS
 from kmp.doctor.numerics import Format
 from kmp.errors import InputError
 from kmp.errors import InputTypeError
-from kmp.islands import all_layers
 from kmp.islands import is_sensitive
-from kmp.islands import output_layers
-from kmp.loss_scale_optimizer import LossScaleOptimizer
+from kmp.model_layers import all_layers
+from kmp.model_layers import output_layers
+from kmp.scaling import LossScaleOptimizer
+from kmp.scaling import ScaleRule
 
 HALF = {"float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}
 

@@ -19,7 +19,7 @@ from keras import ops
 from kmp import backend
 from kmp.doctor._taps import Taps
 from kmp.doctor._taps import dtype_policies
-from kmp.islands import all_layers
+from kmp.model_layers import all_layers
 
 
 class PassResult(NamedTuple):

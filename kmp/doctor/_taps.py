@@ -20,7 +20,7 @@ import contextlib
 import keras
 from keras import ops
 
-from kmp.islands import all_layers
+from kmp.model_layers import all_layers
 
 # Their inner layers run inside a loop (scan, while, vmap): not tapped.
 LOOPING = (keras.layers.RNN, keras.layers.TimeDistributed)

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from kmp._console import make_console
+from kmp.console import make_console
 from kmp.doctor.numerics import LOG2_MAX
 from kmp.doctor.numerics import LOG2_MIN
 from kmp.doctor.numerics import as_power_of_two
@@ -106,9 +106,81 @@ def gradient_rows(layers, fmt, loss_scale):
     return header, rows
 
 
+# What rich draws around each column of a table: a space either side and
+# a border; and the table's closing border.
+_COLUMN_FRAME, _TABLE_FRAME = 3, 1
+# Layer paths longer than this are shortened rather than the table split.
+_PATH_WIDTH = 44
+
+
+def _narrowed(widths, least, room):
+    """`widths` narrowed to sum to `room` as rich narrows a table that is
+    too wide (the widest columns first, down to the next widest, the cut
+    shared alike), but none below its `least`."""
+    widths = list(widths)
+    while sum(widths) > room:
+        free = [i for i, w in enumerate(widths) if w > least[i]]
+        if not free:
+            break
+        top = max(widths[i] for i in free)
+        second = max((widths[i] for i in free if widths[i] != top), default=0)
+        tops = [i for i in free if widths[i] == top]
+        remaining, before = sum(widths) - room, sum(widths)
+        for count, i in zip(range(len(tops), 0, -1), tops):
+            cut = min(
+                top - second, widths[i] - least[i], round(remaining / count)
+            )
+            widths[i] -= cut
+            remaining -= cut
+        if sum(widths) == before:
+            break
+    return widths
+
+
+def layout(header, rows, width):
+    """How to print a table of `header` and `rows` on a console `width`
+    wide: `(path_width, parts)`, each part a list of `(column, width)`
+    for the columns after the layer column. A part fits `width` with
+    the layer column before it; each column is at least as wide as its
+    widest cell and its header's longest word (headers wrap between
+    words), so no number is cut; with room to spare, as wide as its
+    header (where rich would narrow a column below that, it is split
+    off into the next part instead). The layer column gets the widest
+    path, up to `_PATH_WIDTH` and to what leaves room for the widest
+    other column: a path may be shortened, a number may not."""
+    cells = [
+        max([len(r[i]) for r in rows], default=0) for i in range(len(header))
+    ]
+    least = [
+        max([len(w) for w in h.split()] + [c]) for h, c in zip(header, cells)
+    ]
+    most = [max(len(h), c) for h, c in zip(header, cells)]
+    beside = _TABLE_FRAME + 2 * _COLUMN_FRAME + max(least[1:])
+    path = max(min(cells[0], _PATH_WIDTH, width - beside), len(header[0]))
+    room = width - _TABLE_FRAME - _COLUMN_FRAME - path
+    groups, used = [[]], 0
+    for column in range(1, len(header)):
+        if groups[-1] and used + least[column] + _COLUMN_FRAME > room:
+            groups.append([])
+            used = 0
+        groups[-1].append(column)
+        used += least[column] + _COLUMN_FRAME
+    parts = []
+    for group in groups:
+        widths = _narrowed(
+            [most[c] for c in group],
+            [least[c] for c in group],
+            room - _COLUMN_FRAME * len(group),
+        )
+        parts.append(list(zip(group, widths)))
+    return path, parts
+
+
 def show(title, layers, fmt, loss_scale, lines) -> None:
     """Prints the activations and gradients tables of `layers` (the
-    `LayerReport`s), then `lines` as they are."""
+    `LayerReport`s), then `lines` as they are. A table wider than the
+    console is split by columns (`layout`), each part led by the layer
+    column."""
     from rich.table import Table
     from rich.text import Text
 
@@ -123,23 +195,26 @@ def show(title, layers, fmt, loss_scale, lines) -> None:
             gradient_rows(layers, fmt, loss_scale),
         ),
     ):
-        table = Table(
-            title=f"{title}\n{name}" if "activ" in name else name,
-            caption=None if "activ" in name else GRADIENT_KEY,
-        )
-        widest = max((len(row[0]) for row in rows), default=5)
-        for i, column in enumerate(header):
-            if i == 0:  # layer paths are what the reader looks up
-                table.add_column(
-                    column, no_wrap=True, min_width=min(widest, 44)
-                )
-            else:
-                table.add_column(column, justify="right")
-        for row in rows:
-            style = "bold red" if row[-1] == "pin to float32" else None
-            # Text, not markup: a path may hold "[".
-            table.add_row(*map(Text, row), style=style)
-        console.print(table)
+        path, parts = layout(header, rows, console.width)
+        for number, part in enumerate(parts):
+            heading = name if number == 0 else f"{name}, continued"
+            if number == 0 and name.startswith("activations"):
+                heading = f"{title}\n{heading}"
+            last = number == len(parts) - 1
+            table = Table(
+                title=heading,
+                caption=GRADIENT_KEY if "grad" in name and last else None,
+            )
+            # Layer paths are what the reader looks up: never wrapped.
+            table.add_column(header[0], no_wrap=True, width=path)
+            for column, width in part:
+                table.add_column(header[column], justify="right", width=width)
+            for row in rows:
+                style = "bold red" if row[-1] == "pin to float32" else None
+                # Text, not markup: a path may hold "[".
+                cells = [row[0]] + [row[column] for column, _ in part]
+                table.add_row(*map(Text, cells), style=style)
+            console.print(table)
     for line in lines:
         console.print(line, highlight=False, markup=False)
 

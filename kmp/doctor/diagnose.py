@@ -22,7 +22,7 @@ from kmp.doctor._passes import two_passes
 from kmp.doctor._taps import LOOPING
 from kmp.doctor._taps import observed_layers
 from kmp.doctor.diagnosis import Diagnosis
-from kmp.islands import all_layers
+from kmp.model_layers import all_layers
 
 
 def diagnose(

@@ -37,6 +37,32 @@ def test_each_variant_is_timed_against_float32():
     # kmp's and Keras's scalers apply the same updates with defaults.
     assert by_variant["fp16+kmp"]["loss"] == by_variant["fp16+stock"]["loss"]
     assert sum(line.startswith("round ") for line in lines) == 2
+    # Every variant trained (its loss fell on the batch it repeats), and
+    # the policies differ in the last digits: nothing to warn about.
+    for r in results:
+        assert r["loss"] < r["loss_before"], r["variant"]
+        assert r["warning"] == "", r["variant"]
+
+
+@pytest.mark.backend_independent("torch")
+@pytest.mark.slow
+def test_a_diverging_variant_is_flagged_in_the_warning_column(monkeypatch):
+    import keras
+
+    def too_fast(name, kind):
+        # A learning rate no net survives: the loss rises or overflows.
+        inner = keras.optimizers.SGD(1e4)
+        if kind == "kmp":
+            return bench.kmp.LossScaleOptimizer(inner)
+        if kind == "stock":
+            return keras.optimizers.LossScaleOptimizer(inner)
+        return inner
+
+    monkeypatch.setattr(bench, "_optimizer", too_fast)
+    results = bench.bench_model("cifar10", TINY, steps=1, rounds=1, log=None)
+    for r in results:
+        assert not (r["loss"] < r["loss_before"]), r["variant"]
+        assert r["warning"].startswith(("loss rose", "loss not finite"))
 
 
 @pytest.mark.backend_independent

@@ -7,12 +7,13 @@ import math
 import pytest
 from util import fails_in_one_line
 
+from kmp.app import _commands
 from kmp.app import cli
 
 
 @pytest.mark.backend_independent
 def test_info_reports_versions_devices_and_recommendation(capsys):
-    report = cli.info(as_json=True)
+    report = _commands.info(as_json=True)
     printed = json.loads(capsys.readouterr().out)
     assert printed == report
     for key in ("kmp", "keras", "backend", "devices", "recommended_policy"):
@@ -22,14 +23,12 @@ def test_info_reports_versions_devices_and_recommendation(capsys):
 
 @pytest.mark.backend_independent
 def test_info_says_tf32_has_no_effect_without_an_ampere_gpu(capsys):
-    from kmp.app import _commands
-
     cpu = {"platform": "cpu", "compute_capability": None}
     a100 = {"platform": "gpu", "compute_capability": [8, 0]}
     v100 = {"platform": "gpu", "compute_capability": [7, 0]}
     assert not _commands._has_tf32_hardware([cpu, v100])
     assert _commands._has_tf32_hardware([cpu, a100])
-    report = cli.info()
+    report = _commands.info()
     if not _commands._has_tf32_hardware(report["devices"]):
         assert "no effect here" in capsys.readouterr().out
 
@@ -48,19 +47,47 @@ def test_audit_command_reads_a_saved_model(tmp_path, capsys):
     model.optimizer.build(model.trainable_variables)  # saved with its state
     path = str(tmp_path / "model.keras")
     model.save(path)
-    cli.main(["audit", path, "--json"])
+    status = cli.main(["audit", path, "--json"])
     findings = json.loads(capsys.readouterr().out)
     errors = [f["problem"] for f in findings if f["severity"] == "error"]
     warnings = [f["problem"] for f in findings if f["severity"] == "warning"]
     assert any("float16 softmax" in p for p in errors)
     # compile() wrapped "adam" in Keras's stock scaler, saved with it.
     assert any("stock keras LossScaleOptimizer" in p for p in warnings)
+    assert status == 1  # an error finding: scripts and CI can tell
+
+
+@pytest.mark.backend_independent
+def test_audit_exits_0_when_no_finding_is_an_error(tmp_path, capsys):
+    import keras
+
+    import kmp
+
+    kmp.enable("mixed_float16")
+    model = kmp.pin_float32(
+        keras.Sequential(
+            [keras.Input((8,)), keras.layers.Dense(2, activation="softmax")]
+        )
+    )
+    # Keras's own scaler: a warning, which does not count.
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    model.optimizer.build(model.trainable_variables)
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    status = cli.main(["audit", path, "--json"])
+    severities = {f["severity"] for f in json.loads(capsys.readouterr().out)}
+    assert "warning" in severities and "error" not in severities
+    assert status == 0
 
 
 def test_audit_command_rejects_a_path_that_is_not_a_keras_file(
     tmp_path, capsys
 ):
     argv = ["audit", str(tmp_path / "missing.keras")]
+    assert fails_in_one_line(argv, "missing.keras does not exist", capsys) == 2
+    text = tmp_path / "model.txt"
+    text.write_text("")
+    argv = ["audit", str(text)]
     assert fails_in_one_line(argv, "is not a .keras file", capsys) == 2
     garbage = tmp_path / "garbage.keras"
     garbage.write_text("not a zip")

@@ -71,7 +71,8 @@ def test_doctor_reads_a_saved_model_and_npz(tmp_path, capsys):
 @pytest.mark.parametrize(
     "argv, phrase",
     [
-        (["nothing.keras", "--data=x.npz"], "neither an example"),
+        (["nothing.keras", "--data=x.npz"], "nothing.keras does not exist"),
+        (["nothing.h5"], "neither an example"),
         (["cifar10", "--policy=float32"], "--policy must be one of"),
         (["cifar10", "--batches=0"], "--batches=0"),
         (["cifar10", "--data=x.npz"], "a .npz file is for saved models"),
@@ -100,7 +101,7 @@ def test_doctor_bad_input_is_one_line(tmp_path, argv, phrase, capsys):
 
 
 def test_doctor_help_lists_example_and_doctor_flags(capsys):
-    cli.main(["doctor", "cifar10", "--help"])
+    assert cli.main(["doctor", "cifar10", "--help"]) == 0
     out = capsys.readouterr().out
     assert "--width" in out and "--batches" in out and "--loss_scale" in out
 

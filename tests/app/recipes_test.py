@@ -1,53 +1,93 @@
-"""The examples' shared plumbing: config flags, strategies, data args."""
-
-import dataclasses
+"""The examples' shared plumbing (`kmp.app.recipes`): CPU sizes,
+strategies, data arguments, evaluation batches."""
 
 import keras
 import numpy as np
 import pytest
-from absl import flags
 from util import jax_only
 from util import tf_only
 from util import torch_only
 
+from kmp.app import cli
 from kmp.app import data
 from kmp.app import recipes
+from kmp_cli import configs
 
 
-@dataclasses.dataclass
-class Config(recipes.RunConfig):
-    width: int = recipes.flag(8, "Width.", lower_bound=8)
-    rate: float = recipes.flag(0.5, "A rate.")
+class Seen(Exception):
+    """Carries the config a stand-in `train` was called with."""
 
 
-@pytest.mark.backend_independent
-def test_flags_are_defined_from_the_fields():
-    values = flags.FlagValues()
-    recipes.define_flags(Config, values)
-    values(["prog", "--width=16", "--rate=0.25", "--policy=float32"])
-    config = recipes.config_from_flags(Config, values)
-    assert (config.width, config.rate, config.policy) == (16, 0.25, "float32")
-    assert config.epochs == 10 and config.data == "auto"
-    with pytest.raises(flags.IllegalFlagValueError):
-        values(["prog", "--width=4"])
-    with pytest.raises(flags.IllegalFlagValueError):
-        values(["prog", "--strategy=tpu"])
+def _seen_train(config):
+    raise Seen(config)
 
 
 @pytest.mark.backend_independent
-@pytest.mark.parametrize(
-    "changes, message",
-    [
-        ({"width": 4}, "width must be >= 8, got 4"),
-        ({"policy": "fp16"}, "policy must be one of auto, float32"),
-        ({"learning_rate": -1.0}, "learning_rate must be > 0"),
-        ({"verbose": -1}, "verbose must be >= 0"),
-    ],
-)
-def test_check_names_the_bad_field(changes, message):
-    with pytest.raises(ValueError, match=message):
-        Config(**changes).check()
-    assert Config().check() == Config()
+@pytest.mark.parametrize("gpu", [False, True])
+def test_without_a_gpu_the_sizes_not_given_are_cpu_sizes(
+    gpu, monkeypatch, capsys
+):
+    monkeypatch.setattr(recipes, "has_accelerator", lambda: gpu)
+    config = configs.Cifar10Config(batch_size=64)
+    with pytest.raises(Seen) as seen:
+        recipes.run_and_report(
+            "cifar10", "t", config, {"batch_size"}, _seen_train
+        )
+    trained = seen.value.args[0]
+    out = capsys.readouterr().out
+    assert trained.batch_size == 64  # given: it wins
+    if gpu:
+        assert trained == config and out == ""
+    else:
+        assert trained.width == 16
+        assert out == (
+            "kmp: no GPU found: width=16 (CPU sizes); pass them to override.\n"
+        )
+
+
+@pytest.mark.backend_independent
+def test_devices_are_not_asked_when_every_size_is_given_or_multiworker(
+    monkeypatch,
+):
+    def asked():
+        raise AssertionError("listed the devices")
+
+    monkeypatch.setattr(recipes, "has_accelerator", asked)
+    config = configs.Cifar10Config(batch_size=64, width=8)
+    assert recipes.device_sized(config, {"batch_size", "width"}) == (
+        config,
+        None,
+    )
+    # Listing devices would start TensorFlow before the cluster's
+    # collective ops are configured.
+    multiworker = configs.Cifar10Config(strategy="multiworker")
+    assert recipes.device_sized(multiworker) == (multiworker, None)
+
+
+@pytest.mark.backend_independent
+def test_kmp_train_runs_the_example_on_its_cpu_sized_config(
+    monkeypatch, capsys
+):
+    from kmp.examples import imdb
+
+    monkeypatch.setattr(recipes, "has_accelerator", lambda: False)
+    monkeypatch.setattr(imdb, "train", _seen_train)
+    with pytest.raises(Seen) as seen:
+        cli.main(["train", "imdb", "--d_model=32", "--steps=1"])
+    trained = seen.value.args[0]
+    assert (trained.d_model, trained.steps) == (32, 1)
+    assert (trained.batch_size, trained.sequence_length) == (32, 128)
+    assert "no GPU found: batch_size=32, sequence_length=128" in (
+        capsys.readouterr().out
+    )
+
+
+@pytest.mark.backend_independent
+def test_has_accelerator_is_the_backend_s_first_device():
+    from kmp import backend
+
+    expected = backend.list_devices()[0].platform in ("gpu", "tpu")
+    assert recipes.has_accelerator() == expected
 
 
 @pytest.mark.backend_independent
@@ -74,7 +114,7 @@ def test_fit_data_passes_datasets_as_is_and_batches_arrays():
     ],
 )
 def test_steps_bound_validation_in_proportion(steps, eval_steps, expected):
-    config = recipes.RunConfig(steps=steps, eval_steps=eval_steps, batch_size=8)
+    config = configs.RunConfig(steps=steps, eval_steps=eval_steps, batch_size=8)
     splits = data.Splits(
         train=(np.zeros((100, 2)), np.zeros(100)),  # 12 full batches of 8
         test=(np.zeros((20, 2)), np.zeros(20)),  # 3 batches, the last short
@@ -132,3 +172,24 @@ def test_padded_evaluation_is_full_batches_and_exact():
     assert [batch[2].numpy().tolist() for batch in first] == [[1.0] * 16] * 2
     x_padded, _, weights = recipes.padded_arrays((x, y), 16)
     assert len(x_padded) == 64 and weights[-14:].tolist() == [0.0] * 14
+
+
+@pytest.mark.backend_independent
+def test_the_summary_says_why_the_monitor_stopped_a_run():
+    results = {
+        "data": "synthetic",
+        "policy": "mixed_float16",
+        "replicas": 1,
+        "epochs": 1,
+        "accuracy": 0.1,
+        "final_loss": float("nan"),
+        "examples_per_s": 10.0,
+        "loss_scale": 1.0,
+        "skipped_steps": 100.0,
+        "stopped": "kmp: 100 steps in a row had non-finite gradients",
+    }
+    lines = recipes.summary("cifar10", results).splitlines()
+    assert lines[0].endswith("skipped steps 100")
+    assert lines[1] == results["stopped"]
+    results["stopped"] = None
+    assert len(recipes.summary("cifar10", results).splitlines()) == 1

@@ -124,7 +124,13 @@ def test_wait_for_peers_returns_once_the_peer_listens():
         parsed = kmp.parse_tf_config(
             config({"worker": [f"127.0.0.1:{own}", f"127.0.0.1:{port}"]})
         )
+        start = time.monotonic()
         cluster._wait_for_peers(parsed, timeout=10.0)
+        assert time.monotonic() - start < 5  # not the whole timeout
+        # It returned because it reached the peer: its connection waits.
+        peer.settimeout(5)
+        connection, _ = peer.accept()
+        connection.close()
 
 
 @pytest.mark.backend_independent

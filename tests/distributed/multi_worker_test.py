@@ -87,7 +87,7 @@ def test_multi_worker_overflow_on_one_worker_makes_both_skip(
     # With Keras's scaler, both workers waited here forever.
     first, second = (worker["overflow"][optimizer] for worker in cluster)
     for out in (first, second):
-        assert out["optimizer"] == "kmp.loss_scale_optimizer"
+        assert out["optimizer"] == "kmp.scaling.loss_scale_optimizer"
         assert out["skipped"] == 1
         assert out["scale"] == initial_scale / 2
         assert out["digest"] == out["initial"]  # no weight moved

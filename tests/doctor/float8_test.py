@@ -35,7 +35,7 @@ def test_untrained_layers_scale_by_the_batch_and_say_so():
         assert "empty amax history" in _float8.describe(row)
     assert _float8.verdicts(rows) == []
     # The measurement leaves the layer as it was.
-    assert "_float8_operand" not in vars(model.get_layer("f8"))
+    assert model.get_layer("f8")._operand_observer is None
 
 
 def test_a_lagging_history_shows_negative_headroom_and_saturation():

@@ -78,3 +78,46 @@ def test_plot_leaves_the_matplotlib_backend_alone(tmp_path):
         assert matplotlib.get_backend() == "svg"
     finally:
         matplotlib.use(before)
+
+
+def _long_numbers_report():
+    """Long layer paths and numbers with every digit the cells keep
+    (`4.05e-05`, `0.000549`), as an IMDB Transformer's report has."""
+    ref = np.linspace(1, 2, 64)
+    paths = [
+        "query_of_block_1/imdb_transformer/encoder/multi_head_attention",
+        "output_of_block_1/imdb_transformer/encoder/multi_head_attention",
+    ]
+    return diagnose_rows(
+        [(path, "float16", *noisy(ref, 4.05e-5)) for path in paths],
+        grads=np.array([0.000549, 4.05e-5, 2.0**-30, 1.5]),
+    )
+
+
+@pytest.mark.parametrize("width", [60, 100, 160])  # narrow, doctor.txt
+def test_no_number_is_cut_at_any_console_width(width, monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    shown = io.StringIO()
+    monkeypatch.setattr(
+        _view, "make_console", lambda: Console(width=width, file=shown)
+    )
+    report = _long_numbers_report()
+    report.show()
+    text = shown.getvalue()
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= width
+    for _, rows in (
+        _view.activation_rows(report.layers, report.format),
+        _view.gradient_rows(report.layers, report.format, report.loss_scale),
+    ):
+        for row in rows:
+            for cell in row[1:]:
+                # Whole, in a line of this layer's row.
+                assert any(
+                    row[0][:12] in line and f" {cell} " in line
+                    for line in lines
+                ), (cell, width)
+    assert ("continued" in text) == (width < 160)

@@ -1,0 +1,17 @@
+"""The preflight check: `kmp.audit(model)` and its findings.
+
+    model_checks        outputs, inner softmaxes, tensor-core sizes, loss
+    optimizer_checks    loss scaling, and a scaler saving would lose
+    environment_checks  hardware, TF32, XLA, an active distribution
+    float8_checks       float8 layers where they cannot be fast
+    audit               `kmp.audit`, `kmp.Finding`, `kmp.AuditReport`
+
+Imports from kmp: backend, errors, fp8, islands, model_layers, policy,
+scaling.
+"""
+
+from kmp.auditing.audit import AuditReport
+from kmp.auditing.audit import Finding
+from kmp.auditing.audit import audit
+
+__all__ = ["AuditReport", "Finding", "audit"]

@@ -1,0 +1,85 @@
+"""The audit's checks of the machine and the run: hardware where mixed
+precision is not faster, TF32, XLA, and an active distribution.
+
+Each `check_*` appends `(severity, where, problem, fix)` tuples to
+`findings`, as in `model_checks`, with `where` = `"environment"`.
+"""
+
+from kmp import backend
+from kmp import policy as policy_lib
+
+ENVIRONMENT = "environment"
+
+
+def check_environment(model, half, findings):
+    recommendation = policy_lib.recommend_policy()
+    if half and recommendation.policy == "float32":
+        findings.append(
+            (
+                "warning",
+                ENVIRONMENT,
+                "Mixed precision on hardware without half-precision "
+                f"matmul units. {recommendation.reason} Measured on a "
+                "2-core CPU (benchmarks/policy_speed.py): 0.8-1.1x "
+                "float32's speed with XLA, 0.13x (bfloat16) and 0.26x "
+                "(float16) without.",
+                "kmp.enable('auto') picks float32 here.",
+            )
+        )
+    tf32 = backend.tf32_enabled()
+    ampere = any(
+        d.platform == "gpu"
+        and d.compute_capability is not None
+        and d.compute_capability >= (8, 0)
+        for d in backend.list_devices()
+    )
+    if tf32 is not None and ampere:  # only Ampere+ GPUs have TF32
+        findings.append(
+            (
+                "info",
+                ENVIRONMENT,
+                f"TF32 for float32 matmuls is {'on' if tf32 else 'off'}.",
+                "A float32 baseline on an Ampere+ GPU is TF32 when on.",
+            )
+        )
+    jit = getattr(model, "jit_compile", None)
+    compiled = getattr(model, "compiled", False) and half  # mixed only
+    compiler = backend.step_compiler()
+    if compiled and jit:
+        findings.append(
+            ("info", ENVIRONMENT, f"{compiler} is on (jit_compile=True).", "-")
+        )
+    elif compiled and compiler == "XLA":
+        findings.append(
+            (
+                "warning",
+                ENVIRONMENT,
+                "The model is compiled without XLA (jit_compile=False); "
+                "unfused casts make mixed precision slower.",
+                "model.compile(..., jit_compile=True).",
+            )
+        )
+    elif compiled:
+        # Keras's default on torch; whether torch.compile pays for its
+        # compile time on a GPU is unmeasured here, so no warning.
+        findings.append(
+            (
+                "info",
+                ENVIRONMENT,
+                "The model runs eagerly (jit_compile=False, Keras's "
+                "default on torch): each layer's casts to the compute "
+                "dtype are kernels of their own.",
+                "model.compile(..., jit_compile=True) compiles the step "
+                "with torch.compile (minutes to compile on a CPU).",
+            )
+        )
+    strategy = backend.distribution_name()
+    if strategy is not None:
+        findings.append(
+            (
+                "info",
+                ENVIRONMENT,
+                f"A distribution is active: {strategy}.",
+                "Check that every replica uses kmp.wrap(...)'s optimizer.",
+            )
+        )

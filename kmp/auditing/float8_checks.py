@@ -1,0 +1,85 @@
+"""The audit's float8 checks: float8 layers where they cannot be fast.
+
+Float8 tensor cores exist from NVIDIA compute capability 8.9 (Ada, e.g.
+L4, L40) and 9.0 (Hopper: H100, H200). Elsewhere `kmp.float8`'s layers
+compute correctly, through float8 rounding, but the matmuls run in the
+compute dtype plus the quantization's extra work: slower than bfloat16.
+XLA makes the FP8 GEMMs, so a model compiled without it has none, and
+neither has one on the torch backend.
+"""
+
+from kmp import backend
+from kmp.fp8 import float8_matmuls
+from kmp.fp8 import matmul_sizes
+
+FLOAT8_CAPABILITY = (8, 9)
+
+
+def has_float8_tensor_cores() -> bool:
+    """Whether every GPU here multiplies float8 on tensor cores (and there
+    is one)."""
+    gpus = [d for d in backend.list_devices() if d.platform == "gpu"]
+    return bool(gpus) and all(
+        d.compute_capability is not None
+        and d.compute_capability >= FLOAT8_CAPABILITY
+        for d in gpus
+    )
+
+
+def check_float8(model, layers, findings):
+    found = float8_matmuls(layers)
+    if not found:
+        return
+    if not has_float8_tensor_cores():
+        names = sorted({d.name for d in backend.list_devices()})
+        findings.append(
+            (
+                "warning",
+                "environment",
+                f"{len(found)} float8 matmul layers on hardware without "
+                f"float8 tensor cores ({', '.join(names)}; they need "
+                "compute capability 8.9+: L4, L40, H100, H200). They "
+                "compute correctly but slower than bfloat16.",
+                "Leave kmp.float8 out on this machine; keep it for Ada or "
+                "Hopper GPUs.",
+            )
+        )
+    if backend.step_compiler() != "XLA":
+        findings.append(
+            (
+                "warning",
+                "environment",
+                f"{len(found)} float8 matmul layers on the "
+                f"{backend.name()} backend: only XLA turns their "
+                "dequantize-then-matmul into FP8 GEMMs, so here they "
+                "compute correctly but in the compute dtype, slower than "
+                "without float8.",
+                "Use kmp.float8 with KERAS_BACKEND=jax or tensorflow.",
+            )
+        )
+    elif getattr(model, "compiled", False) and not getattr(
+        model, "jit_compile", True
+    ):
+        findings.append(
+            (
+                "warning",
+                "environment",
+                "Float8 layers in a model compiled without XLA "
+                "(jit_compile=False): XLA makes their FP8 GEMMs.",
+                "model.compile(..., jit_compile=True).",
+            )
+        )
+    for layer in found:
+        contracting, output = matmul_sizes(layer)
+        if contracting % 16 or output % 16:
+            findings.append(
+                (
+                    "warning",
+                    layer.path or layer.name,
+                    f"Float8 matmul of size {contracting} -> {output}: "
+                    "float8 tensor cores take multiples of 16, so XLA pads "
+                    "it on every step.",
+                    "Use sizes that are multiples of 16, or a plain layer "
+                    "here (kmp.float8 skips such layers).",
+                )
+            )

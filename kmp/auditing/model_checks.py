@@ -1,0 +1,291 @@
+"""The audit's checks of the model itself: its outputs, inner softmaxes,
+tensor-core sizes and compiled loss.
+
+Like every `check_*` function of `kmp.auditing`, each reads the model
+(layers, policies, compiled loss) and runs nothing on it, and appends
+`(severity, where, problem, fix)` tuples to `findings`; `kmp.audit` turns
+them into `kmp.Finding`s. Severities: "error" (results are wrong),
+"warning" (results or speed are at risk), "info".
+"""
+
+import keras
+
+from kmp import backend
+from kmp import islands
+from kmp.islands import activation_name
+from kmp.islands import is_sensitive
+from kmp.model_layers import all_layers
+
+HALF = ("float16", "bfloat16")
+# Tensor cores tile float16/bfloat16 matmuls in multiples of 8.
+_MULTIPLE = 8
+
+
+def _path(layer):
+    return layer.path or layer.name
+
+
+def half_layers(model):
+    """Layers computing in half precision, excluding inputs and the
+    softmax inside each MultiHeadAttention (reported with the attention)."""
+    layers = [layer for layer in all_layers(model) if layer is not model]
+    attention_softmaxes = {
+        id(getattr(layer, "_softmax", None))
+        for layer in layers
+        if isinstance(layer, keras.layers.MultiHeadAttention)
+    }
+    return [
+        layer
+        for layer in layers
+        if layer.compute_dtype in HALF
+        and not isinstance(layer, keras.layers.InputLayer)
+        and id(layer) not in attention_softmaxes
+    ]
+
+
+def _padded(n):
+    return -(-n // _MULTIPLE) * _MULTIPLE
+
+
+def check_outputs(model, outputs, findings):
+    if outputs is None:
+        _check_subclassed_outputs(model, findings)
+        return
+    for tensor in keras.tree.flatten(getattr(model, "outputs", None) or []):
+        operation = tensor._keras_history.operation
+        dtype = keras.backend.standardize_dtype(tensor.dtype)
+        if not isinstance(operation, keras.layers.Layer) and dtype in HALF:
+            findings.append(
+                (
+                    "warning",
+                    "model",
+                    f"A model output comes from the op {operation.name!r}, "
+                    f"not a layer, and is {dtype}; kmp.pin_float32 cannot "
+                    "pin an op.",
+                    "Produce the output with a layer (e.g. "
+                    "keras.layers.Activation('softmax', dtype='float32')).",
+                )
+            )
+    for layer in outputs:
+        if layer.compute_dtype == "float32":
+            continue
+        if is_sensitive(layer):
+            findings.append(
+                (
+                    "error",
+                    _path(layer),
+                    f"Model output is a {layer.compute_dtype} "
+                    f"{activation_name(layer)}: the loss sees rounded "
+                    "probabilities and loses Keras's logits path (logits "
+                    "[0, -30] give a crossentropy of 16.1 instead of 30).",
+                    "kmp.pin_float32(model), or dtype='float32' on this layer.",
+                )
+            )
+        else:
+            findings.append(
+                (
+                    "warning",
+                    _path(layer),
+                    f"Model output is {layer.compute_dtype}, not float32.",
+                    "kmp.pin_float32(model), or dtype='float32' on this layer.",
+                )
+            )
+
+
+def _subclassed_output_dtypes(model):
+    """Output dtypes of a built subclassed model, or None if unknown."""
+    shapes = getattr(model, "_build_shapes_dict", None)
+    if not model.built or not shapes or len(shapes) != 1:
+        return None
+    shape = next(iter(shapes.values()))
+    try:
+        spec = model.compute_output_spec(keras.KerasTensor(tuple(shape)))
+    except Exception:  # an audit reports what it can; it must not crash
+        return None
+    return {
+        keras.backend.standardize_dtype(t.dtype)
+        for t in keras.tree.flatten(spec)
+    }
+
+
+def _check_subclassed_outputs(model, findings):
+    dtypes = _subclassed_output_dtypes(model)
+    if dtypes is None:
+        findings.append(
+            (
+                "info",
+                "model",
+                "Subclassed model, not built with one input: its output "
+                "dtype was not checked.",
+                "Call the model on a batch, then audit again.",
+            )
+        )
+        return
+    if dtypes != {"float32"}:
+        findings.append(
+            (
+                "warning",
+                "model",
+                f"Subclassed model's output is {', '.join(sorted(dtypes))}, "
+                "not float32 (a half-precision softmax or sigmoid there "
+                "corrupts crossentropy).",
+                "Give the layer that produces it dtype='float32': Keras "
+                "records no output layers for subclassed models, so "
+                "kmp.pin_float32 cannot find it.",
+            )
+        )
+
+
+def check_inner_softmaxes(half, outputs, findings):
+    output_ids = {id(layer) for layer in outputs or []}
+    for layer in half:
+        if id(layer) in output_ids or isinstance(
+            layer,
+            (islands.Float32Softmax, islands.Float32Activation),
+        ):
+            continue
+        if type(layer) is keras.layers.MultiHeadAttention:
+            findings.append(
+                (
+                    "warning",
+                    _path(layer),
+                    f"Attention softmax computes in {layer.compute_dtype} "
+                    "whenever Keras takes its unfused path (dropout > 0 or "
+                    "returned attention scores).",
+                    "kmp.pin_float32(model).",
+                )
+            )
+        elif is_sensitive(layer) and isinstance(
+            layer, (keras.layers.Softmax, keras.layers.Activation)
+        ):
+            findings.append(
+                (
+                    "warning",
+                    _path(layer),
+                    f"{activation_name(layer).capitalize()} computes in "
+                    f"{layer.compute_dtype}.",
+                    "kmp.pin_float32(model).",
+                )
+            )
+        elif is_sensitive(layer):
+            findings.append(
+                (
+                    "warning",
+                    _path(layer),
+                    f"Fused {activation_name(layer)} activation computes in "
+                    f"{layer.compute_dtype} (kmp.pin_float32 pins separate "
+                    "activation layers only).",
+                    "Split it into keras.layers.Activation("
+                    f"'{activation_name(layer)}'), or "
+                    f"kmp.pin_float32(model, also=['{_path(layer)}']).",
+                )
+            )
+
+
+def _dims(layer):
+    """(name, value) pairs of a layer's tensor-core-relevant sizes."""
+    if isinstance(layer, keras.layers.Dense):
+        dims = [("units", layer.units)]
+        if layer.built:
+            dims.append(("input features", layer.kernel.shape[0]))
+        return dims
+    if isinstance(layer, keras.layers.Embedding):
+        return [
+            ("input_dim", layer.input_dim),
+            ("output_dim", layer.output_dim),
+        ]
+    if isinstance(layer, keras.layers.MultiHeadAttention):
+        return [
+            ("key_dim", layer.key_dim),
+            ("value_dim", layer.value_dim),
+        ]
+    if hasattr(layer, "filters") and hasattr(layer, "kernel_size"):
+        dims = [("filters", layer.filters)] if layer.filters else []
+        if layer.built and hasattr(layer, "kernel"):
+            # Transposed convolutions store (..., filters, in_channels).
+            transposed = "Transpose" in type(layer).__name__
+            in_axis = -1 if transposed else -2
+            dims.append(("input channels", layer.kernel.shape[in_axis]))
+        return dims
+    return []
+
+
+def check_tensor_core_dims(half, findings):
+    for layer in half:
+        for name, value in _dims(layer):
+            if (
+                value
+                and value % _MULTIPLE
+                and not (name == "input channels" and value <= 4)
+            ):
+                findings.append(
+                    (
+                        "info",
+                        _path(layer),
+                        f"{name}={value} is not a multiple of {_MULTIPLE}: "
+                        "tensor cores pad or fall back for this "
+                        f"{layer.compute_dtype} op.",
+                        f"Use {_padded(value)}.",
+                    )
+                )
+
+
+def check_loss(model, outputs, findings):
+    loss = getattr(model, "loss", None)
+    if loss is None:
+        return
+    names = []
+    for item in keras.tree.flatten(loss):
+        if isinstance(item, str):
+            names.append((item, False))
+        elif isinstance(item, keras.losses.Loss):
+            config = item.get_config()
+            names.append((item.name, config.get("from_logits", False)))
+    sigmoid_half = [
+        layer
+        for layer in outputs or []
+        if layer.compute_dtype in HALF and activation_name(layer) == "sigmoid"
+    ]
+    probabilities = [
+        layer
+        for layer in outputs or []
+        if activation_name(layer) in ("softmax", "sigmoid")
+    ]
+    for name, from_logits in names:
+        if (
+            "crossentropy" in name
+            and not from_logits
+            and probabilities
+            and not backend.crossentropy_reads_logits()
+        ):
+            # Info, not a warning: float32 gives the same, pinning cannot
+            # change it, and such an example is rare outside label noise.
+            findings.append(
+                (
+                    "info",
+                    _path(probabilities[0]),
+                    f"{name} on {activation_name(probabilities[0])} "
+                    f"probabilities: on the {backend.name()} backend Keras "
+                    "computes it from probabilities clipped to [1e-7, "
+                    "1 - 1e-7] (only TensorFlow recovers the logits), so "
+                    "an example whose true class trails by more than ~16 "
+                    "in logits gets a loss of 16.1 and no gradient, in "
+                    "float32 as in float16.",
+                    "Output logits (no activation, dtype='float32') and "
+                    "use the loss with from_logits=True.",
+                )
+            )
+            break
+    for name, from_logits in names:
+        if "binary_crossentropy" in name and not from_logits and sigmoid_half:
+            findings.append(
+                (
+                    "error",
+                    _path(sigmoid_half[0]),
+                    "binary_crossentropy on float16 sigmoid probabilities: "
+                    "values near 0 and 1 round away and the loss is "
+                    "clipped.",
+                    "Output logits (no activation, dtype='float32') and use "
+                    "BinaryCrossentropy(from_logits=True).",
+                )
+            )

@@ -1,0 +1,71 @@
+"""The one place where kmp's code differs between Keras backends.
+
+Everything else in kmp is written against `keras.ops` and the public
+Keras API; what cannot be branches here, each function once, on
+`name()`. One module per concern:
+
+    _current     which backend runs: `name`, `is_stateless`
+    settings     process-wide: the persistent XLA cache, TF32
+    machine      devices, versions, the environment record, peak memory
+    steps        a train step's extra logs, gradients by intermediate
+                 tensors, what compiles a step, crossentropy's logits
+    scaler_ops   the loss scaler's branch, fused unscale, stateless copies
+    distribution the active distribution; agreement and sums over
+                 `tf.distribute` replicas
+
+A framework's longer bodies live in private modules that branch on
+nothing and are imported inside their branch only: `_taped_gradients`,
+`_torch_step` (torch) and `_tf_replicas` (TensorFlow), so kmp trains with
+`KERAS_BACKEND=jax` or `torch` on a machine without TensorFlow.
+
+Imports from kmp: errors, _version.
+
+The rest of kmp calls these functions through this package
+(`from kmp import backend; backend.list_devices()`).
+"""
+
+from kmp.backend._current import is_stateless
+from kmp.backend._current import name
+from kmp.backend.distribution import all_replicas_agree
+from kmp.backend.distribution import distribution_name
+from kmp.backend.distribution import sum_over_replicas
+from kmp.backend.machine import Device
+from kmp.backend.machine import environment
+from kmp.backend.machine import framework_versions
+from kmp.backend.machine import host_cpu
+from kmp.backend.machine import list_devices
+from kmp.backend.machine import peak_memory
+from kmp.backend.scaler_ops import cond
+from kmp.backend.scaler_ops import fused_unscale
+from kmp.backend.scaler_ops import own_values
+from kmp.backend.settings import disable_tf32
+from kmp.backend.settings import tf32_enabled
+from kmp.backend.settings import use_compile_cache
+from kmp.backend.steps import add_train_step_logs
+from kmp.backend.steps import crossentropy_reads_logits
+from kmp.backend.steps import step_compiler
+from kmp.backend.steps import taped_gradients
+
+__all__ = [
+    "Device",
+    "add_train_step_logs",
+    "all_replicas_agree",
+    "cond",
+    "crossentropy_reads_logits",
+    "disable_tf32",
+    "distribution_name",
+    "environment",
+    "framework_versions",
+    "fused_unscale",
+    "host_cpu",
+    "is_stateless",
+    "list_devices",
+    "name",
+    "own_values",
+    "peak_memory",
+    "step_compiler",
+    "sum_over_replicas",
+    "taped_gradients",
+    "tf32_enabled",
+    "use_compile_cache",
+]

@@ -1,0 +1,111 @@
+"""What a training step does differently on each backend: the logs it
+returns (`add_train_step_logs`), gradients by intermediate tensors
+(`taped_gradients`), what compiles it (`step_compiler`), and whether
+Keras's crossentropy finds the logits behind probabilities.
+
+TensorFlow's and torch's steps update variables in place; JAX's step is a
+pure function of its state, so what it reads after an update comes out
+of that state. The frameworks' gradient code is in `_taped_gradients`.
+"""
+
+from typing import Callable
+
+import keras
+from keras import ops
+
+from kmp.backend._current import is_stateless
+from kmp.backend._current import name
+
+
+def step_compiler() -> str:
+    """What compiles a train step under `jit_compile=True`: `"XLA"`, or
+    `"torch.compile"` on PyTorch (which Keras runs eagerly by default,
+    and which makes no float8 GEMMs of kmp's float8 layers)."""
+    return "torch.compile" if name() == "torch" else "XLA"
+
+
+def crossentropy_reads_logits() -> bool:
+    """Whether Keras's crossentropy on softmax or sigmoid probabilities
+    recovers the logits they came from (`_keras_logits`): TensorFlow
+    only. JAX and torch compute it from the probabilities, clipped to
+    [1e-7, 1 - 1e-7], in float32 as in float16."""
+    return name() == "tensorflow"
+
+
+def add_train_step_logs(
+    model: keras.Model,
+    extra_logs: Callable[[Callable], dict],
+) -> None:
+    """Makes `model.train_step` return extra logs computed inside the step
+    (they leave the device with the loss, in the transfer Keras makes).
+
+    Args:
+        model: A compiled Keras model. Its `train_step` is wrapped on the
+            instance; calling this again on the same model does nothing.
+        extra_logs: `extra_logs(read)` returns a dict of tensors, where
+            `read(variable)` gives an optimizer variable's value *after*
+            this step's update.
+    """
+    if getattr(model.train_step, "_kmp_wrapped", False):
+        return
+    original = model.train_step
+
+    if is_stateless():
+
+        def train_step(state, data):
+            logs, state = original(state, data)
+            # state = (trainable, non_trainable, optimizer, metrics) values;
+            # the optimizer's new values are only visible here, not through
+            # its variables, which JAX updates when the epoch ends.
+            optimizer_values = state[2]
+            index = {id(v): i for i, v in enumerate(model.optimizer.variables)}
+
+            def read(variable):
+                return optimizer_values[index[id(variable)]]
+
+            if isinstance(logs, dict):
+                logs = {**logs, **extra_logs(read)}
+            return logs, state
+
+    else:
+
+        def train_step(data):
+            logs = original(data)
+            # Read after the update (TF: automatic control deps), as a
+            # copy: torch assigns variables in place (an eager TF read is
+            # the variable too), and Keras may read logs on a thread steps
+            # later. A scalar copy on the device, no transfer.
+            if isinstance(logs, dict):
+                logs = {**logs, **extra_logs(ops.copy)}
+            return logs
+
+    train_step._kmp_wrapped = True
+    model.train_step = train_step
+    # A train function compiled before the wrap would not call it.
+    model.train_function = None
+
+
+def taped_gradients(loss_fn: Callable, jit_compile: bool = False):
+    """Differentiates a loss by its inputs and by tensors marked inside it.
+
+    `loss_fn(values, args, tap)` returns a scalar loss computed from the
+    list `values` (e.g. trainable variable values) and `args`; inside it,
+    `x = tap(key, x)` marks the floating tensor `x` and returns the tensor
+    to compute on with. The marking leaves values unchanged. Each
+    framework's way of doing it is in `kmp.backend._taped_gradients`.
+
+    Args:
+        loss_fn: The loss, as above. With `jit_compile`, it is traced once
+            per input shape, so `tap` is called at trace time only.
+        jit_compile: Compile with XLA (TensorFlow, JAX); PyTorch runs
+            eagerly either way.
+
+    Returns:
+        `run(values, *args)` -> `(loss, keys, tapped, value_grads,
+        tap_grads)`, `keys` in `tap`'s call order; a tapped tensor's
+        gradient has its dtype (a float16 activation's is float16). One
+        the loss does not depend on is None (TF, torch) or zeros (JAX).
+    """
+    from kmp.backend import _taped_gradients
+
+    return _taped_gradients.maker(name())(loss_fn, jit_compile)

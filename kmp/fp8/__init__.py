@@ -1,0 +1,30 @@
+"""Float8 matmuls: `kmp.float8(model)` and the layers it puts in.
+
+    float8_layers  `Float8Dense`, `Float8EinsumDense`,
+                   `Float8MultiHeadAttention` (kmp.layers): E4M3 inputs
+                   and kernels with delayed scales, E5M2 gradients scaled
+                   on the spot, every matmul in the form XLA rewrites into
+                   an FP8 GEMM; the quantization arithmetic
+    convert        `kmp.float8`: which layers of a model are eligible,
+                   converted in place
+
+Imports from kmp: errors, islands, model_layers.
+"""
+
+from kmp.fp8.convert import float8
+from kmp.fp8.float8_layers import Float8Dense
+from kmp.fp8.float8_layers import Float8EinsumDense
+from kmp.fp8.float8_layers import Float8MultiHeadAttention
+from kmp.fp8.float8_layers import float8_matmuls
+from kmp.fp8.float8_layers import matmul_sizes
+from kmp.fp8.float8_layers import observe_operands
+
+__all__ = [
+    "Float8Dense",
+    "Float8EinsumDense",
+    "Float8MultiHeadAttention",
+    "float8",
+    "float8_matmuls",
+    "matmul_sizes",
+    "observe_operands",
+]

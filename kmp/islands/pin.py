@@ -1,0 +1,130 @@
+"""Float32 islands: `kmp.pin_float32(model)`.
+
+Mixed precision is safe only if the few numerically sensitive places stay
+in float32. Keras already computes BatchNormalization, LayerNormalization,
+GroupNormalization and RMSNormalization in float32, so kmp does not touch
+them. What it pins:
+
+- Layers that produce model outputs get a float32 dtype policy (KerasHub
+  idiom (a), `dtype="float32"`): the output is float32, and a softmax or
+  sigmoid there computes in float32 and keeps Keras's link to its logits,
+  which crossentropy uses.
+- Softmax, log-softmax and sigmoid layers inside the model, and the
+  attention softmax of `MultiHeadAttention`, compute in float32 and hand
+  the compute dtype to the next matmul (idiom (b), `kmp.layers`).
+"""
+
+from typing import Iterable
+
+import keras
+
+from kmp.errors import InputError
+from kmp.islands import float32_layers
+from kmp.model_layers import all_layers
+from kmp.model_layers import check_patterns
+from kmp.model_layers import matches
+from kmp.model_layers import output_layers
+from kmp.model_layers import swap_class
+
+# Activations whose float16 results lose the information crossentropy and
+# later matmuls need: probabilities near 0 or 1, and their logarithms.
+_SENSITIVE_ACTIVATIONS = ("softmax", "log_softmax", "sigmoid")
+
+# Exact Keras classes and the kmp class that computes their sensitive part
+# in float32. Subclasses written by users are left alone (pin them with
+# `also=` instead), since swapping their class would drop their code.
+_ISLAND_CLASSES = {
+    keras.layers.Softmax: float32_layers.Float32Softmax,
+    keras.layers.Activation: float32_layers.Float32Activation,
+    keras.layers.MultiHeadAttention: float32_layers.MultiHeadAttention,
+}
+
+
+def activation_name(layer):
+    """The layer's activation (`"softmax"` for a Softmax layer), or None."""
+    if isinstance(layer, keras.layers.Softmax):
+        return "softmax"
+    return getattr(getattr(layer, "activation", None), "__name__", None)
+
+
+def is_sensitive(layer):
+    """Whether the layer ends in a softmax, log-softmax or sigmoid."""
+    return activation_name(layer) in _SENSITIVE_ACTIVATIONS
+
+
+def pin_float32(
+    model: keras.Model, also: Iterable[str | type] = ()
+) -> keras.Model:
+    """Keeps a mixed-precision model's numerically sensitive layers in
+    float32.
+
+    Call it after building the model under `kmp.enable(...)` and before
+    `compile`; it changes the model in place and returns it. Variables stay
+    float32 and everything not listed below keeps its policy.
+
+    - Each layer that produces a model output gets `dtype_policy="float32"`
+      (KerasHub idiom (a)): every output is float32, and an output softmax
+      or sigmoid computes in float32 and keeps Keras's logits path, so
+      crossentropy equals the float32 model's. When the output layer is a
+      `Dense` with a fused softmax, its matmul runs in float32 too.
+    - Every other `Softmax` layer, `Activation` layer with softmax,
+      log-softmax or sigmoid, and the attention softmax of each
+      `MultiHeadAttention` computes in float32 and returns the compute
+      dtype (idiom (b)), so the next matmul stays on tensor cores. They
+      become the matching `kmp.layers` classes, which keep their weights
+      and are restored from `.keras` files.
+    - Layers matched by `also` get `dtype_policy="float32"`.
+
+    Normalization layers are left alone: Keras computes them in float32
+    already. For subclassed models, the outputs are not recorded by Keras,
+    so output layers are not pinned (the inner softmaxes are); give the
+    final layer `dtype="float32"` or name it in `also`. Calling
+    `pin_float32` again changes nothing; under a float32 global policy it
+    does nothing.
+
+    Args:
+        model: A Keras model (Sequential, Functional or subclassed), built
+            or not.
+        also: Extra layers to run entirely in float32: layer classes, or
+            regular expressions matched against a layer's `path` or `name`.
+
+    Returns:
+        The same model.
+
+    Example:
+
+    ```python
+    kmp.enable("mixed_float16")
+    model = kmp.pin_float32(build_model())
+    model.compile(optimizer=kmp.wrap("adam"), loss="categorical_crossentropy")
+    ```
+    """
+    if not isinstance(model, keras.layers.Layer):
+        raise InputError(
+            f"pin_float32 expects a Keras model or layer, got {model!r}."
+        )
+    also = check_patterns(also)
+    layers = all_layers(model)
+    if keras.config.dtype_policy().compute_dtype == "float32" and not any(
+        layer.compute_dtype != "float32" for layer in layers
+    ):
+        return model
+
+    outputs = output_layers(model) or []
+    output_ids = {id(layer) for layer in outputs}
+    for layer in outputs:
+        layer.dtype_policy = "float32"
+    for layer in layers:
+        if id(layer) in output_ids:
+            continue
+        if also and matches(layer, also):
+            layer.dtype_policy = "float32"
+            continue
+        island = _ISLAND_CLASSES.get(type(layer))
+        if island is None:
+            continue
+        activation = island is float32_layers.Float32Activation
+        if activation and not is_sensitive(layer):
+            continue
+        swap_class(layer, island)
+    return model

@@ -1,0 +1,108 @@
+"""Reading and changing a model's layers: every layer, the layers that
+produce its outputs, layers picked by class or by path pattern, and a
+layer's class swapped in place.
+
+`kmp.pin_float32`, `kmp.float8`, the audit and the doctor all walk models
+this way, so that they agree on what "the model's layers" and "an output
+layer" are.
+"""
+
+import re
+
+import keras
+
+from kmp.errors import InputError
+from kmp.errors import InputTypeError
+
+
+def all_layers(model):
+    """The model and every layer nested in it, each once."""
+    return list(model._flatten_layers(include_self=True, recursive=True))
+
+
+def output_layers(model):
+    """The layers whose outputs are `model`'s outputs, nested models opened.
+
+    Returns `None` for a subclassed model, whose outputs are not recorded.
+    """
+    if isinstance(model, keras.Sequential) and not model.built:
+        return [model.layers[-1]] if model.layers else []
+    outputs = getattr(model, "outputs", None)
+    if not outputs:
+        return None
+    found = []
+    for tensor in keras.tree.flatten(outputs):
+        layer = tensor._keras_history.operation
+        if not isinstance(layer, keras.layers.Layer):
+            # A bare op (e.g. keras.ops.softmax in a Functional model) has
+            # no policy to set; kmp.audit reports such outputs.
+            continue
+        if isinstance(layer, keras.Model):
+            inner = output_layers(layer)
+            found.extend(inner if inner is not None else [layer])
+        else:
+            found.append(layer)
+    return found
+
+
+def check_patterns(patterns, argument="also") -> tuple:
+    """`patterns` as a tuple, each checked: a layer class, or a regular
+    expression matched against layer paths or names (`matches`).
+
+    Args:
+        patterns: An iterable of classes and strings.
+        argument: The caller's argument name, for the error message.
+    """
+    patterns = tuple(patterns)
+    for pattern in patterns:
+        if isinstance(pattern, type) and issubclass(
+            pattern, keras.layers.Layer
+        ):
+            continue
+        if isinstance(pattern, str):
+            try:
+                re.compile(pattern)
+            except re.error as error:
+                raise InputError(
+                    f"`{argument}` entry {pattern!r} is not a valid regular "
+                    f"expression ({error})."
+                ) from None
+            continue
+        raise InputError(
+            f"`{argument}` takes layer classes and regular expressions "
+            f"matched against layer paths or names, got {pattern!r}."
+        )
+    return patterns
+
+
+def matches(layer, patterns) -> bool:
+    """Whether `layer` is an instance of a class in `patterns`, or its
+    `path` or `name` fully matches a regular expression there."""
+    for pattern in patterns:
+        if isinstance(pattern, type):
+            if isinstance(layer, pattern):
+                return True
+        elif re.fullmatch(pattern, layer.path or "") or re.fullmatch(
+            pattern, layer.name
+        ):
+            return True
+    return False
+
+
+def swap_class(layer, cls):
+    """Turns `layer` into an instance of `cls`, a kmp subclass of its class.
+
+    The layer keeps its identity, weights, config and build state; only
+    the `call` that `cls` overrides changes. Used on exact Keras classes
+    only, so no user subclass's behaviour is lost.
+    """
+    if not issubclass(cls, type(layer)):
+        raise InputTypeError(
+            f"{cls.__name__} is not a subclass of {type(layer).__name__}."
+        )
+    layer.__class__ = cls
+    # What the layer built as its old class may need the new class's
+    # touch (kmp's MultiHeadAttention: the softmax the stock one made).
+    after_swap = getattr(layer, "after_swap_class", None)
+    if after_swap is not None and layer.built:
+        after_swap()

@@ -1,0 +1,224 @@
+"""The examples' settings, as dataclasses whose fields are the flags.
+
+    RunConfig      what every example takes: policy, epochs, batch_size,
+                   steps, data, seed, strategy, output_dir, ...
+    Cifar10Config  examples/cifar10.py's `Config`: + width
+    ImdbConfig     examples/imdb.py's `Config`: + model, d_model, heads,
+                   layers, sequence_length, vocabulary_size, float8
+    EXAMPLES       an example's name -> its config class
+
+Every field is a command-line flag of `kmp train`, `kmp doctor` and of
+the example run as a script (absl syntax, `--batch_size=128`). The
+configs live here, beside the command's parser and outside the `kmp`
+package, because this module imports neither Keras nor kmp: the command
+checks every flag, an example's own ones included, before TensorFlow
+loads, and refuses a bad one at once.
+
+A config's `problem()` names its first bad field (the command prints
+it, Keras not loaded); `check()` raises it as `kmp.InputError` (the
+examples' `train`). Besides its flags, a config says which of its fields
+an interrupted run must keep to resume from its backup (all but
+`RESUMES_WITH_CHANGED`) and the sizes to use where there is no GPU
+(`CPU_SIZES`).
+"""
+
+import dataclasses
+
+POLICIES = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
+STRATEGIES = ("none", "mirrored", "multiworker")
+SOURCES = ("auto", "tfds", "synthetic")
+# Help texts of fields whose examples change only the default.
+OUTPUT_DIR_HELP = (
+    "Where results go, and the backup an interrupted run resumes from."
+)
+SYNTHETIC_SIZE_HELP = (
+    "Training examples of synthetic data; its test split is a fifth of that."
+)
+
+
+def flag(default, help, choices=None, lower_bound=None):
+    """A config field that is also a command-line flag.
+
+    Args:
+        default: The value when the flag is not given.
+        help: The flag's help text.
+        choices: The values allowed, or `None` for any.
+        lower_bound: The smallest number allowed, or `None`.
+    """
+    metadata = {"help": help, "choices": choices, "lower_bound": lower_bound}
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+@dataclasses.dataclass
+class RunConfig:
+    """The flags every example takes; each example subclasses it."""
+
+    policy: str = flag(
+        "auto", "Dtype policy; auto picks by hardware.", POLICIES
+    )
+    epochs: int = flag(10, "Epochs.", lower_bound=1)
+    batch_size: int = flag(64, "Global batch (all replicas).", lower_bound=1)
+    steps: int = flag(
+        0,
+        "Steps per epoch; 0 means all. Also bounds validation (the same "
+        "share of the test split) unless --eval_steps is set.",
+        lower_bound=0,
+    )
+    eval_steps: int = flag(
+        0,
+        "Validation steps; 0 means all, or with --steps the same share "
+        "of the test split as --steps is of the training split.",
+        lower_bound=0,
+    )
+    data: str = flag("auto", "Data source.", SOURCES)
+    data_dir: str = flag("", "TFDS data directory (default: TFDS's).")
+    output_dir: str = flag("runs", OUTPUT_DIR_HELP)
+    restart: bool = flag(
+        False,
+        "Delete the backup of an interrupted run in --output_dir and start "
+        "over (without it, a rerun resumes, with the same flags).",
+    )
+    seed: int = flag(0, "Random seed.")
+    strategy: str = flag("none", "Where the replicas are.", STRATEGIES)
+    learning_rate: float = flag(1e-3, "Peak learning rate.")
+    synthetic_size: int = flag(25_000, SYNTHETIC_SIZE_HELP, lower_bound=1)
+    verbose: int = flag(1, "fit's verbosity (0, 1, 2).", lower_bound=0)
+    compile_cache: str = flag(
+        "auto",
+        "Persistent XLA compilation cache: a directory, 'auto' (~/.cache/"
+        "kmp/xla, on backends that have one) or 'off'.",
+    )
+
+    # What a rerun may change and still resume the interrupted run: how
+    # long it goes on, how it validates and reports, where things are.
+    # Every other field shapes the weights, the optimizer or the data.
+    RESUMES_WITH_CHANGED = (
+        "epochs",
+        "eval_steps",
+        "verbose",
+        "output_dir",
+        "restart",
+        "data_dir",
+        "strategy",
+        "compile_cache",
+    )
+    # Sizes for a machine without a GPU, where the user did not set them
+    # (`cpu_sized`); an example with GPU-sized defaults overrides it.
+    CPU_SIZES = {}
+
+    def problem(self) -> str | None:
+        """The first bad field, as the message that says so, or `None`.
+
+        Imports nothing: the `kmp` command asks it before Keras loads.
+        """
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            choices = field.metadata.get("choices")
+            low = field.metadata.get("lower_bound")
+            if choices and value not in choices:
+                return (
+                    f"{field.name} must be one of {', '.join(choices)}; "
+                    f"got {value!r}."
+                )
+            if low is not None and value < low:
+                return f"{field.name} must be >= {low}, got {value}."
+        if not self.learning_rate > 0:
+            return f"learning_rate must be > 0, got {self.learning_rate}."
+        return None
+
+    def check(self):
+        """Raises `kmp.InputError` naming the first bad field, or a
+        multi-worker run without its cluster; returns the config."""
+        import kmp  # the library's error; `problem` alone imports nothing
+
+        problem = self.problem()
+        if problem:
+            raise kmp.InputError(problem)
+        if self.strategy == "multiworker" and kmp.parse_tf_config() is None:
+            raise kmp.InputError(
+                "strategy=multiworker needs TF_CONFIG, the cluster (every "
+                "worker's host:port) and this worker's index, e.g. "
+                'TF_CONFIG=\'{"cluster": {"worker": ["host1:12345", '
+                '"host2:12345"]}, "task": {"type": "worker", "index": 0}}\' '
+                "(README, Multi-GPU and multi-node). On one machine use "
+                "strategy=mirrored or none."
+            )
+        return self
+
+    def cpu_sized(self, explicit=()):
+        """`(config, changes)`: this config with `CPU_SIZES` for the
+        fields not in `explicit` (the flags the user gave), and the
+        changes made. Unchanged when the result would not be valid (a
+        `--heads` that the CPU `d_model` does not divide)."""
+        changes = {
+            name: value
+            for name, value in self.CPU_SIZES.items()
+            if name not in explicit and getattr(self, name) != value
+        }
+        sized = dataclasses.replace(self, **changes)
+        if not changes or sized.problem():
+            return self, {}
+        return sized, changes
+
+    def resume_key(self) -> dict:
+        """The fields a rerun must keep to resume this run's backup."""
+        return {
+            name: value
+            for name, value in dataclasses.asdict(self).items()
+            if name not in self.RESUMES_WITH_CHANGED
+        }
+
+
+@dataclasses.dataclass
+class Cifar10Config(RunConfig):
+    """ResNet-9 on CIFAR-10 (examples/cifar10.py)."""
+
+    batch_size: int = flag(512, "Global batch.", lower_bound=1)
+    output_dir: str = flag("runs/cifar10", OUTPUT_DIR_HELP)
+    learning_rate: float = flag(
+        0.2, "Peak learning rate at batch 512 (scaled with the batch)."
+    )
+    width: int = flag(
+        64, "Channels of the first block (64: ResNet-9).", lower_bound=8
+    )
+    synthetic_size: int = flag(50_000, SYNTHETIC_SIZE_HELP, lower_bound=1)
+
+    # Batch 512 at width 64 is a GPU's size: on a 2-core CPU, 10 steps
+    # took 380-900 s. A step's work goes with width^2 x batch: a 64th.
+    CPU_SIZES = {"batch_size": 128, "width": 16}
+
+
+@dataclasses.dataclass
+class ImdbConfig(RunConfig):
+    """A Transformer encoder (or BiLSTM) on IMDB (examples/imdb.py)."""
+
+    epochs: int = flag(3, "Epochs.", lower_bound=1)
+    output_dir: str = flag("runs/imdb", OUTPUT_DIR_HELP)
+    learning_rate: float = flag(5e-4, "Peak learning rate (AdamW).")
+    model: str = flag("transformer", "Architecture.", ("transformer", "bilstm"))
+    d_model: int = flag(128, "Embedding width.", lower_bound=8)
+    heads: int = flag(4, "Attention heads (they split d_model).", lower_bound=1)
+    layers: int = flag(2, "Encoder blocks.", lower_bound=1)
+    sequence_length: int = flag(256, "Tokens per review.", lower_bound=8)
+    vocabulary_size: int = flag(20_000, "Vocabulary.", lower_bound=8)
+    float8: bool = flag(
+        False,
+        "Attention and feed-forward matmuls in float8 (kmp.float8): fast "
+        "on H100/H200 tensor cores, slow on a CPU.",
+    )
+
+    # The sizes benchmarks/parity.py measures on a CPU.
+    CPU_SIZES = {"batch_size": 32, "d_model": 64, "sequence_length": 128}
+
+    def problem(self) -> str | None:
+        problem = super().problem()
+        if problem is None and self.d_model % self.heads:
+            problem = (
+                f"d_model ({self.d_model}) must be a multiple of heads "
+                f"({self.heads}): each head gets d_model / heads "
+                "dimensions. Change --d_model or --heads."
+            )
+        return problem
+
+
+EXAMPLES = {"cifar10": Cifar10Config, "imdb": ImdbConfig}

@@ -1,0 +1,210 @@
+"""The flags of `kmp train` and `kmp doctor`: absl flags made from the
+configs' fields (`kmp_cli.configs`), parsed and checked without Keras.
+
+    define_flags       one absl flag per config field
+    config_from_flags  the config the parsed flags describe
+    example_flags      an example's flags; doctor_flags: the doctor's
+                       (an example's, or `SavedModelDoctor`, + `Doctor`)
+    parse_example      `kmp train EXAMPLE --flags`: config, flags given
+    parse_doctor       `kmp doctor TARGET --flags`: config or None, flags
+    help_text          what `--help` after an example or model prints
+
+Every refusal is an absl `flags.Error` (an unknown flag, a value out of
+range or not among the choices, a config whose fields do not fit
+together, a file that is not there) whose message is one line; the
+command prints it and exits with status 2.
+"""
+
+import dataclasses
+import os
+
+from absl import flags
+
+from kmp_cli import configs
+
+DOCTOR_POLICIES = ("mixed_float16", "mixed_bfloat16")
+
+
+def define_flags(config_class, flag_values=None):
+    """Defines one absl flag per field of `config_class` (in absl's
+    global `flags.FLAGS` unless `flag_values` is given)."""
+    where = flags.FLAGS if flag_values is None else flag_values
+    for field in dataclasses.fields(config_class):
+        meta, name = field.metadata, field.name
+        help_text = meta.get("help", name)
+        if meta.get("choices"):
+            flags.DEFINE_enum(
+                name,
+                field.default,
+                list(meta["choices"]),
+                help_text,
+                flag_values=where,
+            )
+        elif field.type in (bool, "bool"):
+            flags.DEFINE_boolean(
+                name, field.default, help_text, flag_values=where
+            )
+        elif field.type in (int, "int", float, "float"):
+            define = (
+                flags.DEFINE_integer
+                if field.type in (int, "int")
+                else flags.DEFINE_float
+            )
+            define(
+                name,
+                field.default,
+                help_text,
+                lower_bound=meta.get("lower_bound"),
+                flag_values=where,
+            )
+        else:
+            flags.DEFINE_string(
+                name, field.default, help_text, flag_values=where
+            )
+
+
+def config_from_flags(config_class, flag_values):
+    """The `config_class` instance that parsed `flag_values` describe."""
+    names = [field.name for field in dataclasses.fields(config_class)]
+    return config_class(**{name: flag_values[name].value for name in names})
+
+
+def given(config_class, flag_values) -> set:
+    """The names of the config's flags set on the command line."""
+    return {
+        field.name
+        for field in dataclasses.fields(config_class)
+        if flag_values[field.name].present
+    }
+
+
+def _parse(values, command, argv):
+    """Parses `argv` into `values`; an argument that is no flag is an
+    error (absl would hand it back, and the command would drop it)."""
+    rest = values([command, *argv])[1:]
+    if rest:
+        raise flags.Error(
+            f"unexpected argument {rest[0]!r}: flags take the form "
+            "--name=value (`--help` lists them)."
+        )
+
+
+def _checked(config):
+    problem = config.problem()
+    if problem:
+        raise flags.ValidationError(problem)
+    return config
+
+
+def example_flags(example):
+    """The flags of `kmp train EXAMPLE`: its config's fields."""
+    values = flags.FlagValues()
+    define_flags(configs.EXAMPLES[example], values)
+    return values
+
+
+def parse_example(command, example, argv):
+    """`(config, given)` for `kmp train EXAMPLE ARGV`: the example's
+    config from its flags, checked, and the names of the flags given
+    (the sizes a CPU run may pick are the others')."""
+    config_class = configs.EXAMPLES[example]
+    values = example_flags(example)
+    _parse(values, command, argv)
+    config = _checked(config_from_flags(config_class, values))
+    return config, given(config_class, values)
+
+
+@dataclasses.dataclass
+class SavedModelDoctor:
+    """The flags of `kmp doctor PATH.keras` (an example's are its
+    config's)."""
+
+    data: str = configs.flag("", "A .npz file with arrays x and y.")
+    policy: str = configs.flag(
+        "", "Mixed policy to test (default: the model's own)."
+    )
+    batch_size: int = configs.flag(128, "Batch size.", lower_bound=1)
+    loss: str = configs.flag(
+        "", "A Keras loss name (default: the saved model's compiled loss)."
+    )
+    output_dir: str = configs.flag(
+        "runs/doctor", "Where doctor.txt, doctor.json and doctor.png go."
+    )
+
+
+@dataclasses.dataclass
+class Doctor:
+    """The doctor's own flags, whatever it diagnoses."""
+
+    batches: int = configs.flag(2, "Batches to run.", lower_bound=1)
+    loss_scale: float = configs.flag(
+        0.0,
+        "Loss scale to test (0: the model's optimizer's current one).",
+        lower_bound=0.0,
+    )
+
+
+def doctor_flags(target):
+    """The doctor's flags for `target`: an example's flags with the
+    doctor's defaults, or those for a saved model; then its own."""
+    values = flags.FlagValues()
+    if target in configs.EXAMPLES:
+        define_flags(configs.EXAMPLES[target], values)
+        # Two batches need little data; the CIFAR cost figure is at 128.
+        values.set_default("policy", "mixed_float16")
+        values.set_default("batch_size", 128)
+        values.set_default("synthetic_size", 2048)
+        values.set_default("output_dir", f"runs/doctor_{target}")
+    else:
+        define_flags(SavedModelDoctor, values)
+    define_flags(Doctor, values)
+    return values
+
+
+def parse_doctor(command, target, argv):
+    """`(config, values)` for `kmp doctor TARGET ARGV`: the example's
+    config (`None` for a saved model) and every parsed flag, checked as
+    far as that takes no Keras."""
+    example = target in configs.EXAMPLES
+    if not example and not target.endswith(".keras"):
+        raise flags.Error(
+            f"{target!r} is neither an example "
+            f"({', '.join(configs.EXAMPLES)}) nor a .keras file."
+        )
+    values = doctor_flags(target)
+    try:
+        _parse(values, command, argv)
+    except flags.IllegalFlagValueError:
+        data = [a for a in argv if a.startswith("--data=")]
+        if example and data and data[-1].endswith(".npz"):
+            raise flags.Error(
+                f"{data[-1]}: a .npz file is for saved models (kmp doctor "
+                "PATH.keras --data=PATH.npz); an example takes --data="
+                "auto, tfds or synthetic."
+            ) from None
+        raise
+    if values.policy and values.policy not in DOCTOR_POLICIES:
+        raise flags.ValidationError(
+            f"--policy must be one of {', '.join(DOCTOR_POLICIES)} "
+            f"(the mixed policy under test); got {values.policy!r}."
+        )
+    if example:
+        config_class = configs.EXAMPLES[target]
+        return _checked(config_from_flags(config_class, values)), values
+    if not os.path.isfile(target):
+        raise flags.Error(f"{target} does not exist (no such file).")
+    if not values.data or not os.path.isfile(values.data):
+        raise flags.Error(
+            f"--data must name a .npz file with arrays x and y; got "
+            f"{values.data!r}."
+        )
+    return None, values
+
+
+def help_text(usage, values) -> str:
+    """`usage`, then every flag of `values` with its help and default."""
+    listed = values.get_help(include_special_flags=False)
+    # absl heads the list with the defining module's name (the one line
+    # not indented): not the user's business.
+    lines = [line for line in listed.splitlines() if line.startswith(" ")]
+    return usage + "\n\nflags (--name=value):\n" + "\n".join(lines)

@@ -1,0 +1,64 @@
+"""The flags of `kmp train` and `kmp doctor`, made from the configs'
+fields (`kmp_cli.flags`)."""
+
+import dataclasses
+
+import pytest
+from absl import flags as absl_flags
+
+from kmp_cli import configs
+from kmp_cli import flags
+
+pytestmark = pytest.mark.backend_independent
+
+
+@dataclasses.dataclass
+class Config(configs.RunConfig):
+    width: int = configs.flag(8, "Width.", lower_bound=8)
+    rate: float = configs.flag(0.5, "A rate.")
+    fast: bool = configs.flag(False, "Go fast.")
+
+
+def test_flags_are_defined_from_the_fields():
+    values = absl_flags.FlagValues()
+    flags.define_flags(Config, values)
+    values(["prog", "--width=16", "--rate=0.25", "--policy=float32", "--fast"])
+    config = flags.config_from_flags(Config, values)
+    assert (config.width, config.rate, config.policy) == (16, 0.25, "float32")
+    assert config.fast is True
+    assert config.epochs == 10 and config.data == "auto"
+    assert flags.given(Config, values) == {"width", "rate", "policy", "fast"}
+    with pytest.raises(absl_flags.IllegalFlagValueError):
+        values(["prog", "--width=4"])
+    with pytest.raises(absl_flags.IllegalFlagValueError):
+        values(["prog", "--strategy=tpu"])
+
+
+def test_an_example_s_flags_are_checked_as_its_config():
+    config, given = flags.parse_example(
+        "kmp train imdb", "imdb", ["--heads=8", "--model=bilstm"]
+    )
+    assert (config.heads, config.model, config.d_model) == (8, "bilstm", 128)
+    assert given == {"heads", "model"}
+    with pytest.raises(absl_flags.ValidationError, match="multiple of heads"):
+        flags.parse_example("kmp train imdb", "imdb", ["--heads=3"])
+    with pytest.raises(absl_flags.Error, match="unexpected argument 'x'"):
+        flags.parse_example("kmp train imdb", "imdb", ["x"])
+
+
+def test_the_doctor_defaults_differ_from_training_s():
+    values = flags.doctor_flags("cifar10")
+    values(["kmp doctor cifar10"])
+    assert (values.policy, values.batch_size, values.batches) == (
+        "mixed_float16",
+        128,
+        2,
+    )
+    assert values.output_dir == "runs/doctor_cifar10"
+
+
+def test_help_text_lists_every_flag_without_absl_s_own():
+    text = flags.help_text("usage: x", flags.example_flags("cifar10"))
+    assert text.startswith("usage: x\n\nflags (--name=value):\n")
+    assert "--width" in text and "--flagfile" not in text
+    assert "kmp_cli" not in text  # absl's heading: the defining module

@@ -1,0 +1,60 @@
+"""The audit's environment checks (`kmp.auditing.environment_checks`),
+through `kmp.audit`: hardware, TF32, XLA and an active distribution."""
+
+from audit_util import compiled_for_audit
+from audit_util import has
+from audit_util import quiet_audit
+from audit_util import small_mlp
+from util import tf_only
+
+import kmp
+from kmp import backend
+from kmp import policy as policy_lib
+from kmp.backend import Device
+
+
+def test_environment_findings(monkeypatch):
+    kmp.enable("mixed_float16")
+    model = compiled_for_audit(kmp.pin_float32(small_mlp()))
+    monkeypatch.setattr(policy_lib, "_logged_reasons", set())
+    monkeypatch.setattr(backend, "list_devices", lambda: [Device("cpu", "x")])
+    report = quiet_audit(model)
+    assert has(report, "environment|Mixed precision on hardware", "warning")
+    assert has(report, f"{backend.step_compiler()} is on", "info")
+    # A CPU has no TF32, whatever TensorFlow's setting says.
+    assert not has(report, "TF32")
+    monkeypatch.setattr(
+        backend, "list_devices", lambda: [Device("gpu", "A100", (8, 0))]
+    )
+    assert not has(quiet_audit(model), "Mixed precision on hardware")
+    assert has(quiet_audit(model), "TF32 for float32 matmuls", "info")
+    monkeypatch.setattr(
+        backend, "list_devices", lambda: [Device("gpu", "T4", (7, 5))]
+    )
+    assert not has(quiet_audit(model), "TF32")
+    model.compile(optimizer=kmp.wrap("adam"), loss="mse", jit_compile=False)
+    if backend.name() == "torch":
+        assert has(
+            quiet_audit(model), "runs eagerly (jit_compile=False", "info"
+        )
+    else:
+        assert has(quiet_audit(model), "without XLA", "warning")
+
+
+def test_xla_is_not_mentioned_for_a_float32_model():
+    model = compiled_for_audit(
+        small_mlp(policy="float32"), optimizer="adam", loss="mse"
+    )
+    model.compile(optimizer="adam", loss="mse", jit_compile=False)
+    assert not has(quiet_audit(model), "XLA")
+
+
+@tf_only
+def test_active_distribution_strategy_is_reported():
+    import tensorflow as tf
+
+    kmp.enable("mixed_float16")
+    model = compiled_for_audit(kmp.pin_float32(small_mlp()))
+    with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
+        assert has(quiet_audit(model), "MirroredStrategy", "info")
+    assert not has(quiet_audit(model), "distribution is active")

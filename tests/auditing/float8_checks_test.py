@@ -1,0 +1,72 @@
+"""kmp.audit's float8 checks (`kmp.auditing.float8_checks`)."""
+
+import keras
+import pytest
+
+import kmp
+from kmp import backend
+from kmp.backend import Device
+
+
+def float8_model(units=32):
+    with kmp.policy_scope("mixed_bfloat16"):
+        inputs = keras.Input((32,))
+        x = kmp.layers.Float8Dense(units)(inputs)
+        outputs = keras.layers.Dense(2, dtype="float32")(x)
+        return keras.Model(inputs, outputs)
+
+
+def problems(report):
+    return " | ".join(f.problem for f in report)
+
+
+@pytest.mark.parametrize(
+    "devices, warned",
+    [
+        ([Device("cpu", "AMD EPYC")], True),
+        ([Device("gpu", "NVIDIA A100", (8, 0))], True),
+        ([Device("gpu", "NVIDIA H100 80GB HBM3", (9, 0))], False),
+        ([Device("gpu", "NVIDIA L4", (8, 9))], False),
+    ],
+)
+def test_float8_without_float8_tensor_cores_is_flagged(
+    devices, warned, monkeypatch
+):
+    monkeypatch.setattr(backend, "list_devices", lambda: devices)
+    report = kmp.audit(float8_model(), verbose=False)
+    assert ("without float8 tensor cores" in problems(report)) == warned
+    if warned:
+        assert devices[0].name in problems(report)
+
+
+def test_float8_sizes_that_are_not_multiples_of_16_are_flagged():
+    report = kmp.audit(float8_model(units=24), verbose=False)
+    assert "size 32 -> 24" in problems(report)
+    assert "size 32 -> 32" not in problems(
+        kmp.audit(float8_model(), verbose=False)
+    )
+
+
+def test_float8_without_xla_is_flagged_and_plain_models_are_not():
+    model = float8_model()
+    model.compile(optimizer="sgd", loss="mse", jit_compile=False)
+    found = problems(kmp.audit(model, verbose=False))
+    if backend.name() == "torch":  # no XLA at all, compiled or not
+        assert "only XLA turns" in found and "torch backend" in found
+    else:
+        assert "without XLA" in found
+        model.compile(optimizer="sgd", loss="mse", jit_compile=True)
+        assert "without XLA" not in problems(kmp.audit(model, verbose=False))
+    with kmp.policy_scope("mixed_bfloat16"):
+        inputs = keras.Input((32,))
+        plain = keras.Model(inputs, keras.layers.Dense(32)(inputs))
+    assert "float8" not in problems(kmp.audit(plain, verbose=False)).lower()
+
+
+def test_attention_projections_count_once():
+    with kmp.policy_scope("mixed_bfloat16"):
+        inputs = keras.Input((4, 32))
+        x = kmp.layers.Float8MultiHeadAttention(2, 16)(inputs, inputs)
+        model = keras.Model(inputs, keras.layers.Dense(2, dtype="float32")(x))
+    report = kmp.audit(model, verbose=False)
+    assert "4 float8 matmul layers" in problems(report)

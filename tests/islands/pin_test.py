@@ -1,0 +1,311 @@
+from unittest import mock
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+from util import JIT_COMPILE
+from util import classification_data
+from util import probability_model
+
+import kmp
+from kmp import backend
+
+
+def _dtype(x):
+    return keras.backend.standardize_dtype(x.dtype)
+
+
+def test_output_softmax_crossentropy_equals_the_float32_models():
+    x, y = np.ones((1, 1), "float32"), np.array([1])
+    loss = keras.losses.SparseCategoricalCrossentropy()
+    reference = float(loss(y, probability_model("float32")(x)))
+    mixed = probability_model("mixed_float16")
+    kmp.enable("mixed_float16")
+    pinned = kmp.pin_float32(mixed)
+    assert pinned is mixed
+    assert _dtype(pinned(x)) == "float32"
+    assert float(loss(y, pinned(x))) == pytest.approx(reference, rel=1e-6)
+    if backend.name() == "tensorflow":
+        # Keras's logits path survives: the true crossentropy, not the
+        # 16.1 that clipped float16 probabilities give. (JAX arrays cannot
+        # carry that path; there the float32 model also gives 16.1.)
+        assert reference == pytest.approx(30.0)
+
+
+def _functional():
+    inputs = keras.Input((6, 16))
+    h = keras.layers.MultiHeadAttention(2, 8, dropout=0.1, name="mha")(
+        inputs, inputs
+    )
+    h = keras.layers.Activation("softmax", name="inner_softmax")(h)
+    h = keras.layers.Activation("relu", name="relu")(h)
+    h = keras.layers.LayerNormalization(name="norm")(h)
+    h = keras.layers.GlobalAveragePooling1D()(h)
+    outputs = keras.layers.Dense(3, activation="softmax", name="head")(h)
+    return keras.Model(inputs, outputs)
+
+
+def test_functional_model_is_pinned_where_it_matters_only():
+    kmp.enable("mixed_float16")
+    model = kmp.pin_float32(_functional())
+    kinds = {layer.name: type(layer) for layer in model.layers}
+    policies = {layer.name: layer.dtype_policy.name for layer in model.layers}
+    assert kinds["mha"] is kmp.layers.MultiHeadAttention
+    assert kinds["inner_softmax"] is kmp.layers.Float32Activation
+    assert kinds["relu"] is keras.layers.Activation  # not sensitive
+    assert kinds["norm"] is keras.layers.LayerNormalization  # already fp32
+    assert policies["head"] == "float32"
+    assert policies["mha"] == policies["relu"] == "mixed_float16"
+    assert all(w.dtype == "float32" for w in model.weights)
+    x = np.zeros((2, 6, 16), "float32")
+    assert _dtype(model(x)) == "float32"
+    assert _dtype(model.get_layer("inner_softmax")(x[:, :, :16])) == "float16"
+
+
+def test_unbuilt_sequential_output_is_float32_once_built():
+    kmp.enable("mixed_float16")
+    model = keras.Sequential(
+        [keras.layers.Dense(4), keras.layers.Softmax(), keras.layers.Dense(2)]
+    )
+    kmp.pin_float32(model)
+    assert type(model.layers[1]) is kmp.layers.Float32Softmax
+    assert model.layers[-1].dtype_policy.name == "float32"
+    assert _dtype(model(np.ones((1, 3), "float32"))) == "float32"
+
+
+def test_nested_models_and_layers_are_opened():
+    kmp.enable("mixed_float16")
+
+    class Block(keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.dense = keras.layers.Dense(4)
+            self.softmax = keras.layers.Softmax()
+
+        def call(self, x):
+            return self.softmax(self.dense(x))
+
+    inner_in = keras.Input((4,))
+    inner = keras.Model(
+        inner_in, keras.layers.Dense(2, activation="sigmoid")(inner_in)
+    )
+    outer_in = keras.Input((3,))
+    block = Block()
+    model = keras.Model(outer_in, inner(block(outer_in)))
+    kmp.pin_float32(model)
+    assert type(block.softmax) is kmp.layers.Float32Softmax
+    assert inner.layers[-1].dtype_policy.name == "float32"
+    assert _dtype(model(np.ones((2, 3), "float32"))) == "float32"
+
+
+def test_subclassed_model_gets_its_inner_softmaxes_pinned():
+    kmp.enable("mixed_float16")
+
+    class Classifier(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.attention = keras.layers.MultiHeadAttention(2, 4)
+            self.pool = keras.layers.GlobalAveragePooling1D()
+            self.head = keras.layers.Dense(2, dtype="float32")
+
+        def call(self, x):
+            return self.head(self.pool(self.attention(x, x)))
+
+    model = Classifier()
+    kmp.pin_float32(model)
+    assert type(model.attention) is kmp.layers.MultiHeadAttention
+    assert _dtype(model(np.ones((2, 3, 4), "float32"))) == "float32"
+
+
+def test_pinning_keeps_trained_weights_and_is_idempotent():
+    kmp.enable("mixed_float16")
+    model = _functional()
+    x = np.random.default_rng(0).normal(size=(8, 6, 16)).astype("float32")
+    before = [w.numpy().copy() for w in model.weights]
+    kmp.pin_float32(model)
+    for a, b in zip(before, model.weights):
+        np.testing.assert_array_equal(a, b.numpy())
+    config = model.get_config()
+    outputs = ops.convert_to_numpy(model(x))
+    kmp.pin_float32(model)
+    assert model.get_config() == config
+    np.testing.assert_array_equal(ops.convert_to_numpy(model(x)), outputs)
+
+
+def test_float32_model_is_left_alone():
+    kmp.enable("float32")
+    model = _functional()
+    config = model.get_config()
+    assert kmp.pin_float32(model) is model
+    assert model.get_config() == config
+    assert type(model.get_layer("mha")) is keras.layers.MultiHeadAttention
+
+
+def test_pinned_model_survives_keras_save_and_load(tmp_path):
+    kmp.enable("mixed_float16")
+    model = kmp.pin_float32(_functional())
+    x = np.random.default_rng(1).normal(size=(2, 6, 16)).astype("float32")
+    path = str(tmp_path / "pinned.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)  # no custom_objects
+    assert type(loaded.get_layer("mha")) is kmp.layers.MultiHeadAttention
+    assert type(loaded.get_layer("inner_softmax")) is (
+        kmp.layers.Float32Activation
+    )
+    assert loaded.get_layer("head").dtype_policy.name == "float32"
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(loaded(x)), ops.convert_to_numpy(model(x))
+    )
+    loaded(x, training=False)
+    assert type(loaded.get_layer("mha")._softmax) is kmp.layers.Float32Softmax
+
+
+@pytest.mark.parametrize("jit_compile", JIT_COMPILE)
+def test_pinned_model_trains_with_kmp_scaler(jit_compile):
+    kmp.enable("mixed_float16")
+    inputs = keras.Input((8,))
+    h = keras.layers.Dense(16, activation="relu")(inputs)
+    h = keras.layers.Softmax()(h)
+    outputs = keras.layers.Dense(2, activation="softmax")(
+        keras.layers.Dense(16, activation="relu")(h)
+    )
+    model = kmp.pin_float32(keras.Model(inputs, outputs))
+    model.compile(
+        optimizer=kmp.wrap(keras.optimizers.Adam(1e-2)),
+        loss="sparse_categorical_crossentropy",
+        jit_compile=jit_compile,
+    )
+    x, y = classification_data()
+    history = model.fit(x, y, epochs=3, verbose=0)
+    assert history.history["loss"][-1] < history.history["loss"][0]
+
+
+def test_also_pins_layers_by_pattern_or_class():
+    kmp.enable("mixed_float16")
+    model = kmp.pin_float32(
+        _functional(), also=[r"re.*", keras.layers.GlobalAveragePooling1D]
+    )
+    assert model.get_layer("relu").dtype_policy.name == "float32"
+    pooling = [
+        layer
+        for layer in model.layers
+        if isinstance(layer, keras.layers.GlobalAveragePooling1D)
+    ]
+    assert pooling[0].dtype_policy.name == "float32"
+    assert model.get_layer("mha").dtype_policy.name == "mixed_float16"
+
+
+@pytest.mark.parametrize(
+    "also, phrase",
+    [([3], "takes layer classes"), (["("], "not a valid regular expression")],
+)
+def test_bad_arguments(also, phrase):
+    kmp.enable("mixed_float16")
+    with pytest.raises(ValueError, match=phrase):
+        kmp.pin_float32(_functional(), also=also)
+    with pytest.raises(ValueError, match="expects a Keras model"):
+        kmp.pin_float32("model")
+
+
+def _transformer_block(dropout):
+    inputs = keras.Input((8, 16))
+    attention = keras.layers.MultiHeadAttention(
+        2, 8, dropout=dropout, name="attention"
+    )
+    h = keras.layers.LayerNormalization()(inputs + attention(inputs, inputs))
+    f = keras.layers.Dense(32, activation="relu", name="ffn_in")(h)
+    h = keras.layers.LayerNormalization()(
+        h + keras.layers.Dense(16, name="ffn_out")(f)
+    )
+    h = keras.layers.GlobalAveragePooling1D()(h)
+    outputs = keras.layers.Dense(2, activation="softmax", name="head")(h)
+    return keras.Model(inputs, outputs)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_transformer_block_softmax_in_float32_matmuls_in_float16(dropout):
+    kmp.enable("mixed_float16")
+    model = kmp.pin_float32(_transformer_block(dropout))
+    seen = {"softmax": [], "einsum": [], "dense": []}
+    originals = {
+        "softmax": keras.layers.Softmax.call,
+        "einsum": keras.layers.EinsumDense.call,
+        "dense": keras.layers.Dense.call,
+    }
+
+    def spy(kind):
+        def call(self, inputs, *args, **kwargs):
+            seen[kind].append((self.name, _dtype(inputs)))
+            return originals[kind](self, inputs, *args, **kwargs)
+
+        return call
+
+    x = np.random.default_rng(0).normal(size=(2, 8, 16)).astype("float32")
+    with (
+        mock.patch.object(keras.layers.Softmax, "call", spy("softmax")),
+        mock.patch.object(keras.layers.EinsumDense, "call", spy("einsum")),
+        mock.patch.object(keras.layers.Dense, "call", spy("dense")),
+    ):
+        y = model(x, training=True)
+    assert _dtype(y) == "float32"
+    # Query/key/value/output projections and the FFN run in float16...
+    assert {d for _, d in seen["einsum"]} == {"float16"}
+    assert dict(seen["dense"]) == {
+        "ffn_in": "float16",
+        "ffn_out": "float16",
+        "head": "float32",
+    }
+    # ...and the attention softmax, where Keras's unfused path runs it
+    # (dropout > 0), gets float32 scores. Without dropout Keras uses its
+    # fused dot_product_attention, which computes softmax in float32 itself.
+    assert [d for _, d in seen["softmax"]] == (["float32"] if dropout else [])
+
+
+LAYER_KINDS = {
+    "softmax_layer": (lambda: keras.layers.Softmax(), "float16"),
+    "activation_softmax": (
+        lambda: keras.layers.Activation("softmax"),
+        "float16",
+    ),
+    "activation_sigmoid": (
+        lambda: keras.layers.Activation("sigmoid"),
+        "float16",
+    ),
+    "activation_log_softmax": (
+        lambda: keras.layers.Activation("log_softmax"),
+        "float16",
+    ),
+    "activation_relu": (lambda: keras.layers.Activation("relu"), "float16"),
+    "dense_softmax": (
+        lambda: keras.layers.Dense(8, activation="softmax"),
+        "float16",
+    ),
+    "layer_norm": (lambda: keras.layers.LayerNormalization(), "float16"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(LAYER_KINDS))
+@pytest.mark.parametrize("position", ["inner", "output"])
+def test_precision_of_every_layer_kind_kmp_touches(kind, position):
+    """In the spirit of Keras's run_mixed_precision_check: a pinned layer's
+    output is its compute dtype inside the model and float32 at the
+    output; its float weights stay float32."""
+    kmp.enable("mixed_float16")
+    make, inner_dtype = LAYER_KINDS[kind]
+    layer = make()
+    inputs = keras.Input((8,))
+    h = keras.layers.Dense(8)(inputs)
+    h = layer(h)
+    if position == "inner":
+        h = keras.layers.Dense(8, dtype="float32", name="reader")(h)
+    model = kmp.pin_float32(keras.Model(inputs, h))
+    x = np.ones((2, 8), "float32")
+    if position == "inner":
+        probe = keras.Model(inputs, model.get_layer(layer.name).output)
+        assert _dtype(probe(x)) == inner_dtype
+    else:
+        assert layer.dtype_policy.name == "float32"
+        assert _dtype(model(x)) == "float32"
+    for weight in model.weights:
+        assert weight.dtype == "float32"

@@ -1,0 +1,77 @@
+"""Walking a model's layers (`kmp.model_layers`): every layer once,
+output layers through nested models, patterns, and a class swapped in
+place."""
+
+import re
+
+import keras
+import pytest
+
+import kmp
+from kmp import model_layers
+
+
+def _nested():
+    inner_in = keras.Input((4,))
+    inner = keras.Model(
+        inner_in, keras.layers.Dense(3, name="inner_out")(inner_in)
+    )
+    x = keras.Input((4,))
+    side = keras.layers.Dense(2, name="side")(x)
+    return keras.Model(x, [inner(x), side], name="outer"), inner
+
+
+def test_all_layers_lists_the_model_and_every_nested_layer_once():
+    model, inner = _nested()
+    names = [layer.name for layer in model_layers.all_layers(model)]
+    assert names[0] == "outer"
+    assert {inner.name, "inner_out", "side"} <= set(names)
+    # The nested model's own layers are there too, and nothing twice.
+    assert {layer.name for layer in inner.layers} <= set(names)
+    assert len(names) == len(set(names))
+
+
+def test_output_layers_open_nested_models_and_skip_subclassed_ones():
+    model, _ = _nested()
+    outputs = model_layers.output_layers(model)
+    assert [layer.name for layer in outputs] == ["inner_out", "side"]
+    unbuilt = keras.Sequential([keras.layers.Dense(2, name="last")])
+    assert [layer.name for layer in model_layers.output_layers(unbuilt)] == [
+        "last"
+    ]
+
+    class Subclassed(keras.Model):
+        def call(self, x):
+            return x
+
+    assert model_layers.output_layers(Subclassed()) is None
+
+
+def test_patterns_match_classes_paths_and_names():
+    model, _ = _nested()
+    side = model.get_layer("side")
+    assert model_layers.matches(side, [keras.layers.Dense])
+    assert model_layers.matches(side, ["si.e"])
+    assert not model_layers.matches(side, ["si"])  # a full match only
+    assert not model_layers.matches(side, [keras.layers.Conv2D])
+
+
+@pytest.mark.parametrize(
+    "pattern, phrase",
+    [("(", "`skip` entry '(' is not a valid regular"), (3, "`skip` takes")],
+)
+def test_bad_patterns_are_refused_naming_the_argument(pattern, phrase):
+    with pytest.raises(kmp.InputError, match=re.escape(phrase)):
+        model_layers.check_patterns([pattern], "skip")
+
+
+def test_swap_class_keeps_the_layer_and_refuses_a_non_subclass():
+    layer = keras.layers.Softmax(name="s")
+    same = layer
+    model_layers.swap_class(layer, kmp.layers.Float32Softmax)
+    assert layer is same and type(layer) is kmp.layers.Float32Softmax
+    assert layer.name == "s"
+    with pytest.raises(TypeError, match="not a subclass"):
+        model_layers.swap_class(
+            keras.layers.Dense(2), kmp.layers.Float32Softmax
+        )

@@ -1,0 +1,182 @@
+"""Stock Keras's side of README's defect table ("Why not Keras's own
+`mixed_float16`?"), for the rows whose other tests run kmp's side only.
+
+Each test shows the defect on Keras 3.15.1 alone (the version the suite
+pins); the test named beside it in README's table shows kmp's fix. The
+rows that need two worker processes (the NumPy shuffle, the hang of
+Keras's scaler, the backup and a missing worker) are shown by the
+reproductions in BUILD_NOTES.md instead.
+"""
+
+import collections
+import logging
+import warnings
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+from util import classification_data
+from util import mlp
+from util import probability_model
+from util import torch_only
+
+import kmp
+
+
+def _stock(**kwargs):
+    return keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.SGD(0.1), **kwargs
+    )
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("argument", ["growth_factor", "backoff_factor"])
+def test_stock_scaler_takes_no_growth_or_backoff_factor(argument):
+    # Growth x2 and backoff x0.5 are literals in the stock class.
+    with pytest.raises(ValueError, match=f"does not support.*{argument}"):
+        _stock(**{argument: 4.0})
+
+
+@pytest.mark.backend_independent
+def test_stock_scaler_has_no_hysteresis():
+    with pytest.raises(ValueError, match="does not support.*hysteresis"):
+        _stock(hysteresis=2)
+
+
+@pytest.mark.backend_independent
+def test_stock_scaler_refuses_dynamic_false():
+    with pytest.raises(ValueError, match="no longer supports `dynamic=False`"):
+        _stock(dynamic=False)
+
+
+@pytest.mark.backend_independent
+def test_stock_scaler_has_no_tf_keras_loss_scaling_methods():
+    stock = _stock()
+    assert not hasattr(stock, "get_scaled_loss")
+    assert not hasattr(stock, "get_unscaled_gradients")
+
+
+def test_stock_scaler_logs_neither_its_scale_nor_skipped_steps():
+    keras.config.set_dtype_policy("mixed_float16")
+    model = mlp()
+    stock = _stock()
+    model.compile(optimizer=stock, loss="sparse_categorical_crossentropy")
+    x, y = classification_data(n=64)
+    x[0, 0] = 1e9  # inf once cast to float16: the first step overflows
+    history = model.fit(x, y, batch_size=32, shuffle=False, verbose=0)
+    assert float(stock.dynamic_scale) == 2.0**14  # a step was skipped,
+    assert set(history.history) == {"loss"}  # no log says so,
+    assert not hasattr(stock, "skipped_steps")  # and nothing counts it
+
+
+def test_float16_output_softmax_gives_crossentropy_of_rounded_probabilities():
+    # Logits [0, -30], true class 1: the crossentropy is 30. A float16
+    # softmax output rounds e**-30 to 0, and Keras's loss clips it to
+    # 1e-7: 16.118, with no gradient.
+    loss = keras.losses.SparseCategoricalCrossentropy()
+    x, y = np.ones((1, 1), "float32"), np.array([1])
+
+    def crossentropy(model):
+        return float(ops.convert_to_numpy(loss(y, model(x))))
+
+    mixed = probability_model("mixed_float16")
+    assert crossentropy(mixed) == pytest.approx(16.118, abs=1e-3)
+    if keras.backend.backend() == "tensorflow":
+        # The float32 model keeps TensorFlow's logits path.
+        float32 = probability_model("float32")
+        assert crossentropy(float32) == pytest.approx(30.0)
+
+
+@pytest.mark.backend_independent
+def test_set_dtype_policy_says_nothing_about_the_hardware(caplog, capsys):
+    # kmp.enable warns where a mixed policy is slower than float32 (a CPU,
+    # as here); Keras's own call is silent on any machine.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with caplog.at_level(logging.INFO):
+            keras.config.set_dtype_policy("mixed_float16")
+    assert caught == []
+    assert caplog.records == []
+    assert capsys.readouterr() == ("", "")
+
+
+@pytest.mark.backend_independent
+def test_stock_checkpoint_callbacks_write_on_a_worker_that_is_not_chief(
+    monkeypatch, tmp_path
+):
+    # The same worker as test_non_chief_workers_do_not_write_checkpoints:
+    # task 1 of 2. Keras's callbacks have no notion of a chief.
+    monkeypatch.setenv(
+        "TF_CONFIG",
+        '{"cluster": {"worker": ["h:1", "h:2"]}, '
+        '"task": {"type": "worker", "index": 1}}',
+    )
+    model = mlp()
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    x, y = classification_data(n=32)
+    callbacks = [
+        keras.callbacks.ModelCheckpoint(str(tmp_path / "m.keras")),
+        keras.callbacks.BackupAndRestore(
+            str(tmp_path / "backup"), delete_checkpoint=False
+        ),
+    ]
+    model.fit(x, y, batch_size=16, verbose=0, callbacks=callbacks)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["backup", "m.keras"]
+    assert any((tmp_path / "backup").iterdir())
+
+
+def _ops_per_apply(optimizer, n):
+    """The aten ops one eager `apply` of `optimizer` dispatches, by name,
+    for `n` gradients."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    variables = [keras.Variable(np.ones((3, 2), "float32")) for _ in range(n)]
+    optimizer.build(variables)
+    grads = [
+        ops.convert_to_tensor(np.full((3, 2), 4.0, "float32")) for _ in range(n)
+    ]
+    optimizer.apply(grads, variables)  # builds what a first step builds
+    with Count() as count:
+        optimizer.apply(grads, variables)
+    return count.ops
+
+
+def _ops_per_gradient(make):
+    """The ops one more gradient adds to an `apply`."""
+    two, four = _ops_per_apply(make(), 2), _ops_per_apply(make(), 4)
+    return {op: (four[op] - two[op]) / 2 for op in four if four[op] > two[op]}
+
+
+@torch_only
+def test_stock_scaler_checks_and_divides_each_gradient_with_its_own_ops():
+    # Per gradient, the stock scaler runs `isfinite` (on a CPU torch
+    # composes it of abs, ne, eq and mul), `all` and a divide: each a
+    # pass over the gradient, and on a GPU a kernel launch. kmp's scaler
+    # copies each gradient (Keras's are read-only) and checks and
+    # unscales them all in one multi-tensor kernel, PyTorch GradScaler's.
+    stock = _ops_per_gradient(lambda: _stock(initial_scale=4.0))
+    assert stock["all"] == stock["div"] == 1
+    assert sum(stock.values()) >= 3
+    ours = _ops_per_gradient(
+        lambda: kmp.LossScaleOptimizer(
+            keras.optimizers.SGD(0.1), initial_scale=4.0
+        )
+    )
+    assert "div" not in ours and "all" not in ours
+    assert ours.get("_to_copy") == 1
+    fused = "_amp_foreach_non_finite_check_and_unscale_"
+    for n in (2, 4):
+        optimizer = kmp.LossScaleOptimizer(
+            keras.optimizers.SGD(0.1), initial_scale=4.0
+        )
+        assert _ops_per_apply(optimizer, n)[fused] == 1
