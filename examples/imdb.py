@@ -37,7 +37,6 @@ if __name__ == "__main__":
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras
-from keras import ops
 
 import kmp
 from kmp.app import data as kmp_data
@@ -147,31 +146,6 @@ def make_datasets(splits, config):
 # and the output softmax in float32.
 
 
-@keras.saving.register_keras_serializable(package="kmp_examples")
-class TokenAndPositionEmbedding(keras.layers.Layer):
-    """Token embedding plus a learned embedding of each position."""
-
-    def __init__(self, sequence_length, vocabulary_size, d_model, **kwargs):
-        super().__init__(**kwargs)
-        self.sequence_length = sequence_length
-        self.vocabulary_size = vocabulary_size
-        self.d_model = d_model
-        self.tokens = keras.layers.Embedding(vocabulary_size, d_model)
-        self.positions = keras.layers.Embedding(sequence_length, d_model)
-
-    def call(self, inputs):
-        positions = ops.arange(ops.shape(inputs)[-1])
-        return self.tokens(inputs) + self.positions(positions)
-
-    def get_config(self):
-        return {
-            **super().get_config(),
-            "sequence_length": self.sequence_length,
-            "vocabulary_size": self.vocabulary_size,
-            "d_model": self.d_model,
-        }
-
-
 def encoder_block(x, d_model, heads, dropout=0.1):
     attention = keras.layers.MultiHeadAttention(
         heads, key_dim=d_model // heads, dropout=dropout
@@ -194,7 +168,7 @@ def build_model(config):
         )
         x = keras.layers.Bidirectional(keras.layers.LSTM(config.d_model))(x)
     else:
-        x = TokenAndPositionEmbedding(
+        x = kmp.layers.TokenAndPositionEmbedding(
             config.sequence_length, config.vocabulary_size, config.d_model
         )(inputs)
         for _ in range(config.layers):

@@ -4,10 +4,13 @@ models of your own.
 Float32 islands (`kmp.pin_float32` puts them in; `kmp.islands`):
 `Float32Softmax`, `Float32Activation`, `MultiHeadAttention`. Float8
 matmuls (`kmp.float8` puts them in; `kmp.fp8`): `Float8Dense`,
-`Float8EinsumDense`, `Float8MultiHeadAttention`. All are registered for
+`Float8EinsumDense`, `Float8MultiHeadAttention`. And the IMDB example's
+`TokenAndPositionEmbedding` (`kmp.embedding`), so that the models kmp
+writes load wherever kmp is imported. All are registered for
 serialization (`kmp>ClassName`), so a `.keras` file keeps them.
 """
 
+from kmp.embedding import TokenAndPositionEmbedding
 from kmp.fp8 import Float8Dense
 from kmp.fp8 import Float8EinsumDense
 from kmp.fp8 import Float8MultiHeadAttention
@@ -22,4 +25,5 @@ __all__ = [
     "Float8EinsumDense",
     "Float8MultiHeadAttention",
     "MultiHeadAttention",
+    "TokenAndPositionEmbedding",
 ]

@@ -1,9 +1,11 @@
 """`kmp.layers`, the namespace of kmp's layers: every class there is the
-one `pin_float32` or `float8` puts in, registered under `kmp>Name`."""
+one `pin_float32` or `float8` puts in (or the IMDB example's embedding),
+registered under `kmp>Name`."""
 
 import keras
 
 import kmp
+from kmp import embedding
 from kmp import fp8
 from kmp import islands
 
@@ -14,6 +16,7 @@ NAMES = {
     "Float8Dense": fp8,
     "Float8EinsumDense": fp8,
     "Float8MultiHeadAttention": fp8,
+    "TokenAndPositionEmbedding": embedding,
 }
 
 

@@ -4,8 +4,9 @@ tests/fixtures/kmp_<version>_mixed_float16.keras was written by that
 version (tests/fixtures/make_saved_model.py says how): a mixed-float16
 model holding every class kmp registers (`kmp>LossScaleOptimizer`,
 `kmp>Float32Softmax`, `kmp>Float32Activation`, `kmp>MultiHeadAttention`)
-and the IMDB example's `kmp_examples>TokenAndPositionEmbedding`, after 4
-training steps; the `.npz` beside it holds its inputs, predictions and
+and the IMDB example's `kmp_examples>TokenAndPositionEmbedding` (now
+`kmp.layers.TokenAndPositionEmbedding`, which loads under both names),
+after 4 training steps; the `.npz` beside it holds its inputs, predictions and
 optimizer state. Loading is checked on every backend.
 """
 
@@ -16,7 +17,6 @@ import numpy as np
 import pytest
 
 import kmp
-from kmp.examples import imdb  # noqa: F401  (registers its layer)
 
 FIXTURES = sorted(
     (pathlib.Path(__file__).parent / "fixtures").glob("kmp_*.keras")
@@ -37,7 +37,7 @@ def test_a_saved_model_loads_with_its_classes_state_and_outputs(path):
         kmp.layers.Float32Softmax,
         kmp.layers.Float32Activation,
         kmp.layers.MultiHeadAttention,
-        imdb.TokenAndPositionEmbedding,
+        kmp.layers.TokenAndPositionEmbedding,
     } <= by_class
     attention = [
         layer

@@ -91,7 +91,5 @@ def _saved_inputs(path, values):
         data = (arrays["x"][:need], arrays["y"][:need])
     import keras
 
-    from kmp.examples import imdb  # noqa: F401  (registers its layer)
-
     saved_policy(path)  # a Keras archive, or one line
     return keras.saving.load_model(path, compile=True), data

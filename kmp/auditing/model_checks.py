@@ -136,6 +136,34 @@ def _check_subclassed_outputs(model, findings):
         )
 
 
+_SUBCLASS_NOTE = (
+    "; a subclass of MultiHeadAttention (KerasHub's CachedMultiHeadAttention"
+    " among them) keeps its own code, so kmp.pin_float32 pins its built "
+    "softmax only, and a .keras file does not keep that pin: pin again "
+    "after loading"
+)
+
+
+def _is_subclass(layer) -> bool:
+    """A user's or a library's MultiHeadAttention subclass (not Keras's
+    own class, not kmp's)."""
+    return type(layer) is not keras.layers.MultiHeadAttention and not (
+        isinstance(layer, islands.MultiHeadAttention)
+    )
+
+
+def _attention_softmax_in_half(layer) -> bool:
+    """Whether a MultiHeadAttention's softmax computes in half precision:
+    kmp's class makes it float32 when it builds; any other keeps the
+    softmax it built, unless that one is float32."""
+    if isinstance(layer, islands.MultiHeadAttention):
+        return False
+    softmax = getattr(layer, "_softmax", None)
+    if isinstance(softmax, islands.Float32Softmax):
+        return False
+    return softmax is None or softmax.compute_dtype in HALF
+
+
 def check_inner_softmaxes(half, outputs, findings):
     output_ids = {id(layer) for layer in outputs or []}
     for layer in half:
@@ -144,17 +172,19 @@ def check_inner_softmaxes(half, outputs, findings):
             (islands.Float32Softmax, islands.Float32Activation),
         ):
             continue
-        if type(layer) is keras.layers.MultiHeadAttention:
-            findings.append(
-                (
-                    "warning",
-                    _path(layer),
-                    f"Attention softmax computes in {layer.compute_dtype} "
-                    "whenever Keras takes its unfused path (dropout > 0 or "
-                    "returned attention scores).",
-                    "kmp.pin_float32(model).",
-                )
+        if isinstance(layer, keras.layers.MultiHeadAttention):
+            if not _attention_softmax_in_half(layer):
+                continue
+            problem = (
+                f"Attention softmax computes in {layer.compute_dtype} "
+                "whenever Keras takes its unfused path (dropout > 0 or "
+                "returned attention scores)"
             )
+            fix = "kmp.pin_float32(model)."
+            if _is_subclass(layer):
+                problem += _SUBCLASS_NOTE
+                fix = "kmp.pin_float32(model), once the model is built."
+            findings.append(("warning", _path(layer), problem + ".", fix))
         elif is_sensitive(layer) and isinstance(
             layer, (keras.layers.Softmax, keras.layers.Activation)
         ):

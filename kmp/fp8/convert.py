@@ -18,6 +18,18 @@ _MATMULS = (
     keras.layers.EinsumDense,
     keras.layers.MultiHeadAttention,
 )
+_CONVOLUTIONS = (
+    keras.layers.Conv1D,
+    keras.layers.Conv2D,
+    keras.layers.Conv3D,
+    keras.layers.Conv1DTranspose,
+    keras.layers.Conv2DTranspose,
+    keras.layers.Conv3DTranspose,
+    keras.layers.DepthwiseConv1D,
+    keras.layers.DepthwiseConv2D,
+    keras.layers.SeparableConv1D,
+    keras.layers.SeparableConv2D,
+)
 # Exact classes only: a subclass's own `call` would be lost.
 _CONVERTIBLE = (*_MATMULS, islands.MultiHeadAttention)
 _FLOAT8 = (
@@ -91,8 +103,12 @@ def float8(model, also=(), skip=()):
     also = check_patterns(also, "also")
     skip = check_patterns(skip, "skip")
     heads = _heads(model)
-    matmuls = [layer for layer in _layers(model) if isinstance(layer, _MATMULS)]
-    if matmuls and all(layer.compute_dtype == "float32" for layer in matmuls):
+    layers = list(_layers(model))
+    matmuls = [layer for layer in layers if isinstance(layer, _MATMULS)]
+    # A model that computes in float32 is refused; one whose only matmuls
+    # are float32 (a pinned head over convolutions) has nothing eligible,
+    # which the warning below says.
+    if matmuls and all(layer.compute_dtype not in HALF for layer in layers):
         raise InputError(
             f"Every matmul layer of {model.name!r} computes in float32. "
             "Float8 training works under the mixed_bfloat16 and "
@@ -112,13 +128,7 @@ def float8(model, also=(), skip=()):
         float8_layers.convert(layer)
         converted += 1
     if converted == 0 and not reasons["float8 already"]:
-        found = ", ".join(f"{n} {r}" for r, n in sorted(reasons.items()))
-        warnings.warn(
-            f"kmp.float8: no layer of {model.name!r} is eligible "
-            f"({found or 'no Dense, EinsumDense or MultiHeadAttention'}); "
-            "the model is unchanged.",
-            stacklevel=2,
-        )
+        warnings.warn(_nothing_eligible(model, layers, reasons), stacklevel=2)
         return model
     if converted == 0:
         return model  # called again: nothing to do
@@ -126,6 +136,29 @@ def float8(model, also=(), skip=()):
     model.train_function = model.test_function = None
     model.predict_function = None
     return model
+
+
+def _nothing_eligible(model, layers, reasons) -> str:
+    """Why no layer of `model` converts, in one sentence or two."""
+    found = ", ".join(f"{n} {r}" for r, n in sorted(reasons.items()))
+    message = (
+        f"kmp.float8: no matmul layer of {model.name!r} is eligible "
+        f"({found or 'no Dense, EinsumDense or MultiHeadAttention'}); the "
+        "model is unchanged."
+    )
+    convolutions = sum(isinstance(layer, _CONVOLUTIONS) for layer in layers)
+    if convolutions:
+        message += (
+            f" Its {convolutions} convolutions stay in the compute dtype: "
+            "kmp.float8 converts matmul layers only."
+        )
+    if any(reason.startswith("head") for reason in reasons):
+        message += (
+            " The head, the last matmul before an output, stays in higher "
+            "precision by design (its error falls straight on the loss); "
+            "`also=` converts it anyway."
+        )
+    return message
 
 
 def _lists_its_layers(model):

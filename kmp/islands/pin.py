@@ -122,9 +122,24 @@ def pin_float32(
             continue
         island = _ISLAND_CLASSES.get(type(layer))
         if island is None:
+            _pin_subclassed_attention(layer)
             continue
         activation = island is float32_layers.Float32Activation
         if activation and not is_sensitive(layer):
             continue
         swap_class(layer, island)
     return model
+
+
+def _pin_subclassed_attention(layer):
+    """A built `MultiHeadAttention` subclass keeps its class (its code
+    would be lost); its attention softmax, a Keras `Softmax` it built,
+    becomes a `Float32Softmax`. Not kept by a `.keras` file: the subclass
+    builds a new softmax when it loads (the audit then says so)."""
+    if not isinstance(layer, keras.layers.MultiHeadAttention) or isinstance(
+        layer, float32_layers.MultiHeadAttention
+    ):
+        return
+    softmax = getattr(layer, "_softmax", None)
+    if type(softmax) is keras.layers.Softmax:
+        swap_class(softmax, float32_layers.Float32Softmax)

@@ -212,3 +212,23 @@ def test_subclassed_model_output_dtype_is_checked_once_built():
     fixed = Net(out_dtype="float32")
     fixed(np.ones((2, 8), "float32"))
     assert not has(quiet_audit(fixed), "Subclassed model")
+
+
+def test_a_subclassed_attention_s_float16_softmax_is_reported_until_pinned():
+    # KerasHub's CachedMultiHeadAttention is such a subclass.
+    class MyAttention(keras.layers.MultiHeadAttention):
+        pass
+
+    kmp.enable("mixed_float16")
+    inputs = keras.Input((8, 16))
+    h = MyAttention(2, 8, name="sub")(inputs, inputs)
+    h = keras.layers.GlobalAveragePooling1D()(h)
+    model = keras.Model(inputs, keras.layers.Dense(8, dtype="float32")(h))
+    report = quiet_audit(model)
+    assert has(report, "warning|sub|Attention softmax computes in float16")
+    assert has(report, "pin again after loading")
+    kmp.pin_float32(model)
+    attention = model.get_layer("sub")
+    assert type(attention) is MyAttention  # its own code kept
+    assert type(attention._softmax) is kmp.layers.Float32Softmax
+    assert not has(quiet_audit(model), "sub|")

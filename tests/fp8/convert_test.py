@@ -57,9 +57,27 @@ def test_no_eligible_layer_warns_and_leaves_the_model():
     with kmp.policy_scope("mixed_bfloat16"):
         inputs = keras.Input((5,))
         model = keras.Model(inputs, keras.layers.Dense(3)(inputs))
-    with pytest.warns(UserWarning, match="no layer .* is eligible .*head"):
+    with pytest.warns(UserWarning, match="no matmul layer .* eligible .*head"):
         kmp.float8(model)
     assert type(model.layers[-1]) is keras.layers.Dense
+
+
+def test_a_cnn_with_a_pinned_head_is_told_what_is_true():
+    # keras.applications under mixed_bfloat16, pinned as README says: its
+    # one Dense is the float32 head, the rest convolutions. Not "every
+    # matmul computes in float32: call kmp.enable('mixed_bfloat16')".
+    with kmp.policy_scope("mixed_bfloat16"):
+        model = keras.applications.ResNet50V2(
+            weights=None, input_shape=(32, 32, 3), classes=10
+        )
+    kmp.pin_float32(model)
+    with pytest.warns(UserWarning) as caught:
+        assert kmp.float8(model) is model
+    (message,) = [str(w.message) for w in caught if "kmp.float8" in str(w)]
+    assert "no matmul layer of 'resnet50v2' is eligible (1 head" in message
+    assert "Its 53 convolutions stay in the compute dtype" in message
+    assert "stays in higher precision by design" in message
+    assert type(model.get_layer("predictions")) is keras.layers.Dense
 
 
 def test_float32_policy_is_refused_with_the_policies_that_work():

@@ -309,3 +309,41 @@ def test_precision_of_every_layer_kind_kmp_touches(kind, position):
         assert _dtype(model(x)) == "float32"
     for weight in model.weights:
         assert weight.dtype == "float32"
+
+
+def test_kerashub_gpt2_is_pinned_in_memory_and_a_lost_pin_is_reported(
+    tmp_path,
+):
+    # A model kmp did not write: KerasHub's GPT-2 from a small config (no
+    # preset). Its attention is CachedMultiHeadAttention, a subclass made
+    # inside TransformerDecoder: pinned in memory, rebuilt unpinned by a
+    # .keras load, and the audit says so instead of staying silent.
+    import keras_hub
+
+    kmp.enable("mixed_float16")
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=64,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=32,
+        intermediate_dim=64,
+        max_sequence_length=16,
+    )
+
+    def unpinned(model):
+        report = kmp.audit(model, verbose=False)
+        return sorted(
+            f.where for f in report if "Attention softmax" in f.problem
+        )
+
+    decoders = [f"transformer_layer_{i}/self_attention" for i in range(2)]
+    assert unpinned(backbone) == decoders
+    kmp.pin_float32(backbone)
+    assert unpinned(backbone) == []
+    attention = backbone.get_layer("transformer_layer_0")._self_attention_layer
+    assert type(attention).__name__ == "CachedMultiHeadAttention"
+    assert type(attention._softmax) is kmp.layers.Float32Softmax
+
+    path = str(tmp_path / "gpt2.keras")
+    backbone.save(path)
+    assert unpinned(keras.saving.load_model(path)) == decoders
