@@ -8,7 +8,8 @@ Keras API; what cannot be branches here, each function once, on
     settings     process-wide: the persistent XLA cache, TF32
     machine      devices, versions, the environment record, peak memory
     steps        a train step's extra logs, gradients by intermediate
-                 tensors, what compiles a step, crossentropy's logits
+                 tensors, what compiles a step, crossentropy's logits,
+                 code that runs once inside a trace
     scaler_ops   the loss scaler's branch, fused unscale, stateless copies
     distribution the active distribution; agreement and sums over
                  `tf.distribute` replicas
@@ -43,6 +44,7 @@ from kmp.backend.settings import tf32_enabled
 from kmp.backend.settings import use_compile_cache
 from kmp.backend.steps import add_train_step_logs
 from kmp.backend.steps import crossentropy_reads_logits
+from kmp.backend.steps import out_of_trace
 from kmp.backend.steps import step_compiler
 from kmp.backend.steps import taped_gradients
 
@@ -61,6 +63,7 @@ __all__ = [
     "is_stateless",
     "list_devices",
     "name",
+    "out_of_trace",
     "own_values",
     "peak_memory",
     "step_compiler",

@@ -8,6 +8,7 @@ pure function of its state, so what it reads after an update comes out
 of that state. The frameworks' gradient code is in `_taped_gradients`.
 """
 
+import contextlib
 from typing import Callable
 
 import keras
@@ -109,3 +110,16 @@ def taped_gradients(loss_fn: Callable, jit_compile: bool = False):
     from kmp.backend import _taped_gradients
 
     return _taped_gradients.maker(name())(loss_fn, jit_compile)
+
+
+def out_of_trace():
+    """A context in which code runs once, now, even inside a step being
+    traced: TensorFlow's `tf.init_scope` (Keras builds an optimizer inside
+    the first trace of the train step when there is no strategy, and an
+    assignment there would become part of every step); nothing on JAX and
+    torch, which build outside their traces."""
+    if name() != "tensorflow":
+        return contextlib.nullcontext()
+    import tensorflow as tf
+
+    return tf.init_scope()

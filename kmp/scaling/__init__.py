@@ -5,6 +5,8 @@
                           (`check_rule`, `ScaleRule`)
     _tf_keras_api         tf-keras's `get_scaled_loss` /
                           `get_unscaled_gradients` on a Keras 3 scaler
+    keras_float8          Keras's own float8 layers' gradient scaling
+                          kept in units of the loss scale
     loss_scale_optimizer  `kmp.LossScaleOptimizer`: Keras's scaler with
                           kmp's rule, replicas in agreement, skip counts
     wrap                  which scaler a model gets (`kmp.wrap`), and

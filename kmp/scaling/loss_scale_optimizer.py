@@ -12,6 +12,7 @@ from keras import ops
 
 from kmp import backend
 from kmp.errors import InputError
+from kmp.scaling import keras_float8
 from kmp.scaling._tf_keras_api import TfKerasLossScaleAPI
 from kmp.scaling.scale_rule import ScaleRule
 from kmp.scaling.scale_rule import ScaleState
@@ -114,6 +115,10 @@ class LossScaleOptimizer(TfKerasLossScaleAPI, _StockLossScaleOptimizer):
     ```
     """
 
+    # Positions of Keras float8 gradient state among the trainable
+    # variables (`_follow_keras_float8`); none before `build`.
+    _float8_state = ()
+
     def __init__(
         self,
         inner_optimizer,
@@ -161,6 +166,21 @@ class LossScaleOptimizer(TfKerasLossScaleAPI, _StockLossScaleOptimizer):
     def build(self, var_list):
         super().build(var_list)
         self._add_skip_accounting()
+        self._follow_keras_float8(self.initial_scale)
+
+    def _follow_keras_float8(self, scale):
+        """Keeps Keras's float8 layers' gradient scaling in units of the
+        loss scale (`kmp.scaling.keras_float8`): reset now to the current
+        `scale` (a number), multiplied with every change of the scale."""
+        self._float8_state = keras_float8.gradient_state(
+            self._trainable_variables
+        )
+        with backend.out_of_trace():  # once, though built in a trace
+            keras_float8.reset(
+                self._trainable_variables,
+                self._float8_state,
+                scale,
+            )
 
     def _add_skip_accounting(self):
         """The two variables kmp adds to the stock class's state."""
@@ -187,7 +207,13 @@ class LossScaleOptimizer(TfKerasLossScaleAPI, _StockLossScaleOptimizer):
     def _update_scale_state(self, finite):
         """Assigns the state `next_scale_state` gives; `finite` is a
         Python bool. Both the stateful and the stateless path (inside a
-        StatelessScope) come here."""
+        StatelessScope) come here.
+
+        Returns:
+            The scale's change, new / old, where Keras float8 state must
+            follow it (`keras_float8`); `None` where there is none or the
+            rule leaves the scale alone.
+        """
         variables = ScaleState(
             self.dynamic_scale,
             self.step_counter,
@@ -206,11 +232,27 @@ class LossScaleOptimizer(TfKerasLossScaleAPI, _StockLossScaleOptimizer):
             self.hysteresis,
             self.dynamic,
         )
-        for variable, old, new in zip(
-            variables, state, next_scale_state(state, finite, rule)
-        ):
+        new_state = next_scale_state(state, finite, rule)
+        factor = None
+        if self._float8_state and new_state.scale is not state.scale:
+            # Before the assignments: on torch `state.scale` is the
+            # variable's own tensor, which `assign` changes in place.
+            factor = ops.divide(new_state.scale, state.scale)
+        for variable, old, new in zip(variables, state, new_state):
             if new is not old:  # e.g. skipped_steps on a finite step
                 variable.assign(new)
+        return factor
+
+    def _rescale_keras_float8(self, factor):
+        """Multiplies the Keras float8 state by the scale's change."""
+        if factor is None:
+            return
+        tvs = self._trainable_variables
+        values = keras_float8.rescaled(
+            [v.value for v in tvs], self._float8_state, factor
+        )
+        for i in self._float8_state:
+            tvs[i].assign(values[i])
 
     def _overwrites(self, variable):
         # Keras >= 3.6 lets a variable take its "gradient" as a new value
@@ -241,7 +283,9 @@ class LossScaleOptimizer(TfKerasLossScaleAPI, _StockLossScaleOptimizer):
             self._clip_aggregate(unscaled, tvs),
             trainable_variables=trainable_variables,
         )
-        self._update_scale_state(finite=True)
+        # After the inner apply: it wrote this step's float8 statistics,
+        # in the units of the scale the loss was scaled with.
+        self._rescale_keras_float8(self._update_scale_state(finite=True))
 
     def _clip_aggregate(self, grads, trainable_variables):
         """Makes the inner optimizer's clipping act on the replicas' sum.
@@ -271,7 +315,7 @@ class LossScaleOptimizer(TfKerasLossScaleAPI, _StockLossScaleOptimizer):
         ]
 
     def _stateful_handle_non_finite_grads(self):
-        self._update_scale_state(finite=False)
+        self._rescale_keras_float8(self._update_scale_state(finite=False))
 
     def _stateless_handle_finite_grads(
         self, optimizer_variables, grads, trainable_variables
@@ -282,19 +326,27 @@ class LossScaleOptimizer(TfKerasLossScaleAPI, _StockLossScaleOptimizer):
             new_trainable, new_inner = self.inner_optimizer.stateless_apply(
                 self.inner_optimizer.variables, unscaled, trainable_variables
             )
-            self._update_scale_state(finite=True)
+            factor = self._update_scale_state(finite=True)
         own = [scope.get_current_value(v) for v in self._variables]
-        return new_trainable, own + list(new_inner)
+        return self._rescaled(new_trainable, factor), own + list(new_inner)
 
     def _stateless_handle_non_finite_grads(
         self, optimizer_variables, trainable_variables
     ):
         mapping = list(zip(self.variables, optimizer_variables))
         with keras.StatelessScope(state_mapping=mapping) as scope:
-            self._update_scale_state(finite=False)
-        return trainable_variables, [
+            factor = self._update_scale_state(finite=False)
+        return self._rescaled(trainable_variables, factor), [
             scope.get_current_value(v) for v in self.variables
         ]
+
+    def _rescaled(self, trainable_values, factor):
+        """The stateless path's `_rescale_keras_float8`: new values."""
+        if factor is None:
+            return trainable_values
+        return keras_float8.rescaled(
+            trainable_values, self._float8_state, factor
+        )
 
     def stateless_apply(self, optimizer_variables, grads, trainable_variables):
         # On torch the stock class would update the values it is given in

@@ -67,6 +67,10 @@ def upgrade_stock_scaler(optimizer) -> LossScaleOptimizer:
                 optimizer.dynamic_scale.value, rule.min_scale, rule.max_scale
             )
         )
+        # Keras float8 statistics afresh, in units of kmp's scale.
+        optimizer._follow_keras_float8(
+            float(ops.convert_to_numpy(optimizer.dynamic_scale))
+        )
     return optimizer
 
 

@@ -190,34 +190,33 @@ def test_keras_float8_depends_on_the_loss_scale():
     assert np.abs(one - large).max() > 1e-3
 
 
-def test_keras_float8_is_loss_scale_free_with_its_gradient_scale_scaled():
-    # The finding issue 25's float8 design builds on (BUILD_NOTES, "How
-    # pin_float32 works"): Keras's float8 starts its output-gradient scale
-    # at 1 for gradients that carry the loss scale. Started at the loss
-    # scale instead (its amax history then follows in the same units), a
-    # power-of-two scale commutes with every quantization: 48 steps at
-    # scale 1 and 2**15 give the same weights to the bit.
-    def keras_float8(scale):
-        def quantize(model):
-            with pytest.warns(UserWarning):  # "InputLayer has no quantize"
-                model.quantize("float8")
-            for layer in model.layers:
-                if hasattr(layer, "outputs_grad_scale"):
-                    layer.outputs_grad_scale.assign(
-                        layer.outputs_grad_scale * scale
-                    )
+def test_kmp_s_scaler_makes_keras_float8_loss_scale_free():
+    # Keras's own float8 (model.quantize("float8")) under kmp's scaler:
+    # the scaler keeps the layers' output-gradient scales and histories
+    # in units of its scale (kmp.scaling.keras_float8), so a fixed scale
+    # of 1 or 2**15 and a dynamic one that grows from 1 or from 2**10 all
+    # train to the same weights, bit for bit.
+    def keras_float8(model):
+        with pytest.warns(UserWarning):  # "InputLayer has no quantize"
+            model.quantize("float8")
 
-        return quantize
-
-    def fixed(scale):
+    def kmp_scaler(scale, dynamic=False):
         return lambda inner: kmp.LossScaleOptimizer(
-            inner, initial_scale=scale, dynamic=False
+            inner,
+            initial_scale=scale,
+            dynamic=dynamic,
+            dynamic_growth_steps=3,
+            max_scale=2.0**20,
         )
 
     xla = backend.step_compiler() == "XLA"
-    one = mlp(keras_float8(1.0), fixed(1.0), jit_compile=xla)
-    large = mlp(keras_float8(2.0**15), fixed(2.0**15), jit_compile=xla)
-    np.testing.assert_array_equal(one, large)
+    runs = [
+        mlp(keras_float8, kmp_scaler(scale, dynamic), jit_compile=xla)
+        for scale, dynamic in [(1.0, False), (2.0**15, False), (1.0, True)]
+    ]
+    runs.append(mlp(keras_float8, kmp_scaler(2.0**10, True), jit_compile=xla))
+    for run in runs[1:]:
+        np.testing.assert_array_equal(run, runs[0])
 
 
 def test_float16_with_a_dynamic_scale_trains_like_bfloat16():

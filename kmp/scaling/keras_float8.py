@@ -1,0 +1,59 @@
+"""Keras's own float8 layers under kmp's loss scale.
+
+Keras's float8 `Dense` and `EinsumDense` (`layer.quantize("float8")`,
+`model.quantize("float8")`) quantize each output gradient to E5M2 with a
+delayed scale: the largest |gradient| of recent steps
+(`outputs_grad_amax_history`) sets `outputs_grad_scale` for the next.
+Those gradients carry the loss scale, but Keras starts the scale at 1
+and keeps it when the loss scale changes, so a run depends on its loss
+scale (BUILD_NOTES, defect 18: 48 steps at scale 1 and 2**15 part by
+more than 1e-3). kmp's scaler keeps that state in units of its current
+scale:
+
+    when the optimizer builds:   outputs_grad_scale = loss_scale
+                                 outputs_grad_amax_history = 0
+    when the scale changes by f:  both are multiplied by f
+
+A power-of-two loss scale then commutes with every quantization, and
+runs at different loss scales train to the same weights, bit for bit.
+The reset at build also makes the state agree with the optimizer however
+a model was loaded: Keras restores saved variables (the model's and the
+optimizer's, in the same units) after it builds the optimizer, and a
+model whose weights were loaded alone starts a fresh history.
+"""
+
+from keras import ops
+
+# The names of a Keras float8 layer's output-gradient state (its
+# trainable variables with `overwrite_with_gradient`).
+NAMES = ("outputs_grad_scale", "outputs_grad_amax_history")
+
+
+def gradient_state(variables) -> list[int]:
+    """The positions in `variables` of Keras float8 layers' output-gradient
+    scales and amax histories."""
+    return [
+        i
+        for i, v in enumerate(variables)
+        if getattr(v, "overwrite_with_gradient", False) and v.name in NAMES
+    ]
+
+
+def reset(variables, positions, scale) -> None:
+    """Starts the state at `positions` in units of the loss scale `scale`:
+    each scale at `scale` (Keras starts it at 1), each history empty."""
+    for i in positions:
+        v = variables[i]
+        if v.name == "outputs_grad_scale":
+            v.assign(ops.ones(v.shape, v.dtype) * ops.cast(scale, v.dtype))
+        else:
+            v.assign(ops.zeros(v.shape, v.dtype))
+
+
+def rescaled(values, positions, factor) -> list:
+    """`values` with those at `positions` multiplied by `factor` (the
+    scale's change: new / old)."""
+    values = list(values)
+    for i in positions:
+        values[i] = ops.multiply(values[i], ops.cast(factor, values[i].dtype))
+    return values
