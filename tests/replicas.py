@@ -6,6 +6,7 @@
     python tests/replicas.py fit
     python tests/replicas.py distribute_stock
     python tests/replicas.py float8_fit
+    python tests/replicas.py keras_float8 kmp|stock
     python tests/replicas.py all     # every scenario the tests read
 
 A helper for tests/replicas_test.py: logical devices must be set before
@@ -176,6 +177,36 @@ def float8_fit():
     }
 
 
+def keras_float8(kind):
+    """Keras's own float8 layers (model.quantize) under `kind`'s scaler
+    and Keras's fit, the replicas' halves of each batch 10x apart: does
+    every replica hold the same float8 scales and histories?"""
+    kmp.enable("mixed_float16")
+    x, y = classification_data(features=32)
+    x[: len(x) // 2] *= 10
+    cls = {
+        "kmp": kmp.LossScaleOptimizer,
+        "stock": keras.optimizers.LossScaleOptimizer,
+    }[kind]
+    with STRATEGY.scope():
+        model = mlp(features=32, units=32)
+        model.quantize("float8")
+        model.compile(
+            optimizer=cls(keras.optimizers.Adam(1e-2)),
+            loss="sparse_categorical_crossentropy",
+        )
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0, shuffle=False)
+    agree, largest = {}, {}
+    for w in model.weights:
+        if w.name.endswith(("_scale", "_amax_history")):
+            # Named without the model's and layers' numbered names.
+            name = f"layer {len(agree) // 6}/{w.name}"
+            values = per_replica(w)
+            agree[name] = all(v == values[0] for v in values[1:])
+            largest[name] = [float(np.max(v)) for v in values]
+    return {"agree": agree, "largest": largest}
+
+
 def distribute_stock():
     """Keras's own scaler (compile wraps "sgd"), then kmp.distribute; one
     step in which only replica 1's half of the batch overflows float16."""
@@ -207,6 +238,8 @@ ALL = {
     "distribute_stock": distribute_stock,
     "fit": fit,
     "float8_fit": float8_fit,
+    "keras_float8 kmp": lambda: keras_float8("kmp"),
+    "keras_float8 stock": lambda: keras_float8("stock"),
 }
 
 if __name__ == "__main__":
@@ -225,6 +258,8 @@ if __name__ == "__main__":
         out = float8_fit()
     elif scenario == "distribute_stock":
         out = distribute_stock()
+    elif scenario == "keras_float8":
+        out = keras_float8(sys.argv[2])
     else:
         raise SystemExit(f"unknown scenario {scenario!r}")
     print("RESULT " + json.dumps(out))

@@ -112,6 +112,21 @@ def test_float8_layers_train_alike_on_every_replica(replicas):
     assert any(w[0] != [0.0] * 16 for w in out["weights"] if len(w[0]) == 16)
 
 
+@tf_only
+def test_keras_float8_statistics_agree_on_every_replica_with_kmp_s_scaler(
+    replicas,
+):
+    # Each replica computes Keras's float8 scales and amax histories from
+    # its own half of the batch; the stock scaler writes those as they
+    # are, so a mirrored variable holds different values on the two
+    # replicas. kmp's writes their maximum, the global batch's.
+    stock = replicas["keras_float8 stock"]["agree"]
+    ours = replicas["keras_float8 kmp"]["agree"]
+    assert sorted(stock) == sorted(ours) and len(ours) == 12  # 2 layers
+    assert not stock["layer 0/inputs_amax_history"]
+    assert all(ours.values())
+
+
 @jax_only
 def test_jax_data_parallel_skips_when_one_device_overflows():
     out = run_script("jax_data_parallel.py", backend="jax")

@@ -11,8 +11,8 @@ Keras API; what cannot be branches here, each function once, on
                  tensors, what compiles a step, crossentropy's logits,
                  code that runs once inside a trace
     scaler_ops   the loss scaler's branch, fused unscale, stateless copies
-    distribution the active distribution; agreement and sums over
-                 `tf.distribute` replicas
+    distribution the active distribution; agreement, sums and maxima
+                 over `tf.distribute` replicas
 
 A framework's longer bodies live in private modules that branch on
 nothing and are imported inside their branch only: `_taped_gradients`,
@@ -29,6 +29,7 @@ from kmp.backend._current import is_stateless
 from kmp.backend._current import name
 from kmp.backend.distribution import all_replicas_agree
 from kmp.backend.distribution import distribution_name
+from kmp.backend.distribution import max_over_replicas
 from kmp.backend.distribution import sum_over_replicas
 from kmp.backend.machine import Device
 from kmp.backend.machine import environment
@@ -62,6 +63,7 @@ __all__ = [
     "host_cpu",
     "is_stateless",
     "list_devices",
+    "max_over_replicas",
     "name",
     "out_of_trace",
     "own_values",

@@ -48,3 +48,17 @@ def sum_over_replicas(grads):
     return [
         None if g is None else next(summed) for g in grads
     ], context.num_replicas_in_sync
+
+
+def max_over_replicas(values):
+    """The elementwise MAX of each tensor over the replicas in sync;
+    `values` unchanged outside a multi-replica replica context."""
+    import tensorflow as tf
+
+    values = list(values)
+    context = replica_context()
+    if context is None or not values:
+        return values
+    # ReduceOp has no MAX: gather every replica's copy, then reduce.
+    gathered = context.all_gather([v[None] for v in values], axis=0)
+    return [tf.reduce_max(g, axis=0) for g in gathered]

@@ -53,3 +53,15 @@ def sum_over_replicas(grads):
     from kmp.backend import _tf_replicas
 
     return _tf_replicas.sum_over_replicas(grads)
+
+
+def max_over_replicas(values):
+    """The elementwise maximum of each tensor over `tf.distribute`
+    replicas (the statistic of the global batch, where each replica saw
+    its own part); unchanged outside a multi-replica replica context, and
+    on JAX and torch (see `all_replicas_agree`)."""
+    if name() != "tensorflow":
+        return list(values)
+    from kmp.backend import _tf_replicas
+
+    return _tf_replicas.max_over_replicas(values)

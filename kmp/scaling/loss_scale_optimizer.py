@@ -280,12 +280,33 @@ class LossScaleOptimizer(TfKerasLossScaleAPI, _StockLossScaleOptimizer):
     def _apply_unscaled(self, unscaled, trainable_variables):
         tvs = trainable_variables or self._trainable_variables
         self.inner_optimizer.apply(
-            self._clip_aggregate(unscaled, tvs),
+            self._clip_aggregate(self._agreed_overwrites(unscaled, tvs), tvs),
             trainable_variables=trainable_variables,
         )
         # After the inner apply: it wrote this step's float8 statistics,
         # in the units of the scale the loss was scaled with.
         self._rescale_keras_float8(self._update_scale_state(finite=True))
+
+    def _agreed_overwrites(self, grads, trainable_variables):
+        """The values Keras writes into `overwrite_with_gradient` variables
+        (its float8 layers' scales and amax histories), the same on every
+        `tf.distribute` replica: their maximum, the statistic of the
+        global batch. Each replica computed its own from its part of the
+        batch, and writing those would leave a mirrored variable holding
+        different values on different replicas (BUILD_NOTES, defect 24).
+        """
+        positions = [
+            i
+            for i, (g, v) in enumerate(zip(grads, trainable_variables))
+            if g is not None and self._overwrites(v)
+        ]
+        if not positions:
+            return grads
+        agreed = backend.max_over_replicas([grads[i] for i in positions])
+        grads = list(grads)
+        for i, value in zip(positions, agreed):
+            grads[i] = value
+        return grads
 
     def _clip_aggregate(self, grads, trainable_variables):
         """Makes the inner optimizer's clipping act on the replicas' sum.

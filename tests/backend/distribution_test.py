@@ -23,3 +23,9 @@ def test_one_replica_agrees_with_itself_and_sums_nothing():
     summed, replicas = backend.sum_over_replicas(grads)
     assert replicas == 1
     assert ops.convert_to_numpy(summed[0]).tolist() == [1.0, 3.0]
+
+
+def test_outside_several_replicas_the_maximum_is_the_value_itself():
+    values = [ops.convert_to_tensor([1.0, 5.0]), ops.convert_to_tensor(2.0)]
+    out = backend.max_over_replicas(values)
+    assert [ops.convert_to_numpy(v).tolist() for v in out] == [[1.0, 5.0], 2.0]
