@@ -215,14 +215,27 @@ def _float8_operand(name, instructions):
     return source if source.startswith("f8") else None
 
 
+def _keras_float8_dense(units):
+    layer = keras.layers.Dense(units)
+    layer.build((4, 8, 16))
+    layer.quantize("float8")
+    return layer
+
+
 @pytest.mark.skipif(backend.name() != "jax", reason="reads JAX's HLO")
-def test_every_matmul_has_the_pattern_xla_rewrites_into_fp8_gemms():
+@pytest.mark.parametrize(
+    "make",
+    [kmp.layers.Float8Dense, _keras_float8_dense],
+    ids=["kmp", "keras"],  # Keras's own: what kmp's scaler makes loss-free
+)
+def test_every_matmul_has_the_pattern_xla_rewrites_into_fp8_gemms(make):
     import jax
     import jax.numpy as jnp
 
     with kmp.policy_scope("mixed_bfloat16"):
-        layer = kmp.layers.Float8Dense(32)
-        layer.build((4, 8, 16))
+        layer = make(32)
+        if not layer.built:  # Keras quantizes built layers only
+            layer.build((4, 8, 16))
     trainable = [v.value for v in layer.trainable_variables]
     state = [v.value for v in layer.non_trainable_variables]
 
