@@ -15,27 +15,28 @@ from kmp import backend
 from kmp.errors import InputError
 from kmp.scaling import LossScaleOptimizer
 
+# The optimizer's count of non-finite steps in a row, in the step's logs
+# for the monitor only: it removes it before the progress bar and History
+# (which Keras runs after the user's callbacks) see it.
+_STREAK = "overflow_streak"
 
-def _scale_logs(model, read):
-    """Extra train-step logs for `model`'s optimizer; `{}` if it has none."""
+
+def _scale_logs(model, read, streak):
+    """Extra train-step logs for `model`'s optimizer; `{}` if it has none.
+    With `streak`, also the optimizer's overflow streak (the stop rule's)."""
     optimizer = getattr(model, "optimizer", None)
     if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         return {}
     logs = {"loss_scale": read(optimizer.dynamic_scale)}
     if isinstance(optimizer, LossScaleOptimizer):
         logs["skipped_steps"] = read(optimizer.skipped_steps)
+    if isinstance(optimizer, LossScaleOptimizer) and streak:
         # Read for the stop rule, then taken out of the logs (`_STREAK`).
         # As a float: on JAX a log that is the state's own int32 array (a
         # constant 0 on finite steps) can share its buffer, which the next
         # step donates.
         logs[_STREAK] = ops.cast(read(optimizer.overflow_streak), "float32")
     return logs
-
-
-# The optimizer's count of non-finite steps in a row, in the step's logs
-# for the monitor only: it removes it before the progress bar and History
-# (which Keras runs after the user's callbacks) see it.
-_STREAK = "overflow_streak"
 
 
 class StepCount(float):
@@ -135,8 +136,9 @@ class LossScaleMonitor(keras.callbacks.Callback):
         # `self.model` would sync JAX's state from under the running
         # step (Keras's Callback.model does that): keep the model here.
         self._fitting = model
+        stops = self.stop_after is not None
         backend.add_train_step_logs(
-            model, lambda read: _scale_logs(model, read)
+            model, lambda read: _scale_logs(model, read, stops)
         )
 
     def on_train_begin(self, logs=None):

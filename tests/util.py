@@ -1,6 +1,7 @@
 """Helpers shared by the tests."""
 
 import concurrent.futures
+import functools
 import json
 import os
 import socket
@@ -156,6 +157,7 @@ SCALE_RULES = {
 }
 
 
+@functools.cache
 def docstring_pseudo_code():
     """The loss-scale rule as `kmp.LossScaleOptimizer`'s docstring writes
     it: the first code block there, compiled (it is valid Python)."""

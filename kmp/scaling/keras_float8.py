@@ -50,10 +50,16 @@ def reset(variables, positions, scale) -> None:
             v.assign(ops.zeros(v.shape, v.dtype))
 
 
+def rescale(value, factor):
+    """One state value in the units of a scale `factor` times the old
+    (the scale's change: new / old)."""
+    return ops.multiply(value, ops.cast(factor, value.dtype))
+
+
 def rescaled(values, positions, factor) -> list:
-    """`values` with those at `positions` multiplied by `factor` (the
-    scale's change: new / old)."""
+    """`values` with those at `positions` rescaled (the stateless path,
+    which returns new values instead of assigning)."""
     values = list(values)
     for i in positions:
-        values[i] = ops.multiply(values[i], ops.cast(factor, values[i].dtype))
+        values[i] = rescale(values[i], factor)
     return values

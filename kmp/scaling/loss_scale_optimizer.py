@@ -247,12 +247,9 @@ class LossScaleOptimizer(TfKerasLossScaleAPI, _StockLossScaleOptimizer):
         """Multiplies the Keras float8 state by the scale's change."""
         if factor is None:
             return
-        tvs = self._trainable_variables
-        values = keras_float8.rescaled(
-            [v.value for v in tvs], self._float8_state, factor
-        )
         for i in self._float8_state:
-            tvs[i].assign(values[i])
+            variable = self._trainable_variables[i]
+            variable.assign(keras_float8.rescale(variable.value, factor))
 
     def _overwrites(self, variable):
         # Keras >= 3.6 lets a variable take its "gradient" as a new value
