@@ -43,6 +43,7 @@ from kmp.policy import disable
 from kmp.policy import enable
 from kmp.policy import policy_scope
 from kmp.policy import recommend_policy
+from kmp.saving import load_model
 from kmp.scaling import LossScaleOptimizer
 from kmp.scaling import wrap
 
@@ -65,6 +66,7 @@ __all__ = [
     "float8",
     "is_chief",
     "layers",
+    "load_model",
     "multi_worker_strategy",
     "parse_tf_config",
     "pin_float32",

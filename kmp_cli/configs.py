@@ -5,7 +5,10 @@
     Cifar10Config  examples/cifar10.py's `Config`: + width
     ImdbConfig     examples/imdb.py's `Config`: + model, d_model, heads,
                    layers, sequence_length, vocabulary_size, float8
+    LmConfig       examples/finetune_lm.py's `Config`: + hidden_dim,
+                   heads, layers, sequence_length, text_bytes, float8
     EXAMPLES       an example's name -> its config class
+    CLASSIFIERS    the examples `kmp bench` and `kmp doctor` take
 
 Every field is a command-line flag of `kmp train`, `kmp doctor` and of
 the example run as a script (absl syntax, `--batch_size=128`). The
@@ -221,4 +224,78 @@ class ImdbConfig(RunConfig):
         return problem
 
 
-EXAMPLES = {"cifar10": Cifar10Config, "imdb": ImdbConfig}
+@dataclasses.dataclass
+class LmConfig(RunConfig):
+    """A KerasHub GPT-2 causal LM from a config, on bytes of text
+    (examples/finetune_lm.py)."""
+
+    policy: str = flag(
+        "mixed_bfloat16",
+        "Dtype policy (float8 needs mixed_bfloat16 or mixed_float16).",
+        POLICIES,
+    )
+    epochs: int = flag(2, "Epochs.", lower_bound=1)
+    batch_size: int = flag(32, "Global batch of sequences.", lower_bound=1)
+    output_dir: str = flag("runs/lm", OUTPUT_DIR_HELP)
+    learning_rate: float = flag(6e-4, "Peak learning rate (AdamW).")
+    data: str = flag(
+        "auto",
+        "auto: the Python standard library's own source files, read as "
+        "bytes (they ship with Python); synthetic: generated sequences.",
+        ("auto", "synthetic"),
+    )
+    hidden_dim: int = flag(512, "Model width.", lower_bound=16)
+    heads: int = flag(
+        8, "Attention heads (they split hidden_dim).", lower_bound=1
+    )
+    layers: int = flag(8, "Transformer decoder blocks.", lower_bound=1)
+    sequence_length: int = flag(512, "Bytes per sequence.", lower_bound=8)
+    text_bytes: int = flag(
+        20_000_000,
+        "Bytes of text to train on (a tenth more to test).",
+        lower_bound=1_000,
+    )
+    float8: bool = flag(
+        False,
+        "Every Dense and attention projection in float8 (kmp.float8): "
+        "fast on H100/H200 tensor cores, slow on a CPU.",
+    )
+
+    # A 2-core CPU's size: about a second a step (BENCHMARKS.md).
+    CPU_SIZES = {
+        "batch_size": 8,
+        "hidden_dim": 64,
+        "heads": 4,
+        "layers": 2,
+        "sequence_length": 128,
+        "text_bytes": 400_000,
+    }
+    SCRIPT = "finetune_lm"  # examples/finetune_lm.py
+
+    def problem(self) -> str | None:
+        problem = super().problem()
+        if problem is None and self.hidden_dim % self.heads:
+            problem = (
+                f"hidden_dim ({self.hidden_dim}) must be a multiple of heads "
+                f"({self.heads}): each head gets hidden_dim / heads "
+                "dimensions. Change --hidden_dim or --heads."
+            )
+        if (
+            problem is None
+            and self.float8
+            and self.policy
+            not in (
+                "mixed_bfloat16",
+                "mixed_float16",
+            )
+        ):
+            problem = (
+                f"--float8 trains under mixed_bfloat16 or mixed_float16, "
+                f"not {self.policy}: drop --policy or --float8."
+            )
+        return problem
+
+
+EXAMPLES = {"cifar10": Cifar10Config, "imdb": ImdbConfig, "lm": LmConfig}
+# The classifiers, which `kmp bench` times and `kmp doctor` examines.
+CLASSIFIERS = ("cifar10", "imdb")

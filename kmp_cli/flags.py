@@ -148,7 +148,7 @@ def doctor_flags(target):
     """The doctor's flags for `target`: an example's flags with the
     doctor's defaults, or those for a saved model; then its own."""
     values = flags.FlagValues()
-    if target in configs.EXAMPLES:
+    if target in configs.CLASSIFIERS:
         define_flags(configs.EXAMPLES[target], values)
         # Two batches need little data; the CIFAR cost figure is at 128.
         values.set_default("policy", "mixed_float16")
@@ -165,11 +165,11 @@ def parse_doctor(command, target, argv):
     """`(config, values)` for `kmp doctor TARGET ARGV`: the example's
     config (`None` for a saved model) and every parsed flag, checked as
     far as that takes no Keras."""
-    example = target in configs.EXAMPLES
+    example = target in configs.CLASSIFIERS
     if not example and not target.endswith(".keras"):
         raise flags.Error(
             f"{target!r} is neither an example "
-            f"({', '.join(configs.EXAMPLES)}) nor a .keras file."
+            f"({', '.join(configs.CLASSIFIERS)}) nor a .keras file."
         )
     values = doctor_flags(target)
     try:

@@ -2,7 +2,7 @@
 
     kmp info                 versions, devices, recommended policy and why
     kmp demo [--policy ...]  a short mixed-precision fit with loss-scale logs
-    kmp train cifar10|imdb [--flags]   the example trainers (same code)
+    kmp train cifar10|imdb|lm [--flags]   the example trainers (same code)
     kmp bench [--models ...] float32 vs mixed, interleaved, on those models
     kmp audit PATH.keras     mixed-precision hazards in a saved model
     kmp doctor cifar10|imdb|PATH.keras [--flags]   where float16 hurts
@@ -64,6 +64,7 @@ def _listed(rows) -> str:
 
 # Each example with its config's summary line.
 EXAMPLES = [(name, c.__doc__) for name, c in configs.EXAMPLES.items()]
+CLASSIFIERS = [row for row in EXAMPLES if row[0] in configs.CLASSIFIERS]
 
 TRAIN_EPILOG = f"""examples:
 {_listed(EXAMPLES)}
@@ -74,7 +75,7 @@ example's CPU sizes (the command says which). Rerun an interrupted
 command to resume it from --output_dir; --restart starts over."""
 
 DOCTOR_EPILOG = f"""targets:
-{_listed([*EXAMPLES, ("PATH.keras", "a saved model, with --data=PATH.npz")])}
+{_listed([*CLASSIFIERS, ("PATH.keras", "a saved model, with --data=PATH.npz")])}
 
 `kmp doctor cifar10 --help` (or imdb, or PATH.keras) lists the flags:
 an example's, with the doctor's --batches and --loss_scale."""
@@ -129,10 +130,11 @@ def build() -> argparse.ArgumentParser:
 
     train_parser = commands.add_parser(
         "train",
-        help="train the CIFAR-10 or IMDB example",
-        description="Runs examples/cifar10.py or examples/imdb.py (the "
-        "same code), prints a results table and writes results.json, "
-        "results.png and the model to --output_dir.",
+        help="train the CIFAR-10, IMDB or language-model example",
+        description="Runs examples/cifar10.py, examples/imdb.py or "
+        "examples/finetune_lm.py (the same code), prints a results "
+        "table and writes results.json, results.png and the model to "
+        "--output_dir.",
         epilog=TRAIN_EPILOG,
         formatter_class=raw,
     )
@@ -156,8 +158,8 @@ def build() -> argparse.ArgumentParser:
     bench_parser.add_argument(
         "--models",
         nargs="+",
-        choices=configs.EXAMPLES,
-        default=list(configs.EXAMPLES),
+        choices=configs.CLASSIFIERS,
+        default=list(configs.CLASSIFIERS),
     )
     bench_parser.add_argument(
         "--size",

@@ -18,6 +18,7 @@ PUBLIC = {
     "enable",
     "enable_compile_cache",
     "layers",
+    "load_model",
     "pin_float32",
     "policy_scope",
     "recommend_policy",

@@ -172,7 +172,9 @@ def float8_fit():
     history = _monitored_fit(model, x, y)
     return {
         "history": history.history,
-        "kinds": [type(layer).__name__ for layer in model.layers],
+        "modes": [
+            getattr(layer, "quantization_mode", None) for layer in model.layers
+        ],
         "weights": [per_replica(w) for w in model.weights],
     }
 

@@ -152,7 +152,8 @@ def train(args) -> dict:
     from kmp.app import recipes
 
     name = f"kmp train {args.example}"
-    module = importlib.import_module(f"kmp.examples.{args.example}")
+    script = getattr(type(args.config), "SCRIPT", args.example)
+    module = importlib.import_module(f"kmp.examples.{script}")
     try:
         return recipes.run_and_report(
             args.example, name, args.config, args.given, module.train

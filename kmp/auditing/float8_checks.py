@@ -9,6 +9,8 @@ neither has one on the torch backend.
 """
 
 from kmp import backend
+from kmp.fp8 import Float8Dense
+from kmp.fp8 import Float8EinsumDense
 from kmp.fp8 import float8_matmuls
 from kmp.fp8 import matmul_sizes
 
@@ -55,6 +57,26 @@ def check_float8(model, layers, findings):
                 "compute correctly but in the compute dtype, slower than "
                 "without float8.",
                 "Use kmp.float8 with KERAS_BACKEND=jax or tensorflow.",
+            )
+        )
+    elif (
+        backend.name() == "tensorflow"
+        and getattr(model, "compiled", False)
+        and model.run_eagerly
+        and any(
+            not isinstance(layer, (Float8Dense, Float8EinsumDense))
+            for layer in found
+        )
+    ):
+        findings.append(
+            (
+                "error",
+                "environment",
+                f"{len(found)} Keras float8 layers in a model compiled with "
+                "run_eagerly=True on TensorFlow: their custom gradient "
+                "fails in eager TensorFlow (ValueError: too many values to "
+                "unpack), so fit cannot take a step.",
+                "model.compile(..., run_eagerly=False).",
             )
         )
     elif getattr(model, "compiled", False) and not getattr(

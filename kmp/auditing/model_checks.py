@@ -139,8 +139,8 @@ def _check_subclassed_outputs(model, findings):
 _SUBCLASS_NOTE = (
     "; a subclass of MultiHeadAttention (KerasHub's CachedMultiHeadAttention"
     " among them) keeps its own code, so kmp.pin_float32 pins its built "
-    "softmax only, and a .keras file does not keep that pin: pin again "
-    "after loading"
+    "softmax only, and a .keras file does not keep that pin: load it with "
+    "kmp.load_model, which pins again"
 )
 
 
@@ -197,7 +197,11 @@ def check_inner_softmaxes(half, outputs, findings):
                     "kmp.pin_float32(model).",
                 )
             )
-        elif is_sensitive(layer):
+        elif is_sensitive(layer) and activation_name(layer) != "sigmoid":
+            # An inner fused sigmoid is a gate (EfficientNet's and
+            # MobileNetV3's squeeze-and-excite, a GLU): values in (0, 1)
+            # that float16 holds to 3 digits. A sigmoid output is checked
+            # with the outputs, against its loss.
             findings.append(
                 (
                     "warning",

@@ -1,22 +1,23 @@
 """2b. Float8 layers: each operand's amax against its delayed scale.
 
-A `kmp.float8` layer quantizes its inputs and kernel to E4M3 with a
-scale set by the largest magnitude of recent steps (its amax history).
-Here every batch runs once more through the model, in inference, and for
-each float8 layer and operand this stage records:
+A float8 layer (Keras's, which `kmp.float8` puts in, or kmp's own)
+quantizes its inputs and kernel to E4M3 with a scale set by the largest
+magnitude of recent steps (its amax history). Here every batch runs once
+more through the model, in inference, and for each float8 layer and
+operand this stage records:
 
-    headroom   log2(history amax / this batch's amax): powers of two to
-               spare; negative when the batch exceeds the history, and
-               then the excess saturates
+    headroom   log2(scale's amax / this batch's amax): powers of two to
+               spare; negative when the batch exceeds what the scale
+               covers, and then the excess saturates
     saturated  share of values beyond the scale's range (clipped to the
                largest E4M3 value)
     flushed    share of nonzero values below half E4M3's smallest
                subnormal at that scale (they become 0)
 
-The output gradients are scaled by their own amax on every step, so they
-never saturate and are not measured here. A model that has not trained
-has empty histories; its layers then scale by the batch itself, and the
-report says so.
+The output gradients are not measured here (they exist only in a
+training step). A kmp layer that has not trained has an empty history
+and scales by the batch itself, and the report says so; Keras's starts
+at scale 1 (|x| up to 448) until its first training step.
 """
 
 import math
@@ -43,9 +44,9 @@ def measure(model, batches) -> list:
     index = {id(layer): i for i, layer in enumerate(layers)}
     seen = {}  # (layer index, operand) -> running statistics
 
-    def record(layer, operand, x, history):
+    def record(layer, operand, x, limit):
         values = np.abs(ops.convert_to_numpy(ops.cast(x, "float32")))
-        past = float(np.max(ops.convert_to_numpy(history)))
+        past = limit or 0.0
         stats = seen.setdefault(
             (index[id(layer)], operand),
             {"values": 0, "saturated": 0, "flushed": 0, "amax": 0.0},

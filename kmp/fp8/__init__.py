@@ -1,12 +1,11 @@
 """Float8 matmuls: `kmp.float8(model)` and the layers it puts in.
 
-    float8_layers  `Float8Dense`, `Float8EinsumDense`,
-                   `Float8MultiHeadAttention` (kmp.layers): E4M3 inputs
-                   and kernels with delayed scales, E5M2 gradients scaled
-                   on the spot, every matmul in the form XLA rewrites into
-                   an FP8 GEMM; the quantization arithmetic
+    float8_layers  kmp's own `Float8Dense`, `Float8EinsumDense`,
+                   `Float8MultiHeadAttention` (kmp.layers; what kmp 0.1's
+                   `kmp.float8` put in, kept for its files); reading any
+                   float8 layer's operands and sizes
     convert        `kmp.float8`: which layers of a model are eligible,
-                   converted in place
+                   converted in place to Keras's own float8
 
 Imports from kmp: errors, islands, model_layers.
 """

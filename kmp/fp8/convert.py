@@ -1,23 +1,32 @@
-"""`kmp.float8(model)`: a model's eligible matmuls in float8, in place."""
+"""`kmp.float8(model)`: a model's eligible matmuls in float8, in place.
+
+The conversion is Keras's own: each eligible `Dense` and `EinsumDense`
+gets a `QuantizedFloat8DTypePolicy` (what `layer.quantize("float8")`
+sets), so it quantizes its inputs and kernel to E4M3 and its output
+gradient to E5M2 with delayed scales. The policy is part of the layer's
+config, which every model class saves (a KerasHub backbone records it in
+its `DTypePolicyMap`), so a `.keras` file keeps the conversion for
+Functional, Sequential and subclassed models alike. What kmp adds to
+Keras's float8: which layers pay (sizes, heads, the compute dtype), and
+in `kmp.LossScaleOptimizer` the output-gradient scales kept in units of
+the loss scale (`kmp.scaling.keras_float8`) and agreed across replicas.
+"""
 
 import collections
 import warnings
 
 import keras
 
-from kmp import islands
 from kmp.errors import InputError
 from kmp.errors import InputTypeError
 from kmp.fp8 import float8_layers
+from kmp.model_layers import all_layers
 from kmp.model_layers import check_patterns
 from kmp.model_layers import matches
+from kmp.model_layers import record_policies
 
 HALF = ("float16", "bfloat16")
-_MATMULS = (
-    keras.layers.Dense,
-    keras.layers.EinsumDense,
-    keras.layers.MultiHeadAttention,
-)
+_MATMULS = (keras.layers.Dense, keras.layers.EinsumDense)
 _CONVOLUTIONS = (
     keras.layers.Conv1D,
     keras.layers.Conv2D,
@@ -30,13 +39,6 @@ _CONVOLUTIONS = (
     keras.layers.SeparableConv1D,
     keras.layers.SeparableConv2D,
 )
-# Exact classes only: a subclass's own `call` would be lost.
-_CONVERTIBLE = (*_MATMULS, islands.MultiHeadAttention)
-_FLOAT8 = (
-    float8_layers.Float8Dense,
-    float8_layers.Float8EinsumDense,
-    float8_layers.Float8MultiHeadAttention,
-)
 
 
 def float8(model, also=(), skip=()):
@@ -44,24 +46,29 @@ def float8(model, also=(), skip=()):
 
     Call it after building the model under `kmp.enable("mixed_bfloat16")`
     (or `"mixed_float16"`), after `kmp.pin_float32` if you use it, and
-    before `compile`. It changes the model in place and returns it:
+    before `compile`. It changes the model in place and returns it: each
+    eligible `Dense` and `EinsumDense`, the projections of attention
+    layers included, becomes Keras's float8 layer (the dtype policy
+    `layer.quantize("float8")` sets: E4M3 inputs and kernels, E5M2
+    output gradients, delayed scales from an amax history). Weights and
+    names are kept, and the policy is saved with the layer, so a `.keras`
+    file restores it for any model class, KerasHub's included.
 
-    - each `Dense` becomes a `kmp.layers.Float8Dense`, each `EinsumDense`
-      a `kmp.layers.Float8EinsumDense`, and each `MultiHeadAttention` a
-      `kmp.layers.Float8MultiHeadAttention` (float8 projections, float32
-      softmax). Weights, names and configs are kept, and the classes are
-      registered, so a `.keras` file restores them;
-    - a layer is eligible when its contracting and output sizes are
-      multiples of 16 (what float8 tensor cores take) and it computes in
-      float16 or bfloat16. The head, the last matmul before each model
-      output, is left in the compute dtype: its error would fall straight
-      on the loss. Embeddings are lookups, not matmuls, and are left.
+    A layer is eligible when it is a Keras `Dense` or `EinsumDense` (not
+    a subclass with its own `call`), computes in float16 or bfloat16, and
+    its contracting and output sizes are multiples of 16 (what float8
+    tensor cores take). The head, the last matmul before each model
+    output, is left in the compute dtype: its error would fall straight
+    on the loss. In a subclassed model with no recorded graph, the head
+    is its last matmul layer. Embeddings are lookups, not matmuls, and
+    convolutions are left. Calling it again changes nothing.
 
-    Only the exact Keras classes are converted (a subclass keeps its own
-    `call`). Calling it again changes nothing.
+    Train it with a `kmp.LossScaleOptimizer` (`kmp.wrap`): Keras's own
+    scaler leaves the float8 gradient scales at 1 while the gradients
+    carry the loss scale, so a run depends on its loss scale.
 
     Args:
-        model: A built Functional or Sequential Keras model (nested ones
+        model: A built Keras model of any class (nested models and layers
             are opened).
         also: Layers to convert even though they are a head: layer
             classes, or regular expressions matched against a layer's
@@ -73,8 +80,7 @@ def float8(model, also=(), skip=()):
 
     Raises:
         ValueError: If the model computes in float32 (float8 training needs
-            the mixed_bfloat16 or mixed_float16 policy), is a subclassed
-            model, or is not built.
+            the mixed_bfloat16 or mixed_float16 policy) or is not built.
 
     Example:
 
@@ -88,27 +94,22 @@ def float8(model, also=(), skip=()):
         raise InputTypeError(
             f"kmp.float8 expects a Keras model, got {model!r}."
         )
-    if not _lists_its_layers(model):
-        raise InputError(
-            f"kmp.float8 converts Functional and Sequential models, whose "
-            f"saved config names each layer's class; {type(model).__name__} "
-            "is subclassed. Build its layers as kmp.layers.Float8Dense / "
-            "Float8EinsumDense / Float8MultiHeadAttention instead."
-        )
-    if not model.built or not getattr(model, "outputs", None):
+    if not model.built:
         raise InputError(
             f"Model {model.name!r} is not built: give it an Input (or call "
             "it once) before kmp.float8, which needs its layers' sizes."
         )
     also = check_patterns(also, "also")
     skip = check_patterns(skip, "skip")
-    heads = _heads(model)
-    layers = list(_layers(model))
+    layers = all_layers(model)[1:]
     matmuls = [layer for layer in layers if isinstance(layer, _MATMULS)]
+    heads = _heads(model, matmuls)
     # A model that computes in float32 is refused; one whose only matmuls
     # are float32 (a pinned head over convolutions) has nothing eligible,
     # which the warning below says.
-    if matmuls and all(layer.compute_dtype not in HALF for layer in layers):
+    if matmuls and all(
+        getattr(layer, "compute_dtype", None) not in HALF for layer in layers
+    ):
         raise InputError(
             f"Every matmul layer of {model.name!r} computes in float32. "
             "Float8 training works under the mixed_bfloat16 and "
@@ -116,26 +117,51 @@ def float8(model, also=(), skip=()):
             "'mixed_float16') before building the model."
         )
     reasons = collections.Counter()
-    converted = 0
+    converted = []
     for layer in matmuls:
-        if isinstance(layer, _FLOAT8):
+        if is_float8(layer):
             reasons["float8 already"] += 1
             continue
         reason = _ineligible(layer, heads, also, skip)
         if reason:
             reasons[reason] += 1
             continue
-        float8_layers.convert(layer)
-        converted += 1
-    if converted == 0 and not reasons["float8 already"]:
+        # Keras's float8 with its default amax history (1024 steps): a
+        # layer rebuilt from a DTypePolicyMap (an attention's projections,
+        # KerasHub's blocks) reads the history length from the map, which
+        # has none, so only the default survives a .keras round trip.
+        layer.quantize("float8")
+        converted.append(layer)
+    if not converted and not reasons["float8 already"]:
         warnings.warn(_nothing_eligible(model, layers, reasons), stacklevel=2)
         return model
-    if converted == 0:
+    if not converted:
         return model  # called again: nothing to do
+    unsure = record_policies(
+        model, {layer: layer.dtype_policy for layer in converted}
+    )
+    if unsure:
+        warnings.warn(
+            f"kmp.float8: {len(unsure)} converted layers of {model.name!r} "
+            f"(first: {unsure[0].path!r}) are made by code of yours: a "
+            ".keras file keeps their float8 only if that code passes its "
+            "dtype on (dtype=self.dtype_policy), as Keras's and KerasHub's "
+            "layers do; otherwise the file will not load, as with Keras's "
+            "model.quantize. They compute in float8 now.",
+            stacklevel=2,
+        )
     # A compiled model's step functions were traced with the old layers.
     model.train_function = model.test_function = None
     model.predict_function = None
     return model
+
+
+def is_float8(layer) -> bool:
+    """Whether `layer` is a float8 matmul: Keras's (its policy's mode is
+    "float8") or one of kmp's own `kmp.layers.Float8*` classes."""
+    return getattr(layer, "quantization_mode", None) == "float8" or isinstance(
+        layer, float8_layers.FLOAT8_CLASSES
+    )
 
 
 def _nothing_eligible(model, layers, reasons) -> str:
@@ -143,8 +169,7 @@ def _nothing_eligible(model, layers, reasons) -> str:
     found = ", ".join(f"{n} {r}" for r, n in sorted(reasons.items()))
     message = (
         f"kmp.float8: no matmul layer of {model.name!r} is eligible "
-        f"({found or 'no Dense, EinsumDense or MultiHeadAttention'}); the "
-        "model is unchanged."
+        f"({found or 'no Dense or EinsumDense'}); the model is unchanged."
     )
     convolutions = sum(isinstance(layer, _CONVOLUTIONS) for layer in layers)
     if convolutions:
@@ -161,58 +186,32 @@ def _nothing_eligible(model, layers, reasons) -> str:
     return message
 
 
-def _lists_its_layers(model):
-    """Whether `model`'s saved config lists its layers with their classes:
-    Sequential, and Functional itself (`keras.Model(inputs, outputs)`; a
-    subclass of it, such as a KerasHub backbone, rebuilds its layers
-    from its own arguments)."""
-    cls = type(model)
-    return isinstance(model, keras.Sequential) or (
-        cls.__name__ == "Functional" and cls.__module__.startswith("keras.")
-    )
-
-
-def _layers(model):
-    """The layers of `model`, nested Functional/Sequential models opened
-    (their configs name their layers' classes too)."""
-    for layer in model.layers:
-        if isinstance(layer, keras.Model) and _lists_its_layers(layer):
-            yield from _layers(layer)
-        else:
-            yield layer
-
-
 def _ineligible(layer, heads, also, skip):
     """Why `layer` stays as it is, or `None` if it converts."""
-    if type(layer) not in _CONVERTIBLE:
-        return "not a Dense, EinsumDense or MultiHeadAttention"
+    if type(layer) not in _MATMULS:
+        return f"{type(layer).__name__}: a subclass with its own call"
     if skip and matches(layer, skip):
         return "skipped"
     if id(layer) in heads and not (also and matches(layer, also)):
         return "head (last matmul before an output)"
     if layer.compute_dtype not in HALF:
         return "computes in float32"
-    if getattr(layer, "quantization_mode", None) or getattr(
-        layer, "lora_enabled", False
-    ):
+    if layer.quantization_mode or getattr(layer, "lora_enabled", False):
         return "quantized or LoRA"
     if not layer.built:
         return "not built"
-    if isinstance(layer, keras.layers.MultiHeadAttention):
-        if not any(
-            float8_layers.is_eligible_einsum(dense)
-            for dense in float8_layers.projections(layer)
-        ):
-            return "sizes not multiples of 16"
-        return None
     if not float8_layers.is_eligible_einsum(layer):
         return "sizes not multiples of 16"
     return None
 
 
-def _heads(model):
+def _heads(model, matmuls):
     """Ids of the matmul layers nearest each output: walking back from the
-    outputs, the first Dense, EinsumDense or MultiHeadAttention met."""
+    outputs through the recorded graph, the first Dense or EinsumDense
+    met (all projections of an attention layer met). A model with no
+    graph: its last matmul layer."""
+    if not getattr(model, "outputs", None):
+        return {id(matmuls[-1])} if matmuls else set()
     heads, seen = set(), set()
     stack = list(keras.tree.flatten(model.outputs))
     while stack:
@@ -225,11 +224,23 @@ def _heads(model):
             continue
         seen.add(key)
         if isinstance(layer, keras.Model) and layer is not model:
-            heads |= _heads(layer)
+            inner = [m for m in matmuls if _inside(m, layer)]
+            heads |= _heads(layer, inner)
             continue
         if isinstance(layer, _MATMULS):
             heads.add(id(layer))
             continue
+        if isinstance(layer, keras.layers.MultiHeadAttention):
+            heads |= {id(m) for m in matmuls if _inside(m, layer)}
+            continue
         node = layer._inbound_nodes[history.node_index]
         stack.extend(keras.tree.flatten(node.input_tensors))
     return heads
+
+
+def _inside(layer, outer):
+    """Whether `layer` is nested in `outer`."""
+    return any(
+        inner is layer
+        for inner in outer._flatten_layers(include_self=False, recursive=True)
+    )

@@ -1,14 +1,14 @@
-"""Dense layers whose matmuls run in float8, for Hopper's tensor cores.
+"""kmp's own float8 matmul layers, and reading any float8 layer's operands.
 
-An H100 multiplies float8 at twice the bfloat16 rate. XLA's GPU GEMM
-rewriter turns `dot(convert(a8) * sa, convert(b8) * sb)` (float8 arrays,
-scalar scales) into one FP8 cuBLASLt GEMM (`__cublas$lt$matmul$f8`), so
-these layers write every matmul in exactly that form: each operand is
-quantized to float8 with a per-tensor scale, converted back to the
-compute dtype and multiplied by its scale, then multiplied. The forward
-uses E4M3 (more precision) for inputs and kernels; the backward
-quantizes the output gradient to E5M2 (more range), so the two gradient
-GEMMs are E5M2 x E4M3 (the rewriter refuses E5M2 x E5M2).
+`kmp.float8(model)` now converts a model with Keras's own float8 (see
+`kmp.fp8.convert`). The classes here are what it put in before (kmp 0.1):
+they stay registered, so files written then still load and train, and
+they can be used directly. Each writes every matmul in the form XLA's GPU
+GEMM rewriter turns into one FP8 cuBLASLt GEMM
+(`dot(convert(a8) * sa, convert(b8) * sb)`): inputs and kernels in E4M3
+with delayed per-tensor scales, the output gradient in E5M2 scaled on the
+spot, so the two gradient GEMMs are E5M2 x E4M3 (the rewriter refuses
+E5M2 x E5M2).
 
 Scaling, per tensor, `scale = amax / float8_max` so that `x / scale`
 fills the float8 range:
@@ -19,19 +19,15 @@ fills the float8 range:
                                in training, like BatchNorm's statistics.
     output gradient (current): amax = max|g| of this very gradient.
 
-The output gradient is scaled on the spot because it carries the loss
-scale: under `mixed_float16` it is `loss_scale * g`, and a history of
-such values goes stale by a factor of 2 at every change of the scale
-(Keras's float8 layers keep that history, and a scaled-up gradient then
-saturates float8). Scaled on the spot, `loss_scale * g` is quantized to
-exactly `loss_scale` times what `g` is (the loss scale is a power of
-two), so a run does not depend on its loss scale; a non-finite gradient
-stays non-finite, so the loss-scale optimizer still sees the overflow and
-skips the step. It costs one reduction over the gradient per layer.
+Scaled on the spot, `loss_scale * g` is quantized to exactly
+`loss_scale` times what `g` is (the loss scale is a power of two), so a
+run does not depend on its loss scale; a non-finite gradient stays
+non-finite, so the loss-scale optimizer still sees the overflow. It costs
+one reduction over the gradient per layer. (Keras's float8 layers get the
+same independence from `kmp.LossScaleOptimizer` instead.)
 
-`kmp.float8(model)` puts these classes in place of a model's Keras ones;
-they are registered, so a converted model keeps them through `.keras`
-save and load.
+`float8_matmuls`, `matmul_sizes` and `observe_operands` read both kinds,
+for the audit and the doctor.
 """
 
 import contextlib
@@ -159,7 +155,10 @@ class _Float8:
         operand's history."""
         history = getattr(self, f"{operand}_amax_history")
         if self._operand_observer is not None:
-            self._operand_observer(self, operand, x, history)
+            recorded = float(ops.max(history))
+            self._operand_observer(
+                self, operand, x, recorded if recorded > 0 else None
+            )
         # The gradient of the quantization is `x`'s: give it one dtype (a
         # kernel may arrive as its float32 variable).
         x = ops.cast(x, self.compute_dtype)
@@ -349,18 +348,27 @@ def is_eligible_einsum(layer):
     return all(size % 16 == 0 for size in matmul_sizes(layer))
 
 
+FLOAT8_CLASSES = (Float8Dense, Float8EinsumDense, Float8MultiHeadAttention)
+
+
+def _is_keras_float8(layer):
+    return getattr(layer, "quantization_mode", None) == "float8" and hasattr(
+        layer, "inputs_scale"
+    )
+
+
 def float8_matmuls(layers):
-    """The float8 matmul layers among `layers`, attention projections
-    included, each once."""
+    """The float8 matmul layers among `layers`, Keras's and kmp's,
+    attention projections included, each once."""
     found = []
     for layer in layers:
-        if isinstance(layer, Float8MultiHeadAttention):
+        if isinstance(layer, keras.layers.MultiHeadAttention):
             found += [
                 dense
                 for dense in projections(layer)
-                if isinstance(dense, Float8EinsumDense)
+                if isinstance(dense, _Float8) or _is_keras_float8(dense)
             ]
-        elif isinstance(layer, _Float8):
+        elif isinstance(layer, _Float8) or _is_keras_float8(layer):
             found.append(layer)
     # An attention's projections are also among `layers` when it is built.
     return list({id(layer): layer for layer in found}.values())
@@ -368,19 +376,45 @@ def float8_matmuls(layers):
 
 @contextlib.contextmanager
 def observe_operands(layers, observer):
-    """Calls `observer(layer, operand, x, history)` each time one of
-    `layers` (float8 matmul layers) quantizes an operand, inside the
-    `with` block: `operand` is `"inputs"` or `"kernel"`, `x` the value
-    about to be quantized, `history` its amax history before this call.
+    """Calls `observer(layer, operand, x, limit)` each time one of
+    `layers` (float8 matmul layers, Keras's or kmp's) quantizes an
+    operand, inside the `with` block: `operand` is `"inputs"` or
+    `"kernel"`, `x` the value about to be quantized, `limit` the |x| its
+    delayed scale maps to the largest E4M3 value (a float), or `None`
+    when the layer scales by `x` itself (a kmp layer with an empty
+    history).
 
     For eager calls (the doctor measures each operand's headroom this
     way); a compiled step would call `observer` once, while tracing.
     """
     layers = list(layers)
     for layer in layers:
-        layer._operand_observer = observer
+        if isinstance(layer, _Float8):
+            layer._operand_observer = observer
+        else:
+            # Keras's layer: its `_float8_call` quantizes both operands.
+            object.__setattr__(
+                layer, "_float8_call", _observed(layer, observer)
+            )
     try:
         yield
     finally:
         for layer in layers:
-            layer._operand_observer = None
+            if isinstance(layer, _Float8):
+                layer._operand_observer = None
+            else:
+                del layer.__dict__["_float8_call"]
+
+
+def _observed(layer, observer):
+    """Keras's `layer._float8_call`, telling `observer` its operands first.
+    Keras keeps `scale = amax / max(E4M3)` in `{operand}_scale`."""
+    call = layer._float8_call
+
+    def observed(inputs, training=None):
+        for operand, x in (("inputs", inputs), ("kernel", layer._kernel)):
+            scale = float(getattr(layer, f"{operand}_scale"))
+            observer(layer, operand, x, scale * _MAX[E4M3])
+        return call(inputs, training=training)
+
+    return observed

@@ -24,6 +24,7 @@ from kmp.model_layers import all_layers
 from kmp.model_layers import check_patterns
 from kmp.model_layers import matches
 from kmp.model_layers import output_layers
+from kmp.model_layers import record_policies
 from kmp.model_layers import swap_class
 
 # Activations whose float16 results lose the information crossentropy and
@@ -112,6 +113,7 @@ def pin_float32(
 
     outputs = output_layers(model) or []
     output_ids = {id(layer) for layer in outputs}
+    pinned = [*outputs]  # what a .keras file must keep in float32
     for layer in outputs:
         layer.dtype_policy = "float32"
     for layer in layers:
@@ -119,27 +121,38 @@ def pin_float32(
             continue
         if also and matches(layer, also):
             layer.dtype_policy = "float32"
+            pinned.append(layer)
             continue
         island = _ISLAND_CLASSES.get(type(layer))
         if island is None:
-            _pin_subclassed_attention(layer)
+            pinned += _pin_subclassed_attention(layer)
             continue
         activation = island is float32_layers.Float32Activation
         if activation and not is_sensitive(layer):
             continue
         swap_class(layer, island)
+        softmax = getattr(layer, "_softmax", None)  # an attention's
+        pinned.append(layer if softmax is None else softmax)
+    if isinstance(model, keras.Model):
+        # A pinned layer that another layer's code makes is rebuilt
+        # unpinned on load, unless its policy is in that layer's config:
+        # there it computes in float32 and returns float32 (idiom (a)).
+        float32 = keras.dtype_policies.DTypePolicy("float32")
+        record_policies(model, dict.fromkeys(pinned, float32))
     return model
 
 
-def _pin_subclassed_attention(layer):
+def _pin_subclassed_attention(layer) -> list:
     """A built `MultiHeadAttention` subclass keeps its class (its code
     would be lost); its attention softmax, a Keras `Softmax` it built,
-    becomes a `Float32Softmax`. Not kept by a `.keras` file: the subclass
-    builds a new softmax when it loads (the audit then says so)."""
+    becomes a `Float32Softmax`. Returns the softmax pinned, if any."""
     if not isinstance(layer, keras.layers.MultiHeadAttention) or isinstance(
         layer, float32_layers.MultiHeadAttention
     ):
-        return
+        return []
     softmax = getattr(layer, "_softmax", None)
     if type(softmax) is keras.layers.Softmax:
         swap_class(softmax, float32_layers.Float32Softmax)
+    if isinstance(softmax, float32_layers.Float32Softmax):
+        return [softmax]
+    return []

@@ -70,3 +70,31 @@ def test_attention_projections_count_once():
         model = keras.Model(inputs, keras.layers.Dense(2, dtype="float32")(x))
     report = kmp.audit(model, verbose=False)
     assert "4 float8 matmul layers" in problems(report)
+
+
+def keras_float8_model():
+    # What kmp.float8 puts in: Keras's own float8 Dense.
+    with kmp.policy_scope("mixed_bfloat16"):
+        inputs = keras.Input((32,))
+        x = keras.layers.Dense(32)(inputs)
+        outputs = keras.layers.Dense(2, dtype="float32")(x)
+        return kmp.float8(keras.Model(inputs, outputs))
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() != "tensorflow", reason="TensorFlow only"
+)
+def test_keras_float8_in_eager_tensorflow_cannot_train_and_is_an_error():
+    import numpy as np
+
+    model = keras_float8_model()
+    model.compile("adam", "sparse_categorical_crossentropy", run_eagerly=True)
+    with pytest.raises(ValueError, match="too many values to unpack"):
+        model.fit(np.ones((4, 32)), np.zeros(4), verbose=0)
+    report = kmp.audit(model, verbose=False)
+    assert [f.severity for f in report if "run_eagerly" in f.problem] == [
+        "error"
+    ]
+    model.compile("adam", "sparse_categorical_crossentropy")
+    assert "run_eagerly" not in problems(kmp.audit(model, verbose=False))
+    model.fit(np.ones((4, 32)), np.zeros(4), verbose=0)  # graph mode trains

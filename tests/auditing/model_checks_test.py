@@ -80,6 +80,18 @@ def test_inner_fused_softmax_activation_is_a_warning():
     assert not has(quiet_audit(model), "gate|")
 
 
+def test_an_inner_fused_sigmoid_is_a_gate_not_a_finding():
+    # EfficientNet's squeeze-and-excite: Conv2D(activation="sigmoid")
+    # scaling the features. Its float16 values in (0, 1) are fine.
+    kmp.enable("mixed_float16")
+    inputs = keras.Input((8, 8, 16))
+    gate = keras.layers.Conv2D(16, 1, activation="sigmoid", name="se")(inputs)
+    h = keras.layers.Multiply()([inputs, gate])
+    outputs = keras.layers.Dense(8, dtype="float32")(h)
+    model = compiled_for_audit(keras.Model(inputs, outputs), loss="mse")
+    assert not has(quiet_audit(model), "se|")
+
+
 @pytest.mark.parametrize(
     "make, phrase",
     [

@@ -74,3 +74,36 @@ def test_models_without_float8_layers_report_nothing():
     inputs = keras.Input((4,))
     model = keras.Model(inputs, keras.layers.Dense(2)(inputs))
     assert _float8.measure(model, [(np.ones((2, 4)), None)]) == []
+
+
+def keras_float8_model():
+    # What kmp.float8 puts in now: Keras's own float8 Dense.
+    with kmp.policy_scope("mixed_bfloat16"):
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((32,))
+        hidden = keras.layers.Dense(32, activation="relu", name="f8")(inputs)
+        outputs = keras.layers.Dense(2, dtype="float32")(hidden)
+        model = kmp.float8(keras.Model(inputs, outputs))
+    assert model.get_layer("f8").quantization_mode == "float8"
+    return model
+
+
+def test_keras_float8_layers_are_read_by_their_scales():
+    model = keras_float8_model()
+    _, batches, x = model_and_data()
+    layer = model.get_layer("f8")
+    amax = float(np.abs(x).max())
+    # Untrained, Keras's scale is 1: |x| up to 448 fits.
+    rows = {r["operand"]: r for r in _float8.measure(model, batches)}
+    assert rows["inputs"]["headroom"] == pytest.approx(
+        np.log2(448 / amax), abs=0.01
+    )
+    assert rows["inputs"]["saturated"] == 0
+    # A scale that covers a quarter of the data: -2 bits, saturating.
+    layer.inputs_scale.assign(amax / 4 / 448)
+    rows = {r["operand"]: r for r in _float8.measure(model, batches)}
+    assert rows["inputs"]["headroom"] == pytest.approx(-2.0, abs=0.01)
+    expected = (np.abs(x) > np.float32(amax / 4)).mean()
+    assert rows["inputs"]["saturated"] == pytest.approx(expected, abs=1e-3)
+    # The measurement leaves the layer's own call in place.
+    assert "_float8_call" not in vars(layer)

@@ -1,0 +1,224 @@
+"""# A causal language model in bfloat16 and float8 with kmp
+
+KerasHub's GPT-2 (`GPT2CausalLM`), built from a config (sizes as flags,
+no preset, no download), learns to predict the next byte of text: the
+Python standard library's own source files, which ship with every
+Python. It trains under `mixed_bfloat16` with `kmp.pin_float32` (each
+attention softmax and the output logits in float32) and, with
+`--float8`, `kmp.float8` (every Dense and attention projection of the
+decoder blocks in Keras's float8: E4M3 forward, E5M2 gradients). Its
+results carry tokens/s and peak memory, so the same run without
+`--float8` beside it says what float8 bought; `benchmarks/lm_float8.py`
+runs the two, each in its own process, and writes the comparison.
+
+Run (from the repository root, after `pip install -e ".[lm]"`):
+
+    python examples/finetune_lm.py --steps=50          # CPU sizes here
+    python examples/finetune_lm.py --steps=50 --float8
+    kmp train lm --float8                              # the same code
+    kmp train lm --hidden_dim=1024 --layers=16 --float8  # an H100's size
+
+A rerun resumes an interrupted run from --output_dir, as the other
+examples do; the model is written as lm.keras (`kmp.load_model` reads it
+back pinned and compiled).
+
+Measured: BENCHMARKS.md, "Language model" (2-core CPU: float8 costs
+there; on a GPU, unmeasured). Speed claims belong to GPUs.
+"""
+
+import os
+
+if __name__ == "__main__":
+    # Before TensorFlow loads (see examples/imdb.py).
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import glob
+import sysconfig
+
+import keras
+import numpy as np
+
+import kmp
+from kmp.app import data as kmp_data
+from kmp.app import recipes
+from kmp_cli import configs
+
+# ## Configuration
+#
+# The flags every example takes, and this model's: hidden_dim, heads,
+# layers, sequence_length, text_bytes, float8. The policy defaults to
+# mixed_bfloat16 (float8 needs a mixed policy). Where no GPU is found,
+# the sizes not given are a 2-layer, 64-wide model on 128-byte sequences.
+
+Config = configs.LmConfig
+VOCABULARY = 256  # bytes: no tokenizer to download
+
+
+# ## Data
+#
+# Bytes of the standard library's .py files, in sorted order, cut into
+# sequences of `sequence_length + 1` bytes: the model reads the first
+# `sequence_length` and predicts each next one. The last tenth is the
+# test split. `--data=synthetic` generates sequences instead (counting
+# patterns with noise), for a machine without the library's sources.
+
+
+def stdlib_text(size):
+    """The first `size` bytes of the standard library's source files."""
+    files = sorted(
+        glob.glob(os.path.join(sysconfig.get_paths()["stdlib"], "*.py"))
+    )
+    chunks, total = [], 0
+    for path in files:
+        with open(path, "rb") as f:
+            chunks.append(f.read())
+        total += len(chunks[-1])
+        if total >= size:
+            break
+    text = b"".join(chunks)[:size]
+    if len(text) < size:
+        raise kmp.InputError(
+            f"The standard library's sources here hold {len(text)} bytes, "
+            f"fewer than --text_bytes={size}; lower it or use "
+            "--data=synthetic."
+        )
+    return np.frombuffer(text, dtype=np.uint8)
+
+
+def synthetic_text(size, seed):
+    """`size` bytes of counting runs (start, stride) with 5% noise: a
+    next byte that a model can learn to predict."""
+    rng = np.random.default_rng(seed)
+    runs = -(-size // 64)
+    start = rng.integers(0, VOCABULARY, (runs, 1))
+    stride = rng.integers(1, 4, (runs, 1))
+    text = ((start + stride * np.arange(64)) % VOCABULARY).ravel()[:size]
+    noise = rng.random(size) < 0.05
+    text[noise] = rng.integers(0, VOCABULARY, noise.sum())
+    return text.astype(np.uint8)
+
+
+def windows(text, length):
+    """Inputs and next-byte targets of consecutive sequences."""
+    count = (len(text) - 1) // length
+    ids = text[: count * length + 1].astype("int32")
+    x = np.lib.stride_tricks.sliding_window_view(ids, length + 1)[::length]
+    return {
+        "token_ids": x[:, :-1].copy(),
+        "padding_mask": np.ones((len(x), length), bool),
+    }, x[:, 1:].copy()
+
+
+def load_splits(config):
+    size = config.text_bytes + config.text_bytes // 10
+    if config.data == "synthetic":
+        text = synthetic_text(size, config.seed)
+        source, note = "synthetic", "generated counting runs"
+    else:
+        text = stdlib_text(size)
+        source = "python-stdlib"
+        note = f"{size} bytes of the standard library's .py files"
+    train, test = text[: config.text_bytes], text[config.text_bytes :]
+    length = config.sequence_length
+    return kmp_data.Splits(
+        windows(train, length), windows(test, length), source, note
+    )
+
+
+# ## Model
+#
+# KerasHub's GPT-2 from its constructor: token and position embeddings,
+# pre-norm decoder blocks, logits from the tied embedding. Then kmp's two
+# steps: the islands, and float8 when asked (after pinning, so the
+# softmaxes stay float32).
+
+
+def build_model(config):
+    try:
+        import keras_hub
+    except ImportError:
+        raise kmp.InputError(
+            "The language-model example builds KerasHub's GPT-2: "
+            "pip install 'kmp[lm]' (or keras-hub)."
+        ) from None
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=VOCABULARY,
+        num_layers=config.layers,
+        num_heads=config.heads,
+        hidden_dim=config.hidden_dim,
+        intermediate_dim=4 * config.hidden_dim,
+        max_sequence_length=config.sequence_length,
+    )
+    return keras_hub.models.GPT2CausalLM(backbone, preprocessor=None)
+
+
+def compile_model(config, steps):
+    model = kmp.pin_float32(build_model(config))
+    if config.float8:
+        kmp.float8(model)
+    schedule = keras.optimizers.schedules.CosineDecay(
+        0.0,
+        decay_steps=max(config.epochs * steps, 1),
+        warmup_target=config.learning_rate,
+        warmup_steps=max(config.epochs * steps // 10, 1),
+    )
+    model.compile(
+        optimizer=kmp.wrap(keras.optimizers.AdamW(schedule, weight_decay=0.1)),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        weighted_metrics=[
+            keras.metrics.SparseCategoricalAccuracy(name="accuracy")
+        ],
+    )
+    return recipes.build_optimizer(model)
+
+
+# ## Train
+
+
+def train(config: Config) -> dict:
+    """Trains and evaluates; returns the results (also written as JSON),
+    with tokens/s beside examples/s."""
+    config.check()
+    recipes.use_compile_cache(config)
+    keras.utils.set_random_seed(config.seed)
+    splits = load_splits(config)
+    steps = config.steps or recipes.split_size(splits.train) // (
+        config.batch_size
+    )
+    with kmp.policy_scope(config.policy) as policy:
+        run = recipes.Run(config, splits, None, policy.name)  # + backup
+        model = compile_model(config, steps)
+        history = model.fit(
+            *splits.train,
+            batch_size=config.batch_size,
+            validation_data=splits.test,
+            validation_steps=run.eval_steps,
+            validation_batch_size=config.batch_size,
+            epochs=config.epochs,
+            steps_per_epoch=config.steps or None,
+            callbacks=run.callbacks,
+            verbose=config.verbose,
+        )
+        name = "gpt2_float8" if config.float8 else "gpt2"
+        results = run.results(name, history, model)
+    results["tokens_per_s"] = results["examples_per_s"] * config.sequence_length
+    results["float8_layers"] = sum(
+        getattr(layer, "quantization_mode", None) == "float8"
+        for layer in model._flatten_layers()
+    )
+    run.save(model, results, "lm")
+    return results
+
+
+def main(argv):
+    del argv  # everything is in the flags
+    recipes.main("lm", "next byte of Python's sources (GPT-2)", Config, train)
+
+
+if __name__ == "__main__":
+    from absl import app
+
+    from kmp_cli import flags
+
+    flags.define_flags(Config)
+    app.run(main)

@@ -1,0 +1,88 @@
+"""examples/finetune_lm.py (kmp.examples.finetune_lm): KerasHub's GPT-2
+from a config, bfloat16 and float8, on bytes of Python's sources."""
+
+import keras
+import numpy as np
+import pytest
+
+import kmp
+from kmp.examples import finetune_lm
+
+pytest.importorskip("keras_hub")  # the test extra pins it
+
+
+def small(tmp_path, **overrides):
+    settings = dict(
+        epochs=1,
+        steps=3,
+        batch_size=4,
+        hidden_dim=32,
+        heads=2,
+        layers=2,
+        sequence_length=32,
+        text_bytes=8_000,
+        output_dir=str(tmp_path),
+        verbose=0,
+    )
+    settings.update(overrides)
+    return finetune_lm.Config(**settings)
+
+
+def test_the_text_is_python_s_own_sources_cut_into_next_byte_pairs():
+    config = small("unused")
+    splits = finetune_lm.load_splits(config)
+    x, y = splits.train
+    assert splits.source == "python-stdlib"
+    assert x["token_ids"].shape == y.shape == ((8_000 - 1) // 32, 32)
+    # Each target is the next byte of the text.
+    np.testing.assert_array_equal(x["token_ids"][0, 1:], y[0, :-1])
+    np.testing.assert_array_equal(x["token_ids"][1, 0], y[0, -1])
+    text = bytes(x["token_ids"][0].astype(np.uint8))
+    assert text.isascii()  # source code
+    assert splits.test[1].shape == ((800 - 1) // 32, 32)  # the last tenth
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("float8", [False, True])
+def test_trains_saves_and_reloads_with_and_without_float8(float8, tmp_path):
+    results = finetune_lm.train(small(tmp_path, float8=float8))
+    steps = results["step_losses"]
+    assert len(steps) == 3 and np.all(np.isfinite(steps))
+    assert results["policy"] == "mixed_bfloat16"
+    assert results["tokens_per_s"] == pytest.approx(
+        results["examples_per_s"] * 32
+    )
+    assert results["peak_memory_mib"] > 0
+    # Two blocks: query, key, value, output, and the two feed-forward
+    # Dense layers of each.
+    assert results["float8_layers"] == (12 if float8 else 0)
+    model = kmp.load_model(str(tmp_path / "lm.keras"))
+    modes = [
+        layer.quantization_mode
+        for layer in model._flatten_layers()
+        if isinstance(layer, keras.layers.Dense | keras.layers.EinsumDense)
+    ]
+    assert modes.count("float8") == results["float8_layers"]
+    report = kmp.audit(model, verbose=False)
+    assert not [f for f in report if "softmax" in f.problem.lower()], report
+
+
+def test_synthetic_text_is_learnable_counting_with_noise():
+    text = finetune_lm.synthetic_text(6_400, seed=0)
+    steps = np.diff(text.astype(int).reshape(-1, 64), axis=1) % 256
+    assert np.mean(np.isin(steps, (1, 2, 3))) > 0.85
+
+
+@pytest.mark.parametrize(
+    "overrides, phrase",
+    [
+        ({"hidden_dim": 30, "heads": 4}, "multiple of heads"),
+        ({"float8": True, "policy": "float32"}, "--float8 trains under"),
+        ({"data": "tfds"}, "data must be one of auto, synthetic"),
+    ],
+)
+def test_bad_settings_are_refused_before_anything_loads(
+    overrides, phrase, tmp_path
+):
+    with pytest.raises(kmp.InputError, match=phrase):
+        finetune_lm.train(small(tmp_path, **overrides))

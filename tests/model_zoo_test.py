@@ -1,0 +1,271 @@
+"""kmp on models it did not write: keras.applications and KerasHub.
+
+Each model is built from a small config (no download, `weights=None`, no
+preset) and goes through what a user does: `kmp.enable` ->
+`pin_float32` -> `audit` -> `compile(kmp.wrap(...))` + `fit` with
+`LossScaleMonitor` -> `diagnose` -> `.keras` round trip (`kmp audit PATH`
+agreeing with `kmp.audit`) -> under `mixed_bfloat16`, `kmp.float8` +
+`fit` + round trip. Slow: about a minute per backend for the matrix.
+"""
+
+import json
+import re
+import warnings
+
+import keras
+import numpy as np
+import pytest
+
+import kmp
+import kmp_cli
+
+pytestmark = pytest.mark.slow
+
+keras_hub = pytest.importorskip("keras_hub")  # the test extra pins it
+RNG = np.random.default_rng(0)
+IMAGES = RNG.uniform(0, 255, (4, 32, 32, 3)).astype("float32")
+LABELS = RNG.integers(0, 10, (4,))
+TOKENS = RNG.integers(1, 64, (4, 16)).astype("int32")
+MASK = np.ones((4, 16), bool)
+
+
+def _application(name):
+    def build():
+        return getattr(keras.applications, name)(
+            weights=None, input_shape=(32, 32, 3), classes=10
+        )
+
+    return build, IMAGES, LABELS, "sparse_categorical_crossentropy"
+
+
+def _bert():
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=64,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=32,
+        intermediate_dim=64,
+        max_sequence_length=16,
+    )
+    return keras_hub.models.BertTextClassifier(
+        backbone, num_classes=3, preprocessor=None
+    )
+
+
+def _gpt2():
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=64,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=32,
+        intermediate_dim=64,
+        max_sequence_length=16,
+    )
+    return keras_hub.models.GPT2CausalLM(backbone, preprocessor=None)
+
+
+def _llama_with_a_head():
+    # A backbone under a Functional head of the user's.
+    backbone = keras_hub.models.LlamaBackbone(
+        vocabulary_size=64,
+        num_layers=2,
+        num_query_heads=4,
+        num_key_value_heads=2,
+        hidden_dim=32,
+        intermediate_dim=64,
+    )
+    ids = keras.Input((16,), dtype="int32", name="token_ids")
+    mask = keras.Input((16,), dtype="int32", name="padding_mask")
+    x = backbone({"token_ids": ids, "padding_mask": mask})
+    x = keras.layers.GlobalAveragePooling1D()(x)
+    outputs = keras.layers.Dense(3, name="head")(x)
+    return keras.Model({"token_ids": ids, "padding_mask": mask}, outputs)
+
+
+def _vit():
+    backbone = keras_hub.models.ViTBackbone(
+        image_shape=(32, 32, 3),
+        patch_size=8,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=32,
+        mlp_dim=64,
+    )
+    return keras_hub.models.ViTImageClassifier(
+        backbone, num_classes=10, preprocessor=None
+    )
+
+
+TEXT = {"token_ids": TOKENS, "padding_mask": MASK}
+BERT_TEXT = {**TEXT, "segment_ids": np.zeros_like(TOKENS)}
+CROSSENTROPY = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+APPLICATIONS = [
+    "ResNet50V2",
+    "MobileNetV3Small",
+    "EfficientNetV2B0",
+    "ConvNeXtTiny",
+    "DenseNet121",
+]
+MODELS = {
+    **{name: _application(name) for name in APPLICATIONS},
+    "BertTextClassifier": (_bert, BERT_TEXT, LABELS % 3, CROSSENTROPY),
+    "GPT2CausalLM": (_gpt2, TEXT, TOKENS, CROSSENTROPY),
+    "LlamaBackbone+head": (
+        _llama_with_a_head,
+        {"token_ids": TOKENS, "padding_mask": MASK.astype("int32")},
+        LABELS % 3,
+        CROSSENTROPY,
+    ),
+    "ViTImageClassifier": (_vit, IMAGES, LABELS, CROSSENTROPY),
+}
+# Models with Dense or EinsumDense layers that kmp.float8 converts:
+# the transformers, and ConvNeXt, whose pointwise convolutions are Dense.
+MATMULS = [
+    "ConvNeXtTiny",
+    "BertTextClassifier",
+    "GPT2CausalLM",
+    "LlamaBackbone+head",
+    "ViTImageClassifier",
+]
+
+
+# Models whose attention takes Keras's fused path (no dropout), which on
+# JAX is a float16 x float16 -> float32 dot that JAX's CPU backend lacks.
+FUSED_ATTENTION = ["LlamaBackbone+head", "ViTImageClassifier"]
+
+
+def _backends(name, policy):
+    """Skips what cannot run here. On JAX, XLA compiles each CNN's step
+    and the doctor's functions for 20-80 s on this CPU: ResNet50V2 stands
+    for them there."""
+    if keras.backend.backend() != "jax":
+        return
+    if name in APPLICATIONS and name != "ResNet50V2":
+        pytest.skip("CNNs on JAX: ResNet50V2 only (compile time)")
+    import jax
+
+    cpu = jax.devices()[0].platform == "cpu"
+    if cpu and policy == "mixed_float16" and name in FUSED_ATTENTION:
+        pytest.skip(
+            "JAX's CPU dot_general has no F16_F16_F32 precision, which "
+            "Keras's fused float16 attention asks for (a GPU has it)"
+        )
+
+
+def _unpinned(report):
+    """Where the audit says a softmax, sigmoid or output is not float32."""
+    return sorted(
+        f.where
+        for f in report
+        if "not float32" in f.problem
+        or re.search(r"computes in b?float16", f.problem)
+    )
+
+
+def _fit(model, x, y, loss, eager):
+    # TensorFlow traces a 100-layer CNN's step for 20-35 s here: the
+    # applications run their two steps eagerly on it.
+    eager = eager and keras.backend.backend() == "tensorflow"
+    model.compile(optimizer=kmp.wrap("adam"), loss=loss, run_eagerly=eager)
+    monitor = kmp.callbacks.LossScaleMonitor()
+    history = model.fit(
+        x,
+        y,
+        batch_size=2,
+        epochs=1,
+        steps_per_epoch=2,
+        verbose=0,
+        callbacks=[monitor],
+    )
+    return history.history["loss"]
+
+
+def _round_trip(model, x, tmp_path, name):
+    """Saves `model`; returns the file and `kmp.load_model`'s model, whose
+    predictions equal the saved model's."""
+    path = str(tmp_path / f"{name}.keras")
+    model.save(path)
+    loaded = kmp.load_model(path)
+    np.testing.assert_allclose(
+        np.asarray(loaded.predict(x, verbose=0), "float32"),
+        np.asarray(model.predict(x, verbose=0), "float32"),
+        atol=1e-6,
+    )
+    return path, loaded
+
+
+def _cli_audit(path, capsys):
+    capsys.readouterr()
+    kmp_cli.main(["audit", path, "--json"])
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_a_model_from_the_zoo_trains_saves_and_loads(name, tmp_path, capsys):
+    _backends(name, "mixed_float16")
+    build, x, y, loss = MODELS[name]
+    kmp.enable("mixed_float16")
+    keras.utils.set_random_seed(0)
+    model = kmp.pin_float32(build())
+    report = kmp.audit(model, verbose=False)
+    assert not [f for f in report if f.severity == "error"], report
+    assert _unpinned(report) == [], report
+    losses = _fit(model, x, y, loss, eager=name in APPLICATIONS)
+    assert np.all(np.isfinite(losses)), losses
+    assert isinstance(model.optimizer, kmp.LossScaleOptimizer)
+    diagnosis = kmp.diagnose(model, (x, y), batches=1, verbose=False)
+    assert diagnosis is not None
+
+    # kmp.load_model: islands, scaler and its state as they were.
+    path, loaded = _round_trip(model, x, tmp_path, name)
+    assert _unpinned(kmp.audit(loaded, verbose=False)) == []
+    assert isinstance(loaded.optimizer, kmp.LossScaleOptimizer)
+    for name_ in ("iterations", "dynamic_scale"):
+        assert float(getattr(loaded.optimizer, name_)) == float(
+            getattr(model.optimizer, name_)
+        )
+    # Keras's own load: `kmp audit PATH` sees what it gives, and reports
+    # every softmax pin that it loses (those inside attention layers
+    # that other layers make: KerasHub's).
+    plain = kmp.audit(keras.saving.load_model(path), verbose=False)
+    cli = _cli_audit(path, capsys)
+    assert sorted((f["severity"], f["where"]) for f in cli) == sorted(
+        (f.severity, f.where) for f in plain
+    )
+    lost = [f for f in plain if f.where in _unpinned(plain)]
+    assert all(f.problem.startswith("Attention softmax") for f in lost), lost
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_float8_converts_what_pays_and_survives_a_load(name, tmp_path):
+    _backends(name, "mixed_bfloat16")
+    build, x, y, loss = MODELS[name]
+    kmp.enable("mixed_bfloat16")
+    keras.utils.set_random_seed(0)
+    model = kmp.pin_float32(build())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kmp.float8(model)
+    messages = [str(w.message) for w in caught if "kmp.float8" in str(w)]
+    converted = _float8_paths(model)
+    if name not in MATMULS:
+        # A CNN: one true sentence, and nothing converted.
+        assert converted == [] and len(messages) == 1
+        assert "convolutions stay in the compute dtype" in messages[0]
+        return
+    assert converted and not messages, messages
+    # (Keras's float8 layers cannot train in eager TensorFlow: graph mode.)
+    losses = _fit(model, x, y, loss, eager=False)
+    assert np.all(np.isfinite(losses)), losses
+    path, loaded = _round_trip(model, x, tmp_path, name)
+    assert _float8_paths(loaded) == converted
+    # Keras's own load keeps them too.
+    assert _float8_paths(keras.saving.load_model(path)) == converted
+
+
+def _float8_paths(model):
+    return sorted(
+        layer.path
+        for layer in model._flatten_layers(include_self=False)
+        if getattr(layer, "quantization_mode", None) == "float8"
+    )
