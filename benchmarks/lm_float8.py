@@ -43,7 +43,11 @@ def run(flags, float8, out):
         *flags,
         *(["--float8"] if float8 else []),
     ]
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    done = subprocess.run(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    if done.returncode:
+        sys.exit(f"{' '.join(command)} failed:\n{done.stderr}")
     with open(os.path.join(out, "results.json")) as f:
         return json.load(f)
 

@@ -120,9 +120,12 @@ def load_splits(config):
         note = f"{size} bytes of the standard library's .py files"
     train, test = text[: config.text_bytes], text[config.text_bytes :]
     length = config.sequence_length
-    return kmp_data.Splits(
-        windows(train, length), windows(test, length), source, note
-    )
+    x, y = windows(train, length)
+    # Shuffled once, here: KerasHub's fit turns arrays into a tf.data
+    # pipeline, which fit's own shuffle=True cannot reach (Keras warns).
+    order = np.random.default_rng(config.seed).permutation(len(y))
+    x = {name: value[order] for name, value in x.items()}
+    return kmp_data.Splits((x, y[order]), windows(test, length), source, note)
 
 
 # ## Model
@@ -191,6 +194,7 @@ def train(config: Config) -> dict:
         history = model.fit(
             *splits.train,
             batch_size=config.batch_size,
+            shuffle=False,  # shuffled in load_splits
             validation_data=splits.test,
             validation_steps=run.eval_steps,
             validation_batch_size=config.batch_size,

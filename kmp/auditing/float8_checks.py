@@ -8,11 +8,14 @@ XLA makes the FP8 GEMMs, so a model compiled without it has none, and
 neither has one on the torch backend.
 """
 
+import keras
+
 from kmp import backend
 from kmp.fp8 import Float8Dense
 from kmp.fp8 import Float8EinsumDense
 from kmp.fp8 import float8_matmuls
 from kmp.fp8 import matmul_sizes
+from kmp.scaling import LossScaleOptimizer
 
 FLOAT8_CAPABILITY = (8, 9)
 
@@ -32,6 +35,31 @@ def check_float8(model, layers, findings):
     found = float8_matmuls(layers)
     if not found:
         return
+    optimizer = getattr(model, "optimizer", None)
+    keras_layers = [
+        layer
+        for layer in found
+        if not isinstance(layer, (Float8Dense, Float8EinsumDense))
+    ]
+    if (
+        keras_layers
+        and isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+        and not isinstance(optimizer, LossScaleOptimizer)
+    ):
+        findings.append(
+            (
+                "error",
+                "optimizer",
+                f"{len(keras_layers)} Keras float8 layers under Keras's "
+                "LossScaleOptimizer: their output-gradient scales start at "
+                "1 while the gradients carry the loss scale, so training "
+                "depends on the loss scale, and under mixed_float16 a scale "
+                "below float16's range makes every step NaN and skipped "
+                "(BUILD_NOTES, defects 18 and 26).",
+                "compile(optimizer=kmp.wrap(...)): kmp's scaler keeps them "
+                "in units of the loss scale, floored within float16.",
+            )
+        )
     if not has_float8_tensor_cores():
         names = sorted({d.name for d in backend.list_devices()})
         findings.append(

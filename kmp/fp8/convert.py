@@ -189,7 +189,9 @@ def _nothing_eligible(model, layers, reasons) -> str:
 def _ineligible(layer, heads, also, skip):
     """Why `layer` stays as it is, or `None` if it converts."""
     if type(layer) not in _MATMULS:
-        return f"{type(layer).__name__}: a subclass with its own call"
+        return (
+            f"{type(layer).__name__}, a subclass (Keras's own classes convert)"
+        )
     if skip and matches(layer, skip):
         return "skipped"
     if id(layer) in heads and not (also and matches(layer, also)):

@@ -261,10 +261,17 @@ class LossScaleOptimizer(TfKerasLossScaleAPI, _StockLossScaleOptimizer):
         if self._given_unscaled:  # by get_unscaled_gradients (tf-keras)
             return list(grads)
         scale = self.dynamic_scale.value
-        return [
-            g if g is None or self._overwrites(v) else ops.divide(g, scale)
-            for g, v in zip(grads, trainable_variables)
-        ]
+
+        def unscaled(g, v):
+            if g is None:
+                return g
+            if not self._overwrites(v):
+                return ops.divide(g, scale)
+            if v.name == "outputs_grad_scale":  # Keras float8's new scale
+                return keras_float8.floored(g, scale)
+            return g
+
+        return [unscaled(g, v) for g, v in zip(grads, trainable_variables)]
 
     # --- Overrides of the stock class's four state handlers. ---
 

@@ -98,3 +98,22 @@ def test_keras_float8_in_eager_tensorflow_cannot_train_and_is_an_error():
     model.compile("adam", "sparse_categorical_crossentropy")
     assert "run_eagerly" not in problems(kmp.audit(model, verbose=False))
     model.fit(np.ones((4, 32)), np.zeros(4), verbose=0)  # graph mode trains
+
+
+def test_keras_float8_under_keras_s_scaler_is_an_error():
+    model = keras_float8_model()
+    model.compile(
+        optimizer=keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam()),
+        loss="mse",
+    )
+    report = kmp.audit(model, verbose=False)
+    (finding,) = [
+        f for f in report if "Keras's LossScaleOptimizer" in f.problem
+    ]
+    assert finding.severity == "error" and "kmp.wrap" in finding.fix
+    model.compile(
+        optimizer=kmp.LossScaleOptimizer(keras.optimizers.Adam()), loss="mse"
+    )
+    assert "Keras's LossScaleOptimizer" not in problems(
+        kmp.audit(model, verbose=False)
+    )

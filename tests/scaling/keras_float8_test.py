@@ -116,3 +116,48 @@ def test_a_saved_run_resumes_as_if_it_had_not_stopped(tmp_path):
         ops.convert_to_numpy(resumed.get_layer("f8").kernel),
         ops.convert_to_numpy(straight.get_layer("f8").kernel),
     )
+
+
+def _tiny_gradient_steps(optimizer, steps=6):
+    """Steps applied of a float16 float8 EinsumDense whose output
+    gradients are about 1e-5 (an attention's query projection at the
+    start of training), at loss scale 1."""
+    with kmp.policy_scope("mixed_float16"):
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((8, 16))
+        # ReLU: the gradient is 0 where the output is negative.
+        x = keras.layers.EinsumDense("abc,cd->abd", (8, 16), activation="relu")(
+            inputs
+        )
+        x = keras.layers.Rescaling(1e-3, dtype="float32")(x)
+        model = kmp.float8(keras.Model(inputs, x), also=[".*"])
+    model.compile(optimizer=optimizer, loss="mae")  # d/dy: 1e-3 / 128
+    x = np.random.default_rng(0).standard_normal((steps, 8, 16))
+    model.fit(x, np.zeros((steps, 8, 16)), batch_size=1, verbose=0)
+    return int(model.optimizer.iterations)
+
+
+def test_float16_gradient_scales_below_float16_s_range_are_floored():
+    # Defect 26: Keras computes the next scale as amax / 57344 (1.4e-10
+    # here) and divides the float16 gradient by it cast to float16: 0.
+    # Where the gradient is 0 (the ReLU's), 0 / 0 is NaN. The first two
+    # steps still use the initial scale 1 (a delayed scale comes from the
+    # steps before); Keras's scaler then skips every step, halving the
+    # loss scale each time, while the float8 scale stays.
+    # kmp's scaler floors the scale at loss_scale * 2**-14.
+    stock = keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.SGD(0.1), initial_scale=1.0
+    )
+    assert _tiny_gradient_steps(stock) == 2
+    fixed = kmp.LossScaleOptimizer(
+        keras.optimizers.SGD(0.1), initial_scale=1.0, dynamic=False
+    )
+    assert _tiny_gradient_steps(fixed) == 6
+
+
+def test_the_floor_is_in_units_of_the_loss_scale():
+    value = ops.convert_to_tensor([1e-9, 1.0], "float32")
+    floored = keras_float8.floored(value, 2.0**10)
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(floored), [2.0**10 * 2.0**-14, 1.0]
+    )
