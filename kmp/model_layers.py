@@ -136,12 +136,19 @@ def record_policies(model, policies) -> list:
         policies: A dict from layer to `keras.DTypePolicy`.
     """
     owners = _owners(model)
+    hosts = {}  # id -> whether that layer records a dtype (asked once)
+
+    def records(layer):
+        if id(layer) not in hosts:
+            hosts[id(layer)] = _records_dtype(layer)
+        return hosts[id(layer)]
+
     unsure = []
     for layer, policy in policies.items():
         chain = [layer]
         while id(chain[0]) in owners and chain[0] is not model:
             chain.insert(0, owners[id(chain[0])])
-        host = next((outer for outer in chain if _records_dtype(outer)), None)
+        host = next((outer for outer in chain if records(outer)), None)
         if host is layer and len(chain) > 1:
             host = _backbone_hosting(chain[-2]) or host
         if host is layer:
@@ -204,6 +211,11 @@ def _records_dtype(layer) -> bool:
     and it does not list its layers."""
     if _lists_its_layers(layer):
         return False
+    if type(layer).__module__.startswith("keras."):
+        # Keras's layers chain to `Layer.get_config`, which writes it.
+        # (Asking would import TensorFlow, where installed, under JAX and
+        # torch: Keras's serialization checks for its TensorShape.)
+        return True
     try:
         return "dtype" in layer.get_config()
     except (NotImplementedError, TypeError, ValueError):

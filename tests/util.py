@@ -249,3 +249,26 @@ def probability_model(policy):
         [np.zeros((1, 2), "float32"), np.array([0.0, -30.0], "float32")]
     )
     return model
+
+
+class Interrupted(Exception):
+    """What `interrupt_runs` raises, as a kill would."""
+
+
+def interrupt_runs(patch, after_epochs):
+    """Makes every example run (`kmp.app.recipes.Run`) raise `Interrupted`
+    at the end of epoch `after_epochs`, after its backup; `patch` is a
+    `monkeypatch.context()`."""
+    from kmp.app import recipes
+
+    start = recipes.Run.__init__
+
+    def stop(epoch, logs):
+        if epoch == after_epochs - 1:
+            raise Interrupted
+
+    def interrupted(self, *args):
+        start(self, *args)
+        self.callbacks.append(keras.callbacks.LambdaCallback(on_epoch_end=stop))
+
+    patch.setattr(recipes.Run, "__init__", interrupted)

@@ -154,32 +154,20 @@ def test_flags_map_onto_the_config():
         values(["cifar10", "--batch_size=0"])
 
 
-class Interrupted(Exception):
-    pass
-
-
 @pytest.mark.slow
 def test_an_interrupted_run_resumes_with_its_flags_and_only_with_them(
     tmp_path, monkeypatch, capsys
 ):
+    from util import Interrupted
     from util import fails_in_one_line
+    from util import interrupt_runs
 
     from kmp.app import cli
 
     settings = dataclasses.asdict(small(tmp_path, epochs=3))
     argv = ["train", "cifar10", *(f"--{k}={v}" for k, v in settings.items())]
-    start = recipes.Run.__init__
-
-    def stop(epoch, logs):
-        if epoch == 1:  # as a kill would: after the backup of epoch 2
-            raise Interrupted
-
-    def interrupted_after_two_epochs(self, *args):
-        start(self, *args)
-        self.callbacks.append(keras.callbacks.LambdaCallback(on_epoch_end=stop))
-
     with monkeypatch.context() as patch:
-        patch.setattr(recipes.Run, "__init__", interrupted_after_two_epochs)
+        interrupt_runs(patch, after_epochs=2)
         with pytest.raises(Interrupted):
             cli.main(argv)
     with open(tmp_path / "backup" / "run.json") as f:

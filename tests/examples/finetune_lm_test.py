@@ -88,3 +88,21 @@ def test_bad_settings_are_refused_before_anything_loads(
 ):
     with pytest.raises(kmp.InputError, match=phrase):
         finetune_lm.train(small(tmp_path, **overrides))
+
+
+@pytest.mark.slow
+def test_an_interrupted_run_resumes_from_its_backup(tmp_path, monkeypatch):
+    from util import Interrupted
+    from util import interrupt_runs
+
+    config = small(tmp_path, epochs=2, float8=True)
+    with monkeypatch.context() as patch:
+        interrupt_runs(patch, after_epochs=1)
+        with pytest.raises(Interrupted):
+            finetune_lm.train(config)
+    assert (tmp_path / "backup").exists()
+    results = finetune_lm.train(config)
+    assert results["epochs"] == 2
+    # Epoch 1's three steps from the first run, epoch 2's from the rerun.
+    assert len(results["step_losses"]) == 6
+    assert not (tmp_path / "backup").exists()  # done: Keras deletes it
