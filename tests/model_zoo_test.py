@@ -135,9 +135,14 @@ FUSED_ATTENTION = ["LlamaBackbone+head", "ViTImageClassifier"]
 
 
 def _backends(name, policy):
-    """Skips what cannot run here. On JAX, XLA compiles each CNN's step
-    and the doctor's functions for 20-80 s on this CPU: ResNet50V2 stands
-    for them there."""
+    """Skips what cannot run here, or not inside CI's time. On JAX, XLA
+    compiles each CNN's step and the doctor's functions for 20-80 s on
+    this CPU: ResNet50V2 stands for them there."""
+    tensorflow = keras.backend.backend() == "tensorflow"
+    if tensorflow and policy == "mixed_bfloat16" and name == "ConvNeXtTiny":
+        # Keras's float8 cannot train eagerly on TensorFlow, and tracing
+        # ConvNeXt's step takes 25 s here: torch trains its float8.
+        pytest.skip("ConvNeXt's float8 fit: torch (TF traces it for 25 s)")
     if keras.backend.backend() != "jax":
         return
     if name in APPLICATIONS and name != "ResNet50V2":
