@@ -14,10 +14,13 @@ Before a long run, `kmp doctor cifar10` (same flags) shows which layers
 float16 hurts and the loss scales that keep the gradients in range
 (README, "Numerics doctor").
 
-Several GPUs on one machine: `--strategy=mirrored`. Several machines: the
-same command on each host, with `--strategy=multiworker` and a TF_CONFIG
-that lists every host and this host's index (see README, "Multi-GPU and
-multi-node"). The global batch (`--batch_size`) is split over all replicas.
+Several GPUs on one machine: `--strategy=mirrored` (TensorFlow) or
+`--distribution=data` (JAX: DataParallel; `--distribution=model` also
+splits every convolution's output channels over pairs of devices).
+Several machines: the same command on each host, with
+`--strategy=multiworker` and a TF_CONFIG that lists every host and this
+host's index (see README, "Multi-GPU and multi-node"). The global batch
+(`--batch_size`) is split over all replicas.
 
 Measured (2-core AMD EPYC VM, no GPU; TF 2.21, Keras 3.15.1,
 2026-11-23) with `python benchmarks/parity.py` (width 16, 2 epochs of 40
@@ -201,6 +204,24 @@ def build_model(width=64, classes=10):
     return keras.Model(inputs, outputs, name="resnet9")
 
 
+def layout_map(config):
+    """`--distribution=model`: every convolution's output channels split
+    over the mesh's "model" axis (the wide layers hold most weights)."""
+
+    def layouts(mesh):
+        split = mesh.shape[mesh.axis_names.index("model")]
+        if config.width % split:
+            raise kmp.InputError(
+                f"--width={config.width} must split over the {split} "
+                "devices of the model axis."
+            )
+        layout = keras.distribution.LayoutMap(mesh)
+        layout[r"conv2d(_\d+)?/kernel"] = (None, None, None, "model")
+        return layout
+
+    return layouts
+
+
 def compile_model(config, steps):
     """The ResNet-9 with its float32 islands, compiled with SGD under
     `kmp.wrap` (dynamic loss scale) and a warm-up + cosine schedule over
@@ -237,7 +258,8 @@ def compile_model(config, steps):
 # The strategy decides where the replicas are. On TensorFlow, the model is
 # built and compiled in its scope and `kmp.distribute` makes `fit` work
 # under it (Keras alone cannot run MultiWorkerMirroredStrategy). On JAX,
-# `mirrored` means keras.distribution.DataParallel over the local devices.
+# `--distribution` sets keras.distribution instead: DataParallel, or
+# ModelParallel with `layout_map`.
 
 
 def train(config: Config) -> dict:
@@ -247,6 +269,7 @@ def train(config: Config) -> dict:
     keras.utils.set_random_seed(config.seed)
     splits = load_splits(config)
     strategy = recipes.make_strategy(config.strategy)
+    recipes.make_distribution(config, layout_map(config))  # JAX
     train_data, test_data = make_datasets(splits, config)
     steps = config.steps or recipes.split_size(splits.train) // (
         config.batch_size

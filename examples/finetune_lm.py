@@ -182,8 +182,14 @@ def train(config: Config) -> dict:
     """Trains and evaluates; returns the results (also written as JSON),
     with tokens/s beside examples/s."""
     config.check()
+    if config.strategy != "none":
+        raise kmp.InputError(
+            f"strategy={config.strategy}: the language-model example runs "
+            "on one device, or on JAX under --distribution=data."
+        )
     recipes.use_compile_cache(config)
     keras.utils.set_random_seed(config.seed)
+    recipes.make_distribution(config)  # JAX: data only (no layout map)
     splits = load_splits(config)
     steps = config.steps or recipes.split_size(splits.train) // (
         config.batch_size

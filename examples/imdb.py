@@ -16,7 +16,10 @@ Run (from the repository root, after `pip install -e .`):
     kmp train imdb --steps=20                           # the same code
     kmp doctor imdb --data=synthetic                    # numerics check
 
-`--strategy=mirrored|multiworker` as in examples/cifar10.py.
+`--strategy=mirrored|multiworker` (TensorFlow) and
+`--distribution=data|model` (JAX) as in examples/cifar10.py; under
+`model`, each attention's heads and each feed-forward layer's hidden
+units are split over the devices (`layout_map`).
 
 Measured (2-core AMD EPYC VM, no GPU; TF 2.21, Keras 3.15.1,
 2026-11-23) with `python benchmarks/parity.py` (d_model 64, sequence 128,
@@ -146,15 +149,20 @@ def make_datasets(splits, config):
 # and the output softmax in float32.
 
 
-def encoder_block(x, d_model, heads, dropout=0.1):
+def encoder_block(x, d_model, heads, dropout=0.1, index=0):
     attention = keras.layers.MultiHeadAttention(
-        heads, key_dim=d_model // heads, dropout=dropout
+        heads,
+        key_dim=d_model // heads,
+        dropout=dropout,
+        name=f"attention_{index}",
     )(x, x)
     x = keras.layers.LayerNormalization(epsilon=1e-6)(
         x + keras.layers.Dropout(dropout)(attention)
     )
-    forward = keras.layers.Dense(4 * d_model, activation="relu")(x)
-    forward = keras.layers.Dense(d_model)(forward)
+    forward = keras.layers.Dense(
+        4 * d_model, activation="relu", name=f"ffn_up_{index}"
+    )(x)
+    forward = keras.layers.Dense(d_model, name=f"ffn_down_{index}")(forward)
     return keras.layers.LayerNormalization(epsilon=1e-6)(
         x + keras.layers.Dropout(dropout)(forward)
     )
@@ -171,12 +179,43 @@ def build_model(config):
         x = kmp.layers.TokenAndPositionEmbedding(
             config.sequence_length, config.vocabulary_size, config.d_model
         )(inputs)
-        for _ in range(config.layers):
-            x = encoder_block(x, config.d_model, config.heads)
+        for index in range(config.layers):
+            x = encoder_block(x, config.d_model, config.heads, index=index)
         x = keras.layers.GlobalAveragePooling1D()(x)
     x = keras.layers.Dropout(0.1)(x)
     outputs = keras.layers.Dense(2, activation="softmax")(x)
     return keras.Model(inputs, outputs, name=f"imdb_{config.model}")
+
+
+def layout_map(config):
+    """`--distribution=model`: each attention's heads and each
+    feed-forward layer's hidden units split over the mesh's "model" axis
+    (Megatron's split: the up projection by columns, the down projection
+    by rows, so each device multiplies its own part)."""
+
+    def layouts(mesh):
+        split = mesh.shape[mesh.axis_names.index("model")]
+        if config.heads % split or config.d_model % split:
+            raise kmp.InputError(
+                f"--heads={config.heads} and --d_model={config.d_model} "
+                f"must split over the {split} devices of the model axis."
+            )
+        layout = keras.distribution.LayoutMap(mesh)
+        layout[r"attention_\d+/(query|key|value)/kernel"] = (
+            None,
+            "model",
+            None,
+        )
+        layout[r"attention_\d+/attention_output/kernel"] = (
+            "model",
+            None,
+            None,
+        )
+        layout[r"ffn_up_\d+/kernel"] = (None, "model")
+        layout[r"ffn_down_\d+/kernel"] = ("model", None)
+        return layout
+
+    return layouts
 
 
 def compile_model(config, steps):
@@ -217,6 +256,7 @@ def train(config: Config) -> dict:
     keras.utils.set_random_seed(config.seed)
     splits = load_splits(config)
     strategy = recipes.make_strategy(config.strategy)
+    recipes.make_distribution(config, layout_map(config))  # JAX
     train_data, test_data = make_datasets(splits, config)
     steps = config.steps or recipes.split_size(splits.train) // (
         config.batch_size

@@ -29,6 +29,7 @@ import dataclasses
 
 POLICIES = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 STRATEGIES = ("none", "mirrored", "multiworker")
+DISTRIBUTIONS = ("none", "data", "model")
 SOURCES = ("auto", "tfds", "synthetic")
 # Help texts of fields whose examples change only the default.
 OUTPUT_DIR_HELP = (
@@ -82,7 +83,17 @@ class RunConfig:
         "over (without it, a rerun resumes, with the same flags).",
     )
     seed: int = flag(0, "Random seed.")
-    strategy: str = flag("none", "Where the replicas are.", STRATEGIES)
+    strategy: str = flag(
+        "none",
+        "TensorFlow: where the replicas are (tf.distribute).",
+        STRATEGIES,
+    )
+    distribution: str = flag(
+        "none",
+        "JAX: keras.distribution over every device: data (DataParallel) "
+        "or model (ModelParallel, the example's layout of its kernels).",
+        DISTRIBUTIONS,
+    )
     learning_rate: float = flag(1e-3, "Peak learning rate.")
     synthetic_size: int = flag(25_000, SYNTHETIC_SIZE_HELP, lower_bound=1)
     verbose: int = flag(1, "fit's verbosity (0, 1, 2).", lower_bound=0)
@@ -103,6 +114,7 @@ class RunConfig:
         "restart",
         "data_dir",
         "strategy",
+        "distribution",
         "compile_cache",
     )
     # Sizes for a machine without a GPU, where the user did not set them
@@ -127,6 +139,12 @@ class RunConfig:
                 return f"{field.name} must be >= {low}, got {value}."
         if not self.learning_rate > 0:
             return f"learning_rate must be > 0, got {self.learning_rate}."
+        if self.strategy != "none" and self.distribution != "none":
+            return (
+                f"--strategy={self.strategy} (TensorFlow) and "
+                f"--distribution={self.distribution} (JAX) are two engines; "
+                "give the one of your backend."
+            )
         return None
 
     def check(self):

@@ -63,30 +63,23 @@ def use_compile_cache(config) -> str | None:
 
 
 def make_strategy(name: str):
-    """A `tf.distribute` strategy for `name`, or `None`.
-
-    On JAX, `"mirrored"` sets `keras.distribution.DataParallel` over the
-    local devices instead (and returns `None`). Keras's torch backend has
-    neither.
-    """
+    """A `tf.distribute` strategy for `name`, or `None`. TensorFlow only:
+    on JAX the engine is keras.distribution (`make_distribution`), and
+    Keras's torch backend has neither."""
     if name == "none":
         return None
     backend = keras.backend.backend()
-    if backend == "jax" and name == "mirrored":
-        keras.distribution.set_distribution(keras.distribution.DataParallel())
-        return None
-    if backend != "tensorflow":
-        where = "KERAS_BACKEND=tensorflow"
-        if name == "mirrored":
-            where += " or jax"
+    if backend == "jax":
         raise kmp.InputError(
-            f"strategy={name} needs {where} (it is {backend!r})"
-            + (
-                ": Keras's torch backend has no multi-device fit "
-                "(README, Multi-GPU and multi-node)."
-                if backend == "torch"
-                else "."
-            )
+            f"strategy={name} is TensorFlow's tf.distribute; on JAX use "
+            "--distribution=data (every device holds the model, the batch "
+            "is split) or --distribution=model (the kernels are split too)."
+        )
+    if backend != "tensorflow":
+        raise kmp.InputError(
+            f"strategy={name} needs KERAS_BACKEND=tensorflow (it is "
+            f"{backend!r}): Keras's torch backend has no multi-device fit "
+            "(README, Multi-GPU and multi-node)."
         )
     import tensorflow as tf
 
@@ -97,6 +90,75 @@ def make_strategy(name: str):
     # A batch that does not split over the replicas is refused by
     # kmp.distribute when fit starts (see `prepare`).
     return strategy
+
+
+# The mesh's axes under --distribution=model: the batch is split over
+# "batch", the kernels an example's layout names over "model".
+MODEL_AXIS = 2
+
+
+def batch_replicas() -> int:
+    """Devices the batch is split over by the keras.distribution in force
+    (1 without one)."""
+    if keras.backend.backend() != "jax":
+        return 1
+    distribution = keras.distribution.distribution()
+    if distribution is None:
+        return 1
+    mesh = distribution.device_mesh
+    return mesh.shape[mesh.axis_names.index(distribution.batch_dim_name)]
+
+
+def make_distribution(config, layout_map=None):
+    """Sets keras.distribution for `config.distribution` on JAX and
+    returns it, or `None` for "none".
+
+    "data": `DataParallel` over every device. "model": `ModelParallel`
+    on a (devices / 2, 2) mesh of axes ("batch", "model") with the
+    kernels `layout_map(mesh)` names split over "model" (one device: a
+    1 x 1 mesh). The global batch must split over the "batch" axis.
+    """
+    name = config.distribution
+    if name == "none":
+        return None
+    backend = keras.backend.backend()
+    if backend != "jax":
+        instead = (
+            "--strategy=mirrored or multiworker (tf.distribute)"
+            if backend == "tensorflow"
+            else "one device: Keras's torch backend has no multi-device fit"
+        )
+        raise kmp.InputError(
+            f"distribution={name} is keras.distribution, which runs on JAX "
+            f"(KERAS_BACKEND=jax); on {backend}, use {instead}."
+        )
+    devices = keras.distribution.list_devices()
+    if name == "data":
+        distribution = keras.distribution.DataParallel(devices=devices)
+        batch_axis = len(devices)
+    else:
+        model_axis = MODEL_AXIS if len(devices) % MODEL_AXIS == 0 else 1
+        batch_axis = len(devices) // model_axis
+        mesh = keras.distribution.DeviceMesh(
+            (batch_axis, model_axis), ["batch", "model"], devices
+        )
+        if layout_map is None:
+            raise kmp.InputError(
+                "distribution=model needs the model's layout (which "
+                "kernels split over the devices); this example has none: "
+                "use --distribution=data."
+            )
+        distribution = keras.distribution.ModelParallel(
+            layout_map=layout_map(mesh), batch_dim_name="batch"
+        )
+    if config.batch_size % batch_axis:
+        raise kmp.InputError(
+            f"--batch_size={config.batch_size} does not split over the "
+            f"{batch_axis} devices of the mesh's batch axis: use a multiple "
+            f"of {batch_axis}."
+        )
+    keras.distribution.set_distribution(distribution)
+    return distribution
 
 
 def build_optimizer(model):
@@ -154,9 +216,9 @@ def evaluation_steps(config, splits) -> int | None:
 
 def feeds_device(config) -> bool:
     """Whether the examples hold their data on the device and cut batches
-    there (`kmp.app.device_data`): on JAX, without a distribution (a
-    `DataParallel` run shards host batches itself)."""
-    return keras.backend.backend() == "jax" and config.strategy == "none"
+    there (`kmp.app.device_data`): on JAX, without a distribution (under
+    one, Keras shards host batches itself)."""
+    return keras.backend.backend() == "jax" and config.distribution == "none"
 
 
 def padded_evaluation(split, batch_size, steps=None):
@@ -252,7 +314,9 @@ class Run:
         memory, memory_note = report.peak_memory_mib()
         logs = self.backup.history(history)
         self.loss_scales = self.backup.steps(history, "loss_scale")
-        replicas = strategy.num_replicas_in_sync if strategy else 1
+        replicas = (
+            strategy.num_replicas_in_sync if strategy else batch_replicas()
+        )
         return {
             "model": model_name,
             "policy": self.policy,

@@ -241,8 +241,9 @@ def multi_worker_strategy(timeout: float = 120.0, communication_options=None):
 
 # What a user of each other backend does instead of tf.distribute.
 _INSTEAD = {
-    "jax": "On JAX, use keras.distribution.DataParallel: kmp's loss scaler "
-    "works under it as is.",
+    "jax": "On JAX, use keras.distribution.DataParallel (kmp train "
+    "--distribution=data) or ModelParallel (--distribution=model): kmp's "
+    "loss scaler works under them as is.",
     "torch": "Keras's torch backend has no multi-device fit: in a custom "
     "loop, wrap the model in torch.nn.parallel.DistributedDataParallel "
     "(keras.io, 'Multi-GPU distributed training with PyTorch'). It "

@@ -117,6 +117,16 @@ def test_mirrored_strategy_on_this_machine(tmp_path):
         with pytest.raises(ValueError, match="no multi-device fit"):
             cifar10.train(small(tmp_path, strategy="mirrored"))
         return
+    if keras.backend.backend() == "jax":
+        # JAX's engine is keras.distribution: --strategy names it.
+        with pytest.raises(ValueError, match="--distribution=data"):
+            cifar10.train(small(tmp_path, strategy="mirrored"))
+        try:
+            results = cifar10.train(small(tmp_path, distribution="data"))
+        finally:
+            keras.distribution.set_distribution(None)
+        assert results["replicas"] == 1  # one CPU device here
+        return
     results = cifar10.train(small(tmp_path, strategy="mirrored"))
     assert results["replicas"] == 1
     assert results["strategy"] == "mirrored"

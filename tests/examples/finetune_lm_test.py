@@ -81,6 +81,7 @@ def test_synthetic_text_is_learnable_counting_with_noise():
         ({"hidden_dim": 30, "heads": 4}, "multiple of heads"),
         ({"float8": True, "policy": "float32"}, "--float8 trains under"),
         ({"data": "tfds"}, "data must be one of auto, synthetic"),
+        ({"strategy": "mirrored"}, "runs on one device"),
     ],
 )
 def test_bad_settings_are_refused_before_anything_loads(
