@@ -232,14 +232,14 @@ class DoctorTest(parameterized.TestCase):
         paths = [r.path for r in report.layers]
         # Inside MultiHeadAttention, in call order. The attention layer
         # returns its output projection's tensor: one row, not two.
-        inside = [p for p in paths if p.startswith("multi_head_attention")]
+        inside = [p for p in paths if p.startswith("attention_0")]
         assert inside[:3] == [
-            "multi_head_attention/query",
-            "multi_head_attention/key",
-            "multi_head_attention/value",
+            "attention_0/query",
+            "attention_0/key",
+            "attention_0/value",
         ]
-        assert inside[-1] == "multi_head_attention/attention_output"
-        assert "multi_head_attention" not in paths
+        assert inside[-1] == "attention_0/attention_output"
+        assert "attention_0" not in paths
         # Dropout is off in both runs (same values), so not a row.
         assert not any("dropout" in p for p in paths)
         # The token embedding's gradient (IndexedSlices on TensorFlow).
