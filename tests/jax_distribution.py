@@ -60,6 +60,11 @@ def main(name):
         "ffn_up_parts": sharding(model, "ffn_up_0/kernel"),
         "ffn_down_parts": sharding(model, "ffn_down_0/kernel"),
     }
+    results["audit"] = [
+        f.problem
+        for f in kmp.audit(model, verbose=False)
+        if "distribution is active" in f.problem
+    ]
     keras.distribution.set_distribution(None)
     del model
     cifar_config = cifar10.Config(

@@ -75,11 +75,18 @@ def check_environment(model, half, findings):
         )
     strategy = backend.distribution_name()
     if strategy is not None:
-        findings.append(
-            (
-                "info",
-                ENVIRONMENT,
-                f"A distribution is active: {strategy}.",
-                "Check that every replica uses kmp.wrap(...)'s optimizer.",
+        problem = f"A distribution is active: {strategy}."
+        fix = "Check that every replica uses kmp.wrap(...)'s optimizer."
+        described = backend.mesh() if backend.name() == "jax" else None
+        if described is not None:
+            shape, axes, batch_devices = described
+            problem = (
+                f"A distribution is active: {strategy} on a mesh of shape "
+                f"{shape}, axes {axes}; each global batch is split over "
+                f"{batch_devices} device(s)."
             )
-        )
+            fix = (
+                f"Give a global batch that is a multiple of {batch_devices}; "
+                "kmp's scaler works under it as is."
+            )
+        findings.append(("info", ENVIRONMENT, problem, fix))

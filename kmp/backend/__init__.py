@@ -30,6 +30,7 @@ from kmp.backend._current import name
 from kmp.backend.distribution import all_replicas_agree
 from kmp.backend.distribution import distribution_name
 from kmp.backend.distribution import max_over_replicas
+from kmp.backend.distribution import mesh
 from kmp.backend.distribution import sum_over_replicas
 from kmp.backend.machine import Device
 from kmp.backend.machine import environment
@@ -57,6 +58,7 @@ __all__ = [
     "crossentropy_reads_logits",
     "disable_tf32",
     "distribution_name",
+    "mesh",
     "environment",
     "framework_versions",
     "fused_unscale",

@@ -23,6 +23,20 @@ def distribution_name() -> str | None:
     return None if distribution is None else type(distribution).__name__
 
 
+def mesh() -> tuple | None:
+    """`(shape, axis_names, batch_devices)` of the keras.distribution in
+    force (JAX), `batch_devices` being the size of its batch axis; `None`
+    without one."""
+    distribution = keras.distribution.distribution()
+    if distribution is None:
+        return None
+    device_mesh = distribution.device_mesh
+    names = list(device_mesh.axis_names)
+    batch = distribution.batch_dim_name
+    batch_devices = device_mesh.shape[names.index(batch)] if batch else 1
+    return tuple(device_mesh.shape), names, batch_devices
+
+
 def all_replicas_agree(flag):
     """The AND of a boolean scalar over every replica on every worker.
 

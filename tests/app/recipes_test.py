@@ -176,6 +176,10 @@ def test_the_examples_train_under_keras_distribution_on_4_devices(name):
         assert imdb["query_parts"] == imdb["ffn_up_parts"] == 2
         assert imdb["ffn_down_parts"] == 2
     batch_axis = 4 if name == "data" else 2
+    shape = "(4,)" if name == "data" else "(2, 2)"
+    (seen,) = out["audit"]  # kmp.audit reports the mesh it sees
+    assert f"mesh of shape {shape}" in seen
+    assert f"split over {batch_axis} device(s)" in seen
     assert out["batch_7"] == (
         f"--batch_size=7 does not split over the {batch_axis} devices of "
         f"the mesh's batch axis: use a multiple of {batch_axis}."

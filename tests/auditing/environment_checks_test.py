@@ -5,6 +5,7 @@ from audit_util import compiled_for_audit
 from audit_util import has
 from audit_util import quiet_audit
 from audit_util import small_mlp
+from util import jax_only
 from util import tf_only
 
 import kmp
@@ -57,4 +58,26 @@ def test_active_distribution_strategy_is_reported():
     model = compiled_for_audit(kmp.pin_float32(small_mlp()))
     with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
         assert has(quiet_audit(model), "MirroredStrategy", "info")
+    assert not has(quiet_audit(model), "distribution is active")
+
+
+@jax_only
+def test_an_active_keras_distribution_is_reported_with_its_mesh():
+    import keras
+
+    kmp.enable("mixed_float16")
+    model = compiled_for_audit(kmp.pin_float32(small_mlp()))
+    keras.distribution.set_distribution(keras.distribution.DataParallel())
+    try:
+        report = quiet_audit(model)
+    finally:
+        keras.distribution.set_distribution(None)
+    (finding,) = [f for f in report if "distribution is active" in f.problem]
+    devices = len(keras.distribution.list_devices())
+    assert finding.problem == (
+        f"A distribution is active: DataParallel on a mesh of shape "
+        f"({devices},), axes ['batch']; each global batch is split over "
+        f"{devices} device(s)."
+    )
+    assert f"multiple of {devices}" in finding.fix
     assert not has(quiet_audit(model), "distribution is active")
