@@ -1,8 +1,10 @@
 """kmp.load_model: what Keras's load leaves out, put back."""
 
 import keras
+import keras_hub
 import numpy as np
 import pytest
+from util import small_gpt2_backbone
 
 import kmp
 
@@ -22,16 +24,8 @@ def _unpinned(model):
 def _trained_gpt2(path):
     # KerasHub's GPT-2 from a small config: its attention softmaxes are
     # made in code (no path), and GPT2CausalLM has its own compile.
-    keras_hub = pytest.importorskip("keras_hub")  # the test extra pins it
     keras.utils.set_random_seed(0)
-    backbone = keras_hub.models.GPT2Backbone(
-        vocabulary_size=64,
-        num_layers=2,
-        num_heads=2,
-        hidden_dim=32,
-        intermediate_dim=64,
-        max_sequence_length=16,
-    )
+    backbone = small_gpt2_backbone()
     model = kmp.pin_float32(
         keras_hub.models.GPT2CausalLM(backbone, preprocessor=None)
     )

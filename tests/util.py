@@ -272,3 +272,19 @@ def interrupt_runs(patch, after_epochs):
         self.callbacks.append(keras.callbacks.LambdaCallback(on_epoch_end=stop))
 
     patch.setattr(recipes.Run, "__init__", interrupted)
+
+
+def small_gpt2_backbone():
+    """KerasHub's GPT-2 from a small config (no preset): 2 layers of
+    width 32, 2 heads, 64 tokens, sequences up to 16. keras-hub is pinned
+    in the test extra: its absence is an error, not a skip."""
+    import keras_hub
+
+    return keras_hub.models.GPT2Backbone(
+        vocabulary_size=64,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=32,
+        intermediate_dim=64,
+        max_sequence_length=16,
+    )

@@ -8,8 +8,6 @@ import pytest
 import kmp
 from kmp.examples import finetune_lm
 
-pytest.importorskip("keras_hub")  # the test extra pins it
-
 
 def small(tmp_path, **overrides):
     settings = dict(

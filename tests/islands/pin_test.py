@@ -318,17 +318,10 @@ def test_kerashub_gpt2_is_pinned_in_memory_and_a_lost_pin_is_reported(
     # preset). Its attention is CachedMultiHeadAttention, a subclass made
     # inside TransformerDecoder: pinned in memory, rebuilt unpinned by a
     # .keras load, and the audit says so instead of staying silent.
-    import keras_hub
+    from util import small_gpt2_backbone
 
     kmp.enable("mixed_float16")
-    backbone = keras_hub.models.GPT2Backbone(
-        vocabulary_size=64,
-        num_layers=2,
-        num_heads=2,
-        hidden_dim=32,
-        intermediate_dim=64,
-        max_sequence_length=16,
-    )
+    backbone = small_gpt2_backbone()
 
     def unpinned(model):
         report = kmp.audit(model, verbose=False)
