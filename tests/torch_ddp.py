@@ -72,6 +72,9 @@ def main(rank, port):
         "scale": float(optimizer.loss_scale),
         "weights": [v.numpy().tolist() for v in model.trainable_variables],
     }
+    # DDP's reducer is freed before its process group is destroyed: freed
+    # after (when main returns), it hung one run in three at exit.
+    del ddp
     dist.destroy_process_group()
     print("RESULT " + json.dumps(result))
 
