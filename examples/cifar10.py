@@ -19,7 +19,7 @@ Several GPUs on one machine: `--strategy=mirrored` (TensorFlow) or
 splits every convolution's output channels over pairs of devices).
 Several machines: the same command on each host, with
 `--strategy=multiworker` and a TF_CONFIG that lists every host and this
-host's index (see README, "Multi-GPU and multi-node"). The global batch
+host's index (see README, "Beyond one machine"). The global batch
 (`--batch_size`) is split over all replicas.
 
 Measured (2-core AMD EPYC VM, no GPU; TF 2.21, Keras 3.15.1,
@@ -48,6 +48,7 @@ import numpy as np
 import kmp
 from kmp.app import data as kmp_data
 from kmp.app import recipes
+from kmp.app import scale_out
 from kmp_cli import configs
 
 MEAN = np.array([0.4914, 0.4822, 0.4465], "float32") * 255
@@ -265,11 +266,12 @@ def compile_model(config, steps):
 def train(config: Config) -> dict:
     """Trains and evaluates; returns the results (also written as JSON)."""
     config.check()
+    scale_out.start_processes(config)  # many JAX processes: join first
     recipes.use_compile_cache(config)  # a rerun loads its compiled steps
     keras.utils.set_random_seed(config.seed)
     splits = load_splits(config)
-    strategy = recipes.make_strategy(config.strategy)
-    recipes.make_distribution(config, layout_map(config))  # JAX
+    strategy = scale_out.make_strategy(config.strategy)
+    scale_out.make_distribution(config, layout_map(config))  # JAX
     train_data, test_data = make_datasets(splits, config)
     steps = config.steps or recipes.split_size(splits.train) // (
         config.batch_size
@@ -279,14 +281,16 @@ def train(config: Config) -> dict:
         # command after an interruption and it resumes (a backup of
         # other settings is refused here, before anything is built).
         run = recipes.Run(config, splits, strategy, policy.name)
-        with recipes.scope(strategy):
+        with scale_out.scope(strategy):
             model = compile_model(config, steps)
-        recipes.prepare(model, strategy)  # kmp.distribute under a strategy
+        scale_out.prepare(model, strategy)  # kmp.distribute under a strategy
         args, kwargs = recipes.fit_data(train_data, config.batch_size)
         history = model.fit(
             *args,
             **kwargs,
-            validation_data=test_data,
+            validation_data=scale_out.process_share(
+                test_data, config.batch_size
+            ),
             validation_steps=run.eval_steps,
             epochs=config.epochs,
             steps_per_epoch=config.steps or None,

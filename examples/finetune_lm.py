@@ -41,6 +41,7 @@ import numpy as np
 import kmp
 from kmp.app import data as kmp_data
 from kmp.app import recipes
+from kmp.app import scale_out
 from kmp_cli import configs
 
 # ## Configuration
@@ -187,9 +188,10 @@ def train(config: Config) -> dict:
             f"strategy={config.strategy}: the language-model example runs "
             "on one device, or on JAX under --distribution=data."
         )
+    scale_out.start_processes(config)  # many JAX processes: join first
     recipes.use_compile_cache(config)
     keras.utils.set_random_seed(config.seed)
-    recipes.make_distribution(config)  # JAX: data only (no layout map)
+    scale_out.make_distribution(config)  # JAX: data only (no layout map)
     splits = load_splits(config)
     steps = config.steps or recipes.split_size(splits.train) // (
         config.batch_size
@@ -197,13 +199,17 @@ def train(config: Config) -> dict:
     with kmp.policy_scope(config.policy) as policy:
         run = recipes.Run(config, splits, None, policy.name)  # + backup
         model = compile_model(config, steps)
+        # This process's rows (all of them in a single process).
+        args, kwargs = recipes.fit_data(splits.train, config.batch_size)
         history = model.fit(
-            *splits.train,
-            batch_size=config.batch_size,
+            *args,
+            **kwargs,
             shuffle=False,  # shuffled in load_splits
-            validation_data=splits.test,
+            validation_data=scale_out.process_share(
+                splits.test, config.batch_size
+            ),
             validation_steps=run.eval_steps,
-            validation_batch_size=config.batch_size,
+            validation_batch_size=kwargs["batch_size"],
             epochs=config.epochs,
             steps_per_epoch=config.steps or None,
             callbacks=run.callbacks,

@@ -44,6 +44,7 @@ import keras
 import kmp
 from kmp.app import data as kmp_data
 from kmp.app import recipes
+from kmp.app import scale_out
 from kmp_cli import configs
 
 # ## Configuration
@@ -252,25 +253,28 @@ def compile_model(config, steps):
 def train(config: Config) -> dict:
     """Trains and evaluates; returns the results (also written as JSON)."""
     config.check()
+    scale_out.start_processes(config)  # many JAX processes: join first
     recipes.use_compile_cache(config)  # a rerun loads its compiled steps
     keras.utils.set_random_seed(config.seed)
     splits = load_splits(config)
-    strategy = recipes.make_strategy(config.strategy)
-    recipes.make_distribution(config, layout_map(config))  # JAX
+    strategy = scale_out.make_strategy(config.strategy)
+    scale_out.make_distribution(config, layout_map(config))  # JAX
     train_data, test_data = make_datasets(splits, config)
     steps = config.steps or recipes.split_size(splits.train) // (
         config.batch_size
     )
     with kmp.policy_scope(config.policy) as policy:
         run = recipes.Run(config, splits, strategy, policy.name)  # + backup
-        with recipes.scope(strategy):
+        with scale_out.scope(strategy):
             model = compile_model(config, steps)
-        recipes.prepare(model, strategy)  # kmp.distribute under a strategy
+        scale_out.prepare(model, strategy)  # kmp.distribute under a strategy
         args, kwargs = recipes.fit_data(train_data, config.batch_size)
         history = model.fit(
             *args,
             **kwargs,
-            validation_data=test_data,
+            validation_data=scale_out.process_share(
+                test_data, config.batch_size
+            ),
             validation_steps=run.eval_steps,
             epochs=config.epochs,
             steps_per_epoch=config.steps or None,

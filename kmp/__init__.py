@@ -7,7 +7,8 @@ what the parts are (BUILD_NOTES.md, "Architecture", draws them):
                       islands and their layers, callbacks, the audit, and
                       `backend`, the one place where backends differ
     kmp/doctor/       the numerics doctor, `kmp.diagnose`
-    kmp/distributed/  `fit` under tf.distribute, and the cluster helpers
+    kmp/distributed/  `fit` under tf.distribute, the cluster helpers, and
+                      a multi-process JAX job's start
     kmp/app/          the `kmp` command, the example trainers' plumbing,
                       `kmp bench`, reports and datasets
 
@@ -29,6 +30,7 @@ from kmp.auditing import Finding
 from kmp.auditing import audit
 from kmp.compile_cache import enable_compile_cache
 from kmp.distributed import distribute
+from kmp.distributed import initialize_processes
 from kmp.distributed import is_chief
 from kmp.distributed import multi_worker_strategy
 from kmp.distributed import parse_tf_config
@@ -64,6 +66,7 @@ __all__ = [
     "enable",
     "enable_compile_cache",
     "float8",
+    "initialize_processes",
     "is_chief",
     "layers",
     "load_model",

@@ -94,6 +94,26 @@ class RunConfig:
         "or model (ModelParallel, the example's layout of its kernels).",
         DISTRIBUTIONS,
     )
+    coordinator: str = flag(
+        "",
+        "JAX, many processes: process 0's HOST:PORT (a free port), or "
+        "'auto' on a cluster JAX detects; with --distribution. Default: "
+        "Keras's KERAS_DISTRIBUTION_* environment, else one process.",
+    )
+    num_processes: int = flag(
+        1, "JAX, many processes: how many (with --coordinator).", lower_bound=1
+    )
+    process_id: int = flag(
+        0,
+        "JAX, many processes: this one's id, 0..num_processes-1 (0 "
+        "writes the results and the model).",
+        lower_bound=0,
+    )
+    process_timeout: float = flag(
+        300.0,
+        "JAX, many processes: seconds to wait for every process to come, "
+        "and for one that stops answering, before the others end.",
+    )
     learning_rate: float = flag(1e-3, "Peak learning rate.")
     synthetic_size: int = flag(25_000, SYNTHETIC_SIZE_HELP, lower_bound=1)
     verbose: int = flag(1, "fit's verbosity (0, 1, 2).", lower_bound=0)
@@ -116,6 +136,10 @@ class RunConfig:
         "strategy",
         "distribution",
         "compile_cache",
+        "coordinator",
+        "num_processes",
+        "process_id",
+        "process_timeout",
     )
     # Sizes for a machine without a GPU, where the user did not set them
     # (`cpu_sized`); an example with GPU-sized defaults overrides it.
@@ -145,6 +169,21 @@ class RunConfig:
                 f"--distribution={self.distribution} (JAX) are two engines; "
                 "give the one of your backend."
             )
+        many = self.coordinator or self.num_processes > 1
+        if many and self.distribution == "none":
+            return (
+                "--coordinator and --num_processes start many JAX processes, "
+                "which need --distribution=data or model (a mesh over every "
+                "process's devices); on TensorFlow, workers come from "
+                "TF_CONFIG with --strategy=multiworker."
+            )
+        if self.process_id >= self.num_processes:
+            return (
+                f"process_id={self.process_id} with num_processes="
+                f"{self.num_processes}: the ids are 0..num_processes-1."
+            )
+        if not self.process_timeout > 0:
+            return f"process_timeout must be > 0, got {self.process_timeout}."
         return None
 
     def check(self):
@@ -161,7 +200,7 @@ class RunConfig:
                 "worker's host:port) and this worker's index, e.g. "
                 'TF_CONFIG=\'{"cluster": {"worker": ["host1:12345", '
                 '"host2:12345"]}, "task": {"type": "worker", "index": 0}}\' '
-                "(README, Multi-GPU and multi-node). On one machine use "
+                "(README, Beyond one machine). On one machine use "
                 "strategy=mirrored or none."
             )
         return self

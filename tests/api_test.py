@@ -25,6 +25,7 @@ PUBLIC = {
     "wrap",
     "distribute",
     "multi_worker_strategy",
+    "initialize_processes",
     "is_chief",
     "parse_tf_config",
     "diagnose",

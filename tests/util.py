@@ -125,7 +125,11 @@ def run_processes(argvs, envs, timeout, backend="tensorflow"):
     ]
     said = "\n".join(f"[{i}] {e[-1500:]}" for i, (_, e) in enumerate(outputs))
     for i, (p, f) in enumerate(zip(procs, futures)):
-        how = f"hung past {timeout} s" if f.exception() else f"exit {p.returncode}"
+        how = (
+            f"hung past {timeout} s"
+            if f.exception()
+            else f"exit {p.returncode}"
+        )
         assert p.returncode == 0, f"process {i} failed ({how}):\n{said}"
     return [out for out, _ in outputs]
 

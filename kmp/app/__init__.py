@@ -4,8 +4,11 @@ example trainers and `kmp bench` share.
     cli              runs a parsed command (the dispatch)
     _commands        info, demo, audit, train, bench
     _doctor_command  doctor
-    recipes          the examples' plumbing: CPU sizes, strategy,
+    recipes          the examples' plumbing: CPU sizes, data for fit,
                      callbacks, the results record
+    scale_out        where the replicas are: tf.distribute strategies,
+                     keras.distribution meshes, JAX processes, and each
+                     process's share of the data
     backup           the backup an interrupted run resumes from, and
                      the configuration and epochs it belongs to
     data             TFDS datasets, or synthetic twins that say so
@@ -22,7 +25,7 @@ and checks its arguments there first (with the examples' settings,
 kmp and calls `cli.run`.
 
 The examples (`examples/`, installed as `kmp.examples`) belong here too:
-they import `recipes` and `data`, and `cli` and `bench` import them. The
-application uses the library through its public API (`import kmp`); no
-module of the core or of a wing imports it.
+they import `recipes`, `scale_out` and `data`, and `cli` and `bench`
+import them. The application uses the library through its public API
+(`import kmp`); no module of the core or of a wing imports it.
 """

@@ -23,6 +23,13 @@ up, never fewer; `history` keeps the epochs before the one the rerun
 resumes at. A backup made without a record (an older kmp) resumes as
 Keras does. Keras deletes the directory, record included, when `fit`
 ends.
+
+In a multi-process JAX job every process keeps its own backup (the
+`Run` gives each its directory) and its record; when `fit` starts, before
+Keras's restore, the processes compare the epochs they resume at, and
+different ones (a process stopped between the others' backup and its
+own) are refused in one line before any step runs: a collective step
+over processes at different epochs would train on nonsense or hang.
 """
 
 import json
@@ -32,6 +39,7 @@ import shutil
 import keras
 
 import kmp
+from kmp import backend
 
 RECORD = "run.json"
 
@@ -64,13 +72,22 @@ class Backup:
     def __init__(self, config, policy, backup_dir, per_step=dict):
         self.backup_dir = backup_dir
         self.key = {**config.resume_key(), "policy": policy}
-        if config.restart and kmp.is_chief():
+        # Whether this process writes the directory: the chief of a
+        # tf.distribute job, or every process of a JAX job (each its own).
+        self.owned = kmp.is_chief() or backend.processes()[1] > 1
+        if config.restart and self.owned:
             shutil.rmtree(backup_dir, ignore_errors=True)
         self.previous = self._read()
+        keras_backup = keras.callbacks.BackupAndRestore(backup_dir)
+        self.record = _EpochRecord(self, per_step)
         self.callbacks = [
+            # Before Keras's restore, whose weight loading is collective:
+            # processes at different epochs would load differently and
+            # their collectives would no longer match.
+            _SameEpochEverywhere(keras_backup),
             # Before Keras's backup: see the module's docstring.
-            _EpochRecord(self, per_step),
-            keras.callbacks.BackupAndRestore(backup_dir),
+            self.record,
+            keras_backup,
         ]
 
     def _read(self) -> dict:
@@ -119,7 +136,7 @@ class Backup:
         record's steps before the epoch `fit` resumed at, then this
         `fit`'s."""
         earlier = self.previous["steps"][: self._first_epoch(history)]
-        now = self.callbacks[0].per_step().get(name, [])
+        now = self.record.per_step().get(name, [])
         return [x for epoch in earlier for x in epoch.get(name, [])] + [
             float(x) for x in now
         ]
@@ -161,5 +178,36 @@ class _EpochRecord(keras.callbacks.Callback):
             }
         )
         self._recorded = {name: len(v) for name, v in series.items()}
-        if kmp.is_chief():
+        if self.backup.owned:
             self.backup._write(self.epochs, self.steps)
+
+
+class _SameEpochEverywhere(keras.callbacks.Callback):
+    """Before Keras's restore (the callback after it), checks that every
+    JAX process resumes at the same epoch; a no-op in one process."""
+
+    def __init__(self, keras_backup):
+        super().__init__()
+        self.keras_backup = keras_backup
+
+    def on_train_begin(self, logs=None):
+        if backend.processes()[1] == 1:
+            return
+        # Keras's own record of the epochs done, which its restore reads
+        # next.
+        path = self.keras_backup._training_metadata_path
+        done = 0
+        if os.path.exists(path):
+            with open(path) as f:
+                done = json.load(f)["epoch"]
+        epochs = backend.gather_over_processes(done)
+        if len(set(epochs)) > 1:
+            each = ", ".join(
+                f"process {i}: {e} epoch(s) done" for i, e in enumerate(epochs)
+            )
+            raise kmp.InputError(
+                "the processes' backups resume at different epochs "
+                f"({each}): one stopped between the others' backup and "
+                "its own. Rerun every process with --restart (or resume "
+                "each from a copy of one process's backup directory)."
+            )

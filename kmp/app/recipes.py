@@ -1,15 +1,16 @@
-"""What the example trainers share: devices, strategy, callbacks, results.
+"""What the example trainers share: devices, data, callbacks, results.
 
 `examples/cifar10.py` and `examples/imdb.py` each show their data, model
 and `fit` call; the plumbing around them lives here once: the sizes for
-a machine without a GPU, the strategy choice, the callbacks every run
+a machine without a GPU, the callbacks every run
 gets (loss-scale monitor, step log, the backup it resumes from), and the
 results record that `kmp train`, `kmp bench` and the tests read. Their
 settings, whose fields are the command-line flags, are in
 `kmp_cli.configs` (no Keras there, so the command checks flags first).
+Where the replicas are (strategies, meshes, processes) is
+`kmp.app.scale_out`.
 """
 
-import contextlib
 import dataclasses
 import json
 import math
@@ -23,6 +24,7 @@ from kmp import backend
 from kmp.app import backup as kmp_backup
 from kmp.app import device_data
 from kmp.app import report
+from kmp.app import scale_out
 from kmp_cli import flags as kmp_flags
 
 
@@ -62,105 +64,6 @@ def use_compile_cache(config) -> str | None:
     return kmp.enable_compile_cache(config.compile_cache)
 
 
-def make_strategy(name: str):
-    """A `tf.distribute` strategy for `name`, or `None`. TensorFlow only:
-    on JAX the engine is keras.distribution (`make_distribution`), and
-    Keras's torch backend has neither."""
-    if name == "none":
-        return None
-    backend = keras.backend.backend()
-    if backend == "jax":
-        raise kmp.InputError(
-            f"strategy={name} is TensorFlow's tf.distribute; on JAX use "
-            "--distribution=data (every device holds the model, the batch "
-            "is split) or --distribution=model (the kernels are split too)."
-        )
-    if backend != "tensorflow":
-        raise kmp.InputError(
-            f"strategy={name} needs KERAS_BACKEND=tensorflow (it is "
-            f"{backend!r}): Keras's torch backend has no multi-device fit "
-            "(README, Multi-GPU and multi-node)."
-        )
-    import tensorflow as tf
-
-    if name == "mirrored":
-        strategy = tf.distribute.MirroredStrategy()
-    else:
-        strategy = kmp.multi_worker_strategy()
-    # A batch that does not split over the replicas is refused by
-    # kmp.distribute when fit starts (see `prepare`).
-    return strategy
-
-
-# The mesh's axes under --distribution=model: the batch is split over
-# "batch", the kernels an example's layout names over "model".
-MODEL_AXIS = 2
-
-
-def batch_replicas() -> int:
-    """Devices the batch is split over by the keras.distribution in force
-    (1 without one)."""
-    if keras.backend.backend() != "jax":
-        return 1
-    distribution = keras.distribution.distribution()
-    if distribution is None:
-        return 1
-    mesh = distribution.device_mesh
-    return mesh.shape[mesh.axis_names.index(distribution.batch_dim_name)]
-
-
-def make_distribution(config, layout_map=None):
-    """Sets keras.distribution for `config.distribution` on JAX and
-    returns it, or `None` for "none".
-
-    "data": `DataParallel` over every device. "model": `ModelParallel`
-    on a (devices / 2, 2) mesh of axes ("batch", "model") with the
-    kernels `layout_map(mesh)` names split over "model" (one device: a
-    1 x 1 mesh). The global batch must split over the "batch" axis.
-    """
-    name = config.distribution
-    if name == "none":
-        return None
-    backend = keras.backend.backend()
-    if backend != "jax":
-        instead = (
-            "--strategy=mirrored or multiworker (tf.distribute)"
-            if backend == "tensorflow"
-            else "one device: Keras's torch backend has no multi-device fit"
-        )
-        raise kmp.InputError(
-            f"distribution={name} is keras.distribution, which runs on JAX "
-            f"(KERAS_BACKEND=jax); on {backend}, use {instead}."
-        )
-    devices = keras.distribution.list_devices()
-    if name == "data":
-        distribution = keras.distribution.DataParallel(devices=devices)
-        batch_axis = len(devices)
-    else:
-        model_axis = MODEL_AXIS if len(devices) % MODEL_AXIS == 0 else 1
-        batch_axis = len(devices) // model_axis
-        mesh = keras.distribution.DeviceMesh(
-            (batch_axis, model_axis), ["batch", "model"], devices
-        )
-        if layout_map is None:
-            raise kmp.InputError(
-                "distribution=model needs the model's layout (which "
-                "kernels split over the devices); this example has none: "
-                "use --distribution=data."
-            )
-        distribution = keras.distribution.ModelParallel(
-            layout_map=layout_map(mesh), batch_dim_name="batch"
-        )
-    if config.batch_size % batch_axis:
-        raise kmp.InputError(
-            f"--batch_size={config.batch_size} does not split over the "
-            f"{batch_axis} devices of the mesh's batch axis: use a multiple "
-            f"of {batch_axis}."
-        )
-    keras.distribution.set_distribution(distribution)
-    return distribution
-
-
 def build_optimizer(model):
     """Creates the optimizer's variables now, after `compile`.
 
@@ -170,18 +73,6 @@ def build_optimizer(model):
     step is traced once (JAX builds it before tracing anyway).
     """
     model.optimizer.build(model.trainable_variables)
-    return model
-
-
-def scope(strategy):
-    """The strategy's scope, or nothing."""
-    return strategy.scope() if strategy else contextlib.nullcontext()
-
-
-def prepare(model, strategy):
-    """After `compile`: `kmp.distribute` under a strategy."""
-    if strategy is not None:
-        kmp.distribute(model)
     return model
 
 
@@ -253,9 +144,11 @@ def padded_arrays(split, batch_size, steps=None):
 def fit_data(data, batch_size):
     """`(args, kwargs)` for `fit`: a batched dataset as is (its pipeline
     shuffles; `fit` would warn that it cannot), an `(x, y)` pair of arrays
-    with `batch_size`."""
+    with `batch_size`; under many JAX processes, this process's share
+    (`scale_out.process_share`)."""
+    data = scale_out.process_share(data, batch_size)  # this process's rows
     if isinstance(data, tuple):
-        return data, {"batch_size": batch_size}
+        return data, {"batch_size": scale_out.local_batch_size(batch_size)}
     return (data,), {"shuffle": False}
 
 
@@ -281,8 +174,13 @@ class Run:
         self.policy = policy
         output_dir = self.output_dir = config.output_dir
         os.makedirs(output_dir, exist_ok=True)
+        # Each JAX process backs up on its own (Keras's backup writes from
+        # every process, which would race on one directory); a rerun
+        # resumes each from its own, checked to be at the same epoch.
+        process = backend.processes()[0]
+        backup_dir = "backup" if process == 0 else f"backup_process_{process}"
         self.backup = kmp_backup.Backup(
-            config, policy, os.path.join(output_dir, "backup"), self._per_step
+            config, policy, os.path.join(output_dir, backup_dir), self._per_step
         )
         self.steps = report.StepLog()
         self.monitor = kmp.callbacks.LossScaleMonitor()
@@ -315,7 +213,9 @@ class Run:
         logs = self.backup.history(history)
         self.loss_scales = self.backup.steps(history, "loss_scale")
         replicas = (
-            strategy.num_replicas_in_sync if strategy else batch_replicas()
+            strategy.num_replicas_in_sync
+            if strategy
+            else scale_out.batch_replicas()
         )
         return {
             "model": model_name,
@@ -324,6 +224,7 @@ class Run:
             "data_note": splits.note,
             "strategy": config.strategy,
             "replicas": replicas,
+            "processes": backend.processes()[1],
             "epochs": len(logs.get("loss", [])),
             "batch_size": config.batch_size,
             "step_time_s": step_time,
@@ -345,10 +246,21 @@ class Run:
         }
 
     def save(self, model, results, name):
-        """Writes the model, `results.json` and `results.png` (chief)."""
+        """Writes the model, `results.json` and `results.png` (chief).
+
+        In a multi-process JAX job every process saves, the others into a
+        file they delete: Keras's save makes an optimizer variable, whose
+        placement under a keras.distribution is a collective, so a save
+        on process 0 alone waits for the others forever."""
+        out = self.output_dir
+        if backend.processes()[1] > 1 and not kmp.is_chief():
+            import tempfile
+
+            with tempfile.TemporaryDirectory() as scratch:
+                model.save(os.path.join(scratch, f"{name}.keras"))
+            return
         if not kmp.is_chief():
             return
-        out = self.output_dir
         model.save(os.path.join(out, f"{name}.keras"))
         with open(os.path.join(out, "results.json"), "w") as f:
             json.dump(results, f, indent=2)
@@ -375,8 +287,10 @@ def run_and_report(name, title, config, given, train):
     for the sizes not `given` (said in one line), then `train(config)`,
     the results table and the summary line. Returns the results."""
     # Before the devices are listed, which starts TensorFlow: its cache
-    # is set when it starts or not at all (`train` asks again: a no-op).
+    # is set when it starts or not at all (`train` asks again: a no-op);
+    # and JAX's processes join before JAX runs anything.
     use_compile_cache(config)
+    scale_out.start_processes(config)
     config, note = device_sized(config, given)
     if note:
         print(note)

@@ -11,8 +11,9 @@ Keras API; what cannot be branches here, each function once, on
                  tensors, what compiles a step, crossentropy's logits,
                  code that runs once inside a trace
     scaler_ops   the loss scaler's branch, fused unscale, stateless copies
-    distribution the active distribution; agreement, sums and maxima
-                 over `tf.distribute` replicas
+    distribution the active distribution; JAX's processes (joined,
+                 counted, gathered); agreement, sums and maxima over
+                 `tf.distribute` replicas
 
 A framework's longer bodies live in private modules that branch on
 nothing and are imported inside their branch only: `_taped_gradients`,
@@ -29,8 +30,12 @@ from kmp.backend._current import is_stateless
 from kmp.backend._current import name
 from kmp.backend.distribution import all_replicas_agree
 from kmp.backend.distribution import distribution_name
+from kmp.backend.distribution import gather_over_processes
+from kmp.backend.distribution import join_processes
 from kmp.backend.distribution import max_over_replicas
 from kmp.backend.distribution import mesh
+from kmp.backend.distribution import processes
+from kmp.backend.distribution import runtime_started
 from kmp.backend.distribution import sum_over_replicas
 from kmp.backend.machine import Device
 from kmp.backend.machine import environment
@@ -62,14 +67,18 @@ __all__ = [
     "environment",
     "framework_versions",
     "fused_unscale",
+    "gather_over_processes",
     "host_cpu",
     "is_stateless",
+    "join_processes",
     "list_devices",
     "max_over_replicas",
     "name",
     "out_of_trace",
     "own_values",
     "peak_memory",
+    "processes",
+    "runtime_started",
     "step_compiler",
     "sum_over_replicas",
     "taped_gradients",

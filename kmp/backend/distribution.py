@@ -1,5 +1,6 @@
-"""Replicas under a distribution: which one is active, and the
-reductions that keep every replica's scaler in agreement.
+"""Replicas under a distribution: which one is active, the processes of
+a multi-process JAX job, and the reductions that keep every replica's
+scaler in agreement.
 
 Under `tf.distribute` each replica holds its own local gradients, so its
 own finiteness verdict; these reduce them (`_tf_replicas`). On JAX the
@@ -35,6 +36,65 @@ def mesh() -> tuple | None:
     batch = distribution.batch_dim_name
     batch_devices = device_mesh.shape[names.index(batch)] if batch else 1
     return tuple(device_mesh.shape), names, batch_devices
+
+
+def join_processes(coordinator, num_processes, process_id, timeout):
+    """Starts JAX's distributed runtime for this process (what
+    `keras.distribution.initialize` does, with bounded waits): every
+    process joins within `timeout` seconds, and one that stops sending
+    heartbeats for `timeout` seconds ends the others (JAX aborts them,
+    never a hang). `coordinator=None`: JAX detects the cluster (SLURM,
+    Open MPI, Kubernetes, Cloud TPU). On CPUs the collectives go through
+    gloo (JAX has none across processes otherwise)."""
+    import jax
+    from keras.src.backend.jax import distribution_lib
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        coordinator,
+        num_processes,
+        process_id,
+        initialization_timeout=timeout,
+        heartbeat_timeout_seconds=timeout,
+        shutdown_timeout_seconds=timeout,
+    )
+    # The rest of Keras's initialize: one random seed for every process
+    # (a no-op once keras.utils.set_random_seed has set one).
+    distribution_lib.initialize_rng()
+
+
+def runtime_started() -> bool:
+    """Whether JAX's backends have started (too late to join processes);
+    False on the other backends."""
+    if name() != "jax":
+        return False
+    from jax._src import xla_bridge  # JAX has no public name for it
+
+    return xla_bridge.backends_are_initialized()
+
+
+def processes() -> tuple[int, int]:
+    """`(process_id, num_processes)` of a multi-process JAX job; `(0, 1)`
+    otherwise (TensorFlow's workers are `kmp.is_chief`'s)."""
+    if name() != "jax":
+        return 0, 1
+    import jax
+
+    if not jax.distributed.is_initialized():
+        return 0, 1  # never starts JAX's backends: a join may follow
+    return jax.process_index(), jax.process_count()
+
+
+def gather_over_processes(value: int) -> list[int]:
+    """Every process's `value`, in process order (a collective: every
+    process calls it); `[value]` in a single process."""
+    if processes()[1] == 1:
+        return [value]
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    gathered = multihost_utils.process_allgather(np.array([value], "int64"))
+    return [int(v) for v in np.asarray(gathered).ravel()]
 
 
 def all_replicas_agree(flag):

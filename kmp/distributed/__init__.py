@@ -5,6 +5,9 @@ it runs on.
               (`kmp.is_chief`), and a MultiWorkerMirroredStrategy that
               waits a bounded time for its workers
               (`kmp.multi_worker_strategy`)
+    processes `kmp.initialize_processes`: a multi-process JAX job
+              (keras.distribution's runtime), every process met at the
+              coordinator within a bounded time
     fit       `kmp.distribute(model)`: Keras's fit/evaluate/predict made
               to work under the model's strategy, multi-worker included,
               with chief-only checkpoint writes and batch checks
@@ -27,5 +30,12 @@ from kmp.distributed.cluster import is_chief
 from kmp.distributed.cluster import multi_worker_strategy
 from kmp.distributed.cluster import parse_tf_config
 from kmp.distributed.fit import distribute
+from kmp.distributed.processes import initialize_processes
 
-__all__ = ["distribute", "is_chief", "multi_worker_strategy", "parse_tf_config"]
+__all__ = [
+    "distribute",
+    "initialize_processes",
+    "is_chief",
+    "multi_worker_strategy",
+    "parse_tf_config",
+]

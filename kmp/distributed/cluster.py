@@ -113,7 +113,8 @@ def is_chief(config: dict | None = None) -> bool:
     """Whether this process is the chief (the worker that writes files).
 
     The chief is the `"chief"` task, or worker 0 when the cluster has none;
-    a job without `TF_CONFIG` is its own chief.
+    in a multi-process JAX job (`kmp.initialize_processes`), process 0; a
+    job of one process is its own chief.
 
     Args:
         config: A parsed `TF_CONFIG`; by default the environment's.
@@ -121,7 +122,7 @@ def is_chief(config: dict | None = None) -> bool:
     if config is None:
         config = parse_tf_config()
     if config is None:
-        return True
+        return backend.processes()[0] == 0
     kind, index = config["task"]["type"], config["task"]["index"]
     if "chief" in config["cluster"]:
         return kind == "chief"

@@ -1,15 +1,9 @@
-"""The examples' shared plumbing (`kmp.app.recipes`): CPU sizes,
-strategies, data arguments, evaluation batches."""
+"""The examples' shared plumbing (`kmp.app.recipes`): CPU sizes, data
+arguments, evaluation batches."""
 
-import math
-
-import keras
 import numpy as np
 import pytest
-from util import jax_only
-from util import run_script
 from util import tf_only
-from util import torch_only
 
 from kmp.app import cli
 from kmp.app import data
@@ -125,72 +119,6 @@ def test_steps_bound_validation_in_proportion(steps, eval_steps, expected):
         note="",
     )
     assert recipes.evaluation_steps(config, splits) == expected
-
-
-@pytest.mark.backend_independent
-def test_no_strategy_is_none():
-    assert recipes.make_strategy("none") is None
-    with recipes.scope(None):
-        pass
-
-
-@jax_only
-def test_on_jax_a_strategy_is_refused_naming_the_distribution():
-    for name in ("mirrored", "multiworker"):
-        with pytest.raises(ValueError, match="--distribution=data"):
-            recipes.make_strategy(name)
-
-
-@pytest.mark.parametrize("name", ["data", "model"])
-def test_a_distribution_off_jax_is_refused_naming_the_strategy(name):
-    config = configs.ImdbConfig(distribution=name)
-    if keras.backend.backend() == "jax":
-        pytest.skip("JAX runs it (tests/jax_distribution.py)")
-    with pytest.raises(ValueError, match="keras.distribution, which runs on"):
-        recipes.make_distribution(config)
-    if keras.backend.backend() == "tensorflow":
-        with pytest.raises(ValueError, match="--strategy=mirrored"):
-            recipes.make_distribution(config)
-
-
-def test_a_strategy_and_a_distribution_together_are_refused():
-    config = configs.ImdbConfig(strategy="mirrored", distribution="data")
-    assert "two engines" in config.problem()
-
-
-@pytest.mark.slow
-@jax_only
-@pytest.mark.parametrize("name", ["data", "model"])
-def test_the_examples_train_under_keras_distribution_on_4_devices(name):
-    out = run_script("jax_distribution.py", name, backend="jax")
-    imdb, cifar = out["imdb"], out["cifar10"]
-    for run in (imdb, cifar):
-        assert len(run["losses"]) == 2
-        assert all(map(math.isfinite, run["losses"]))
-    assert cifar["loss_scale"] == 2.0**15  # kmp's scaler, float16
-    if name == "data":  # the batch over all 4, every kernel whole
-        assert imdb["replicas"] == cifar["replicas"] == 4
-        assert imdb["query_parts"] == imdb["ffn_up_parts"] == 1
-    else:  # a 2 x 2 mesh: the batch over 2, the kernels in 2 parts
-        assert imdb["replicas"] == cifar["replicas"] == 2
-        assert imdb["query_parts"] == imdb["ffn_up_parts"] == 2
-        assert imdb["ffn_down_parts"] == 2
-    batch_axis = 4 if name == "data" else 2
-    shape = "(4,)" if name == "data" else "(2, 2)"
-    (seen,) = out["audit"]  # kmp.audit reports the mesh it sees
-    assert f"mesh of shape {shape}" in seen
-    assert f"split over {batch_axis} device(s)" in seen
-    assert out["batch_7"] == (
-        f"--batch_size=7 does not split over the {batch_axis} devices of "
-        f"the mesh's batch axis: use a multiple of {batch_axis}."
-    )
-
-
-@torch_only
-def test_torch_has_no_strategy_and_says_so():
-    for name in ("mirrored", "multiworker"):
-        with pytest.raises(ValueError, match="no multi-device fit"):
-            recipes.make_strategy(name)
 
 
 @tf_only
