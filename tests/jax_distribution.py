@@ -17,6 +17,7 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
 os.environ["KERAS_BACKEND"] = "jax"
 
 import keras  # noqa: E402
+import numpy as np  # noqa: E402
 
 import kmp  # noqa: E402
 from kmp.examples import cifar10  # noqa: E402
@@ -90,7 +91,77 @@ def main(name):
         imdb.train(dataclasses.replace(imdb_config, batch_size=7))
     except kmp.InputError as error:
         results["batch_7"] = str(error)
+    keras.distribution.set_distribution(None)
+    if name == "model":
+        results["parts"] = parts()
     print("RESULT " + json.dumps(results))
+
+
+def parts():
+    """kmp's parts under a 2 x 2 ModelParallel mesh: float8 statistics,
+    the doctor, the audit's layout checks."""
+    devices = keras.distribution.list_devices()
+    mesh = keras.distribution.DeviceMesh((2, 2), ["batch", "model"], devices)
+    layout = keras.distribution.LayoutMap(mesh)
+    layout[".*/hidden/kernel"] = (None, "model")  # Keras full-matches
+    layout[".*/odd/kernel"] = (None, "model")  # 3 columns: no even split
+    # Built before the distribution is set: on one device, and (JAX would
+    # refuse to build it under the distribution) its layout cannot divide.
+    early = keras.Sequential(
+        [keras.Input((16,)), keras.layers.Dense(3, name="odd")]
+    )
+    distribution = keras.distribution.ModelParallel(
+        layout_map=layout, batch_dim_name="batch"
+    )
+    keras.distribution.set_distribution(distribution)
+    out = {}
+    with kmp.policy_scope("mixed_bfloat16"):
+        model = keras.Sequential(
+            [
+                keras.Input((16,)),
+                keras.layers.Dense(32, name="first"),
+                keras.layers.Dense(32, activation="relu", name="hidden"),
+                keras.layers.Dense(2, name="head"),
+            ]
+        )
+        model = kmp.pin_float32(model)
+        kmp.float8(model)
+        model.compile(
+            optimizer=kmp.wrap(keras.optimizers.SGD(0.01)),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+        x = np.random.default_rng(0).normal(size=(8, 16)).astype("float32")
+        x[7, 3] = 100.0  # the largest input, in the last device's rows
+        y = np.arange(8) % 2
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        histories = {}
+        for variable in model.weights:
+            if "amax_history" not in variable.path:
+                continue
+            shards = [
+                np.asarray(s.data) for s in variable.value.addressable_shards
+            ]
+            histories[variable.path] = {
+                "devices": len(shards),
+                "identical": all(np.array_equal(shards[0], s) for s in shards),
+                "largest": float(np.max(shards[0])),
+            }
+        out["float8_histories"] = histories
+        out["hidden_parts"] = sharding(model, "hidden/kernel")
+        diagnosis = kmp.diagnose(model, (x, y), verbose=0)
+        out["diagnosed_layers"] = len(diagnosis.layers)
+    out["audit_sharded"] = [
+        f.problem
+        for f in kmp.audit(model, verbose=False)
+        if "layout" in f.problem
+    ]
+    out["audit_early"] = [
+        (f.where, f.problem)
+        for f in kmp.audit(early, verbose=False)
+        if "layout" in f.problem
+    ]
+    keras.distribution.set_distribution(None)
+    return out
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """The audit's checks of the machine and the run: hardware where mixed
-precision is not faster, TF32, XLA, and an active distribution.
+precision is not faster, TF32, XLA, and an active distribution (its
+mesh, and variables it does not hold as laid out).
 
 Each `check_*` appends `(severity, where, problem, fix)` tuples to
 `findings`, as in `model_checks`, with `where` = `"environment"`.
@@ -90,3 +91,38 @@ def check_environment(model, half, findings):
                 "kmp's scaler works under it as is."
             )
         findings.append(("info", ENVIRONMENT, problem, fix))
+    check_layout(model, findings)
+
+
+def check_layout(model, findings):
+    """Variables the keras.distribution does not hold as its layout says;
+    Keras is silent about both kinds (`backend.layout_problems`)."""
+    problems = backend.layout_problems(model.weights)
+    uneven = [(path, what) for path, what in problems if "split" in what]
+    placed = [path for path, what in problems if "split" not in what]
+    for path, what in uneven:
+        findings.append(
+            (
+                "warning",
+                path,
+                f"The distribution's layout splits this variable, but its "
+                f"{what}: JAX refuses to build or load the model under "
+                "this distribution (IndivisibleError, naming no "
+                "variable).",
+                "Make that dimension a multiple of the axis size, or leave "
+                "the variable out of the layout map.",
+            )
+        )
+    if placed:
+        findings.append(
+            (
+                "warning",
+                ENVIRONMENT,
+                f"{len(placed)} variable(s) are not on every device of the "
+                f"distribution's mesh (e.g. {placed[0]}): the model was "
+                "built before keras.distribution.set_distribution, so the "
+                "layout is not applied.",
+                "Set the distribution first, then build the model (Keras "
+                "places each variable when it makes it).",
+            )
+        )

@@ -11,7 +11,8 @@ Keras API; what cannot be branches here, each function once, on
                  tensors, what compiles a step, crossentropy's logits,
                  code that runs once inside a trace
     scaler_ops   the loss scaler's branch, fused unscale, stateless copies
-    distribution the active distribution; JAX's processes (joined,
+    distribution the active distribution, its mesh and the variables it
+                 does not hold as laid out; JAX's processes (joined,
                  counted, gathered); agreement, sums and maxima over
                  `tf.distribute` replicas
 
@@ -32,6 +33,7 @@ from kmp.backend.distribution import all_replicas_agree
 from kmp.backend.distribution import distribution_name
 from kmp.backend.distribution import gather_over_processes
 from kmp.backend.distribution import join_processes
+from kmp.backend.distribution import layout_problems
 from kmp.backend.distribution import max_over_replicas
 from kmp.backend.distribution import mesh
 from kmp.backend.distribution import processes
@@ -71,6 +73,7 @@ __all__ = [
     "host_cpu",
     "is_stateless",
     "join_processes",
+    "layout_problems",
     "list_devices",
     "max_over_replicas",
     "name",

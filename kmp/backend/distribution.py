@@ -38,6 +38,46 @@ def mesh() -> tuple | None:
     return tuple(device_mesh.shape), names, batch_devices
 
 
+def layout_problems(variables) -> list[tuple[str, str]]:
+    """`(path, problem)` for each variable the keras.distribution in force
+    (JAX) does not hold as its layout says: a dimension the layout splits
+    over a mesh axis whose size does not divide it (JAX refuses to place
+    such a variable), or a variable on fewer devices than the mesh (made
+    before the distribution was set: Keras applies no layout then, and
+    says nothing). Empty without a distribution, and on the other
+    backends."""
+    if name() != "jax":
+        return []
+    distribution = keras.distribution.distribution()
+    if distribution is None:
+        return []
+    mesh = distribution.device_mesh
+    sizes = dict(zip(mesh.axis_names, mesh.shape))
+    everywhere = len(mesh.devices.flatten())
+    problems = []
+    for variable in variables:
+        layout = distribution.get_variable_layout(variable)
+        for dim, (length, axis) in enumerate(zip(variable.shape, layout.axes)):
+            if axis is not None and length % sizes[axis]:
+                problems.append(
+                    (
+                        variable.path,
+                        f"dimension {dim} ({length}) does not split over "
+                        f"the {sizes[axis]} devices of axis {axis!r}",
+                    )
+                )
+        sharding = getattr(variable.value, "sharding", None)
+        if sharding is not None and len(sharding.device_set) < everywhere:
+            problems.append(
+                (
+                    variable.path,
+                    f"on {len(sharding.device_set)} of the mesh's "
+                    f"{everywhere} devices",
+                )
+            )
+    return problems
+
+
 def join_processes(coordinator, num_processes, process_id, timeout):
     """Starts JAX's distributed runtime for this process (what
     `keras.distribution.initialize` does, with bounded waits): every
@@ -50,13 +90,14 @@ def join_processes(coordinator, num_processes, process_id, timeout):
     from keras.src.backend.jax import distribution_lib
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    seconds = max(int(-(-timeout // 1)), 1)  # JAX takes whole seconds
     jax.distributed.initialize(
         coordinator,
         num_processes,
         process_id,
-        initialization_timeout=timeout,
-        heartbeat_timeout_seconds=timeout,
-        shutdown_timeout_seconds=timeout,
+        initialization_timeout=seconds,
+        heartbeat_timeout_seconds=seconds,
+        shutdown_timeout_seconds=seconds,
     )
     # The rest of Keras's initialize: one random seed for every process
     # (a no-op once keras.utils.set_random_seed has set one).

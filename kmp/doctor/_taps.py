@@ -2,7 +2,8 @@
 
 `kmp.diagnose` must see every layer's outputs and differentiate by them,
 for any model (Sequential, Functional, subclassed, nested), without
-changing it. `Taps` wraps each layer's `call` on the instance for the
+changing it. `Taps` wraps each layer's `call` (and `quantized_call`,
+which a quantized layer runs instead) on the instance for the
 duration of a `with` block: its floating outputs go through a tap
 (`kmp.backend.taped_gradients`), the wrapper is removed on exit, also
 after an exception. `dtype_policies` switches layers' dtype policies the
@@ -101,20 +102,26 @@ class Taps:
         self._saved = []
         try:
             for index, layer in enumerate(self.layers):
-                own = layer.__dict__.get("call")
-                self._saved.append((layer, own))
-                layer.call = self._wrap(index, layer, layer.call)
+                # A quantized layer (Keras's float8, what kmp.float8 makes)
+                # runs `quantized_call` in place of `call`.
+                for method in ("call", "quantized_call"):
+                    if not hasattr(layer, method):
+                        continue
+                    own = layer.__dict__.get(method)
+                    self._saved.append((layer, method, own))
+                    wrapped = self._wrap(index, layer, getattr(layer, method))
+                    setattr(layer, method, wrapped)
         except BaseException:
             self.__exit__()
             raise
         return self
 
     def __exit__(self, *exc):
-        for layer, own in reversed(self._saved):
+        for layer, method, own in reversed(self._saved):
             if own is None:
-                del layer.call
+                delattr(layer, method)
             else:
-                layer.call = own
+                setattr(layer, method, own)
         self._saved = []
 
 

@@ -76,6 +76,26 @@ def test_the_examples_train_under_keras_distribution_on_4_devices(name):
         f"--batch_size=7 does not split over the {batch_axis} devices of "
         f"the mesh's batch axis: use a multiple of {batch_axis}."
     )
+    if name == "data":
+        return
+    # kmp's parts under the 2 x 2 mesh, on a pinned kmp.float8 model with
+    # a sharded hidden kernel.
+    parts = out["parts"]
+    assert parts["hidden_parts"] == 2
+    histories = parts["float8_histories"]
+    assert len(histories) == 6  # 2 float8 layers x 3 operands; head kept
+    for history in histories.values():
+        assert history["devices"] == 4 and history["identical"]
+    # The global batch's largest input (100, in the last device's rows)
+    # is in every device's history.
+    assert histories["sequential_1/first/inputs_amax_history"]["largest"] == 100
+    assert parts["diagnosed_layers"] == 3
+    assert parts["audit_sharded"] == []
+    (uneven, where), (placed, problem) = parts["audit_early"]
+    assert uneven == "sequential/odd/kernel"
+    assert "dimension 1 (3) does not split over the 2 devices" in where
+    assert placed == "environment"
+    assert "built before keras.distribution.set_distribution" in problem
 
 
 @torch_only

@@ -107,3 +107,24 @@ def test_keras_float8_layers_are_read_by_their_scales():
     assert rows["inputs"]["saturated"] == pytest.approx(expected, abs=1e-3)
     # The measurement leaves the layer's own call in place.
     assert "_float8_call" not in vars(layer)
+
+
+def test_diagnose_observes_keras_float8_layers_in_both_passes():
+    # A quantized layer runs `quantized_call`, not `call`: tapped on `call`
+    # only, its outputs were missing from the mixed pass ("called its
+    # layers in a different order").
+    model = keras_float8_model()
+    model.compile(
+        optimizer=kmp.wrap(keras.optimizers.SGD(0.01)),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    _, _, x = model_and_data()
+    y = (x[:, 0] > 0).astype("int32")
+    report = kmp.diagnose(model, (x, y), batches=1, verbose=False)
+    (f8,) = [row for row in report.layers if row.path == "f8"]
+    assert f8.activations is not None  # paired with the float32 pass
+    assert {(r["path"], r["operand"]) for r in report.float8} >= {
+        ("f8", "inputs")
+    }
+    layer = model.get_layer("f8")
+    assert "quantized_call" not in vars(layer) and "call" not in vars(layer)
