@@ -46,6 +46,7 @@ import keras
 import numpy as np
 
 import kmp
+from kmp import backend
 from kmp.app import data as kmp_data
 from kmp.app import recipes
 from kmp.app import scale_out
@@ -227,7 +228,11 @@ def compile_model(config, steps):
     """The ResNet-9 with its float32 islands, compiled with SGD under
     `kmp.wrap` (dynamic loss scale) and a warm-up + cosine schedule over
     `config.epochs * steps` steps, in the current dtype policy."""
-    model = kmp.pin_float32(build_model(config.width))
+    # On JAX every weight's first value comes from one compiled program,
+    # not one per shape: a cold start compiles less (kmp.backend).
+    with backend.initialized_together():
+        model = build_model(config.width)
+    model = kmp.pin_float32(model)
     peak = config.learning_rate * config.batch_size / 512
     schedule = keras.optimizers.schedules.CosineDecay(
         peak / 10,

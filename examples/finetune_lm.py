@@ -39,6 +39,7 @@ import keras
 import numpy as np
 
 import kmp
+from kmp import backend
 from kmp.app import data as kmp_data
 from kmp.app import recipes
 from kmp.app import scale_out
@@ -157,7 +158,11 @@ def build_model(config):
 
 
 def compile_model(config, steps):
-    model = kmp.pin_float32(build_model(config))
+    # On JAX every weight's first value comes from one compiled program,
+    # not one per shape: a cold start compiles less (kmp.backend).
+    with backend.initialized_together():
+        model = build_model(config)
+    model = kmp.pin_float32(model)
     if config.float8:
         kmp.float8(model)
     schedule = keras.optimizers.schedules.CosineDecay(

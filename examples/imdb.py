@@ -42,6 +42,7 @@ if __name__ == "__main__":
 import keras
 
 import kmp
+from kmp import backend
 from kmp.app import data as kmp_data
 from kmp.app import recipes
 from kmp.app import scale_out
@@ -223,7 +224,11 @@ def compile_model(config, steps):
     """The model with its float32 islands, compiled with AdamW under
     `kmp.wrap` (dynamic loss scale) and a warm-up + cosine schedule over
     `config.epochs * steps` steps, in the current dtype policy."""
-    model = kmp.pin_float32(build_model(config))
+    # On JAX every weight's first value comes from one compiled program,
+    # not one per shape: a cold start compiles less (kmp.backend).
+    with backend.initialized_together():
+        model = build_model(config)
+    model = kmp.pin_float32(model)
     if config.float8:
         kmp.float8(model)  # after pinning: the softmaxes stay float32
     schedule = keras.optimizers.schedules.CosineDecay(

@@ -70,9 +70,12 @@ def build_optimizer(model):
     Keras on TensorFlow without a strategy builds the optimizer inside
     the first trace of the train step; a `tf.function` whose first trace
     creates variables is traced a second time. Built here, the train
-    step is traced once (JAX builds it before tracing anyway).
+    step is traced once (JAX builds it before tracing anyway). On JAX
+    the slots' first values come from one compiled program
+    (`kmp.backend.initialized_together`), not one per shape.
     """
-    model.optimizer.build(model.trainable_variables)
+    with backend.initialized_together():
+        model.optimizer.build(model.trainable_variables)
     return model
 
 

@@ -6,6 +6,7 @@ Keras API; what cannot be branches here, each function once, on
 
     _current     which backend runs: `name`, `is_stateless`
     settings     process-wide: the persistent XLA cache, TF32
+    initialization  new variables' values from one compiled program (JAX)
     machine      devices, versions, the environment record, peak memory
     steps        a train step's extra logs, gradients by intermediate
                  tensors, what compiles a step, crossentropy's logits,
@@ -39,6 +40,7 @@ from kmp.backend.distribution import mesh
 from kmp.backend.distribution import processes
 from kmp.backend.distribution import runtime_started
 from kmp.backend.distribution import sum_over_replicas
+from kmp.backend.initialization import initialized_together
 from kmp.backend.machine import Device
 from kmp.backend.machine import environment
 from kmp.backend.machine import framework_versions
@@ -71,6 +73,7 @@ __all__ = [
     "fused_unscale",
     "gather_over_processes",
     "host_cpu",
+    "initialized_together",
     "is_stateless",
     "join_processes",
     "layout_problems",
