@@ -146,23 +146,23 @@ def build_model(config):
             "The language-model example builds KerasHub's GPT-2: "
             "pip install 'kmp[lm]' (or keras-hub)."
         ) from None
-    backbone = keras_hub.models.GPT2Backbone(
-        vocabulary_size=VOCABULARY,
-        num_layers=config.layers,
-        num_heads=config.heads,
-        hidden_dim=config.hidden_dim,
-        intermediate_dim=4 * config.hidden_dim,
-        max_sequence_length=config.sequence_length,
-    )
+    # On JAX every weight's first value comes from one compiled program,
+    # not one per shape: a cold start compiles less (kmp.backend). The
+    # task after it: its constructor compiles it, making variables.
+    with backend.initialized_together():
+        backbone = keras_hub.models.GPT2Backbone(
+            vocabulary_size=VOCABULARY,
+            num_layers=config.layers,
+            num_heads=config.heads,
+            hidden_dim=config.hidden_dim,
+            intermediate_dim=4 * config.hidden_dim,
+            max_sequence_length=config.sequence_length,
+        )
     return keras_hub.models.GPT2CausalLM(backbone, preprocessor=None)
 
 
 def compile_model(config, steps):
-    # On JAX every weight's first value comes from one compiled program,
-    # not one per shape: a cold start compiles less (kmp.backend).
-    with backend.initialized_together():
-        model = build_model(config)
-    model = kmp.pin_float32(model)
+    model = kmp.pin_float32(build_model(config))
     if config.float8:
         kmp.float8(model)
     schedule = keras.optimizers.schedules.CosineDecay(

@@ -78,8 +78,12 @@ def initialized_together():
     """Variables made inside the block get their first values from one
     compiled program when it ends (JAX; see the module's docstring).
 
-    Nothing inside the block may read a new variable's value (build
-    models there; train, save and convert after it).
+    Nothing inside the block may read a new variable's value, or make a
+    variable from a value rather than an initializer (Keras refuses both
+    in a `StatelessScope`): build models there; train, save and convert
+    after it. A KerasHub task compiles itself in its constructor, which
+    makes its optimizer's variables from values: build its backbone in
+    the block and the task after it.
 
     Example:
 
@@ -104,11 +108,13 @@ def initialized_together():
             v for v in _deferred() if _fixed(v._initializer) and _replicated(v)
         ]
         if together:
-            program = jax.jit(
-                lambda: [
+
+            def initial_values():  # the program's name in JAX's logs
+                return [
                     v._initializer(v._shape, dtype=v._dtype) for v in together
                 ]
-            )
+
+            program = jax.jit(initial_values)
             values = program.lower().compile(compiler_options=_OPTIONS)()
             saved = [v._initializer for v in together]
             for variable, value in zip(together, values):

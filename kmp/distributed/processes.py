@@ -5,7 +5,7 @@ Keras's `keras.distribution.initialize(job_addresses, num_processes,
 process_id)` starts JAX's distributed runtime. Where a process never
 comes, JAX waits five minutes and then aborts every process with a C++
 check failure ("DEADLINE_EXCEEDED ... RegisterTask") that names no
-process and no fix; two processes given the same id fail the same way.
+process and no fix (BUILD_NOTES, defect 27).
 `initialize_processes` first meets every process at the coordinator's
 address (a plain TCP handshake, the way `kmp.multi_worker_strategy`
 waits for TensorFlow's workers), so a missing, duplicated or mismatched
@@ -100,7 +100,11 @@ def _meet_as_coordinator(port, num_processes, timeout):
             except OSError:
                 peer.close()
                 continue
-            if len(words) != 3 or words[0] != "kmp":
+            if (
+                len(words) != 3
+                or words[0] != "kmp"
+                or not (words[1].isdigit() and words[2].isdigit())
+            ):
                 peer.close()  # not one of ours
                 continue
             their_id, their_count = int(words[1]), int(words[2])
