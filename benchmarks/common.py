@@ -8,6 +8,7 @@ on all of them alike; ratios are taken within a round.
 
 import json
 import os
+import socket
 import statistics
 import sys
 
@@ -86,3 +87,14 @@ def write_result(result, filename, out=None):
         json.dump(record, f, indent=2)
     print(f"wrote {path}")
     return path
+
+
+def free_ports(count):
+    """`count` ports free on 127.0.0.1 now (for processes started next)."""
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports

@@ -24,7 +24,6 @@ defaults below).
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -49,12 +48,6 @@ FLAGS = [
     "--verbose=0",
     "--restart",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def command(example, out, flags, devices, platform, process=None, port=None):
@@ -82,25 +75,26 @@ def run(example, out, flags, devices, platform, processes):
     if processes == 1:
         jobs = [command(example, out, flags, devices, platform)]
     else:
-        port = free_port()
+        (port,) = common.free_ports(1)
         jobs = [
             command(example, out, flags, devices // 2, platform, i, port)
             for i in (0, 1)
         ]
+    # Each process's stderr to a file: pipes drained one after the other
+    # could stall the collective the process being drained waits in.
+    logs = [tempfile.TemporaryFile("w+") for _ in jobs]
     procs = [
-        subprocess.Popen(
-            argv,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for argv, env in jobs
+        subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=log)
+        for (argv, env), log in zip(jobs, logs)
     ]
-    errors = [p.communicate()[1] for p in procs]
-    for p, error in zip(procs, errors):
-        if p.returncode:
-            sys.exit(f"{' '.join(p.args)} failed:\n{error[-3000:]}")
+    try:
+        for p, log in zip(procs, logs):
+            if p.wait():
+                log.seek(0)
+                sys.exit(f"{' '.join(p.args)} failed:\n{log.read()[-3000:]}")
+    finally:
+        for p in procs:
+            p.kill()  # a peer of a failed process would wait for it
     with open(os.path.join(out, "results.json")) as f:
         return json.load(f)
 

@@ -17,7 +17,6 @@ TensorFlow backend only. Writes a JSON file with hardware and versions.
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,16 +31,6 @@ EXAMPLE = os.path.join(
 )
 
 
-def free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 def run(workers, flags, timeout):
     """Runs the example as `workers` processes; returns the chief's
     results."""
@@ -51,7 +40,7 @@ def run(workers, flags, timeout):
     if workers == 1:
         procs = [subprocess.Popen(argv + ["--strategy=none"], env=env)]
     else:
-        hosts = [f"127.0.0.1:{p}" for p in free_ports(workers)]
+        hosts = [f"127.0.0.1:{p}" for p in common.free_ports(workers)]
         procs = []
         for index in range(workers):
             config = {

@@ -26,14 +26,23 @@ _TF_CONFIG_EXAMPLE = (
 _TASK_TYPES = ("chief", "worker")
 
 
-def _split_address(address, where):
+def _host_and_port(address) -> tuple[str, int] | None:
+    """`(host, port)` of a `"host:port"` (a port in 1..65535; an IPv6
+    host may be bracketed), or `None` when it is not one."""
     host, sep, port = str(address).rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host.strip("[]"), int(port)
+
+
+def _split_address(address, where):
+    parts = _host_and_port(address)
+    if parts is None:
         raise InputError(
             f"TF_CONFIG lists {address!r} in {where}; each address must be "
             '"host:port" with a port in 1..65535, e.g. "10.0.0.2:12345".'
         )
-    return host, int(port)
+    return parts
 
 
 def parse_tf_config(text: str | None = None) -> dict | None:

@@ -20,6 +20,7 @@ import socket
 import time
 
 from kmp import backend
+from kmp.distributed.cluster import _host_and_port
 from kmp.errors import InputError
 
 # Keras's environment variables (what `keras.distribution.initialize`
@@ -47,15 +48,15 @@ def _integer(value, name, low):
 
 
 def _address(coordinator):
-    host, sep, port = str(coordinator).rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    parts = _host_and_port(coordinator)
+    if parts is None:
         raise InputError(
             f"coordinator is {coordinator!r}; it must be HOST:PORT, process "
             "0's address and a free port on it (e.g. 10.0.0.1:1234), or "
             "'auto' on a cluster JAX detects (SLURM, Open MPI, Kubernetes, "
             "Cloud TPU)."
         )
-    return host.strip("[]"), int(port)
+    return parts
 
 
 def _resolve(coordinator, num_processes, process_id):
