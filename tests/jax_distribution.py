@@ -18,6 +18,7 @@ os.environ["KERAS_BACKEND"] = "jax"
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from util import small_imdb_config  # noqa: E402
 
 import kmp  # noqa: E402
 from kmp.examples import cifar10  # noqa: E402
@@ -35,21 +36,11 @@ def sharding(model, name):
 def main(name):
     out = tempfile.mkdtemp()
     results = {}
-    imdb_config = imdb.Config(
+    imdb_config = small_imdb_config(
         policy="mixed_bfloat16",
-        data="synthetic",
         synthetic_size=64,
-        epochs=1,
-        steps=2,
-        batch_size=8,
-        d_model=16,
-        heads=2,
-        layers=1,
-        sequence_length=16,
-        vocabulary_size=64,
         distribution=name,
         output_dir=os.path.join(out, "imdb"),
-        verbose=0,
     )
     imdb_results = imdb.train(imdb_config)
     model = keras.saving.load_model(os.path.join(out, "imdb", "imdb.keras"))

@@ -32,10 +32,12 @@ os.environ["KERAS_BACKEND"] = "jax"
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 from util import classification_data  # noqa: E402
+from util import interrupt_runs  # noqa: E402
+from util import small_imdb_config  # noqa: E402
 
 import kmp  # noqa: E402
-from kmp.app import recipes  # noqa: E402
 from kmp.app import scale_out  # noqa: E402
 from kmp.examples import imdb  # noqa: E402
 
@@ -86,18 +88,10 @@ def scaler(process_id, port):
 
 
 def train(process_id, port, output_dir, epochs, stop=None):
-    config = imdb.Config(
+    config = small_imdb_config(
         policy="mixed_float16",
-        data="synthetic",
         synthetic_size=64,
         epochs=epochs,
-        steps=2,
-        batch_size=8,
-        d_model=16,
-        heads=2,
-        layers=1,
-        sequence_length=16,
-        vocabulary_size=64,
         distribution="data",
         coordinator=f"127.0.0.1:{port}" if port else "",
         num_processes=2 if port else 1,
@@ -105,27 +99,16 @@ def train(process_id, port, output_dir, epochs, stop=None):
         process_timeout=20.0,  # a float, as the flag gives it
         output_dir=output_dir,
         compile_cache="off",
-        verbose=0,
     )
-    if stop is not None:  # like a kill after epoch `stop`, its backup made
-        start = recipes.Run.__init__
+    if stop is not None and (stop > 0 or process_id == 1):
 
-        def interrupted(self, *args):
-            start(self, *args)
+        def end():  # like a kill after epoch |stop|, its backup made
+            if stop < 0:
+                os._exit(1)  # process 1 dies; process 0 goes on alone
+            print("RESULT " + json.dumps({"stopped": stop}), flush=True)
+            os._exit(0)  # JAX's shutdown would wait for the peer
 
-            def end(epoch, logs):
-                if stop < 0 and process_id == 1 and epoch == -stop - 1:
-                    os._exit(1)  # dies; process 0 goes on alone
-                if epoch == stop - 1:
-                    print("RESULT " + json.dumps({"stopped": epoch + 1}))
-                    sys.stdout.flush()
-                    os._exit(0)  # JAX's shutdown would wait for the peer
-
-            self.callbacks.append(
-                keras.callbacks.LambdaCallback(on_epoch_end=end)
-            )
-
-        recipes.Run.__init__ = interrupted
+        interrupt_runs(pytest.MonkeyPatch(), abs(stop), end)
     results = imdb.train(config)
     return {
         "epochs": results["epochs"],

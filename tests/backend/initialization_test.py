@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from util import HERE
 from util import jax_only
+from util import small_imdb_config
 
 from kmp import backend
 from kmp.examples import cifar10
@@ -35,10 +36,7 @@ def many_initializers():
 
 
 def small_imdb():
-    config = imdb.Config(
-        d_model=16, heads=2, layers=1, sequence_length=16, vocabulary_size=64
-    )
-    return imdb.build_model(config)
+    return imdb.build_model(small_imdb_config())
 
 
 BUILDERS = {

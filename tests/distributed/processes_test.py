@@ -145,15 +145,18 @@ def test_other_backends_are_pointed_to_their_engine():
 # ------------------------------------------------------- 2 real processes
 
 
-def two(mode, *args, timeout=240):
+def two(mode, *args, timeout=240, check=True):
+    """Runs `tests/jax_processes.py MODE` as processes 0 and 1: their
+    results, or with `check=False` their `(returncode, stdout, stderr)`."""
     (port,) = free_ports(1)
     outputs = run_processes(
         [[SCRIPT, mode, str(i), str(port), *map(str, args)] for i in (0, 1)],
         [{}, {}],
         timeout=timeout,
         backend="jax",
+        check=check,
     )
-    return [script_result(out) for out in outputs]
+    return [script_result(out) for out in outputs] if check else outputs
 
 
 @pytest.mark.slow
@@ -214,25 +217,13 @@ def test_backups_at_different_epochs_are_refused_on_every_process(tmp_path):
     two("train", out, 3, 1)  # both back up epoch 1, then stop
     # Process 1's backup is gone (as if it was killed before making it).
     shutil.rmtree(out / "backup_process_1")
-    (port,) = free_ports(1)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, SCRIPT, "train", str(i), str(port), str(out), "3"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=dict(os.environ, KERAS_BACKEND="jax"),
-        )
-        for i in (0, 1)
-    ]
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        outputs = list(pool.map(lambda p: p.communicate(timeout=200), procs))
-    for _, stderr in outputs:
+    outputs = two("train", out, 3, timeout=200, check=False)
+    for _, _, stderr in outputs:
         assert "resume at different epochs" in stderr
         assert "process 0: 1 epoch(s) done, process 1: 0 epoch(s) done" in (
             stderr
         )
-    assert [p.returncode != 0 for p in procs] == [True, True]
+    assert [code != 0 for code, _, _ in outputs] == [True, True]
 
 
 @pytest.mark.slow
@@ -256,25 +247,11 @@ def test_a_process_that_never_comes_ends_the_job_within_its_timeout():
 @pytest.mark.slow
 @jax_only
 def test_a_process_that_dies_ends_the_other_within_a_bounded_time(tmp_path):
-    (port,) = free_ports(1)
     start = time.monotonic()
-    procs = [
-        subprocess.Popen(
-            [
-                *(sys.executable, SCRIPT, "train", str(i), str(port)),
-                *(str(tmp_path), "3", "-1"),  # process 1 dies after epoch 1
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=dict(os.environ, KERAS_BACKEND="jax"),
-        )
-        for i in (0, 1)
-    ]
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        outputs = list(pool.map(lambda p: p.communicate(timeout=200), procs))
+    # Process 1 dies after epoch 1 of 3.
+    outputs = two("train", tmp_path, 3, -1, timeout=200, check=False)
     # The survivor ends (its next collective fails, or JAX's heartbeat
     # check aborts it after --process_timeout=20 s), never hangs.
-    assert [p.returncode != 0 for p in procs] == [True, True]
+    assert [code != 0 for code, _, _ in outputs] == [True, True]
     assert time.monotonic() - start < 150
-    assert "RESULT" not in outputs[0][0]
+    assert "RESULT" not in outputs[0][1]

@@ -6,6 +6,7 @@ import os
 import keras
 import numpy as np
 import pytest
+from util import small_imdb_config
 
 import kmp
 from kmp.app import data
@@ -14,22 +15,7 @@ from kmp.examples import imdb
 
 
 def small(tmp_path, **overrides):
-    settings = dict(
-        epochs=1,
-        steps=2,
-        batch_size=8,
-        d_model=16,
-        heads=2,
-        layers=1,
-        sequence_length=16,
-        vocabulary_size=64,
-        synthetic_size=32,
-        data="synthetic",
-        output_dir=str(tmp_path),
-        verbose=0,
-    )
-    settings.update(overrides)
-    return imdb.Config(**settings)
+    return small_imdb_config(output_dir=str(tmp_path), **overrides)
 
 
 @pytest.fixture(scope="module")
