@@ -157,6 +157,14 @@ def doctor_flags(target):
         values.set_default("output_dir", f"runs/doctor_{target}")
     else:
         define_flags(SavedModelDoctor, values)
+        # Not a config field: `import` is a Python keyword.
+        flags.DEFINE_multi_string(
+            "import",
+            [],
+            "A module or .py file that defines the model's own classes, "
+            "imported before the load (repeatable).",
+            flag_values=values,
+        )
     define_flags(Doctor, values)
     return values
 

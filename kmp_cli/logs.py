@@ -5,14 +5,19 @@ TensorFlow's C++ side logs through absl: about six lines on every start
 Could not find cuda drivers`, on a CPU machine `E0000 ... failed call to
 cuInit`, which reads like a failure and is not one). Some of them are
 written while TensorFlow's libraries load, before absl reads any setting,
-so `TF_CPP_MIN_LOG_LEVEL` alone does not remove them (TF 2.21, measured).
-`quiet_start` therefore does two things before Keras is imported:
+so `TF_CPP_MIN_LOG_LEVEL` alone does not remove them (TF 2.21, measured:
+with `TF_CPP_MIN_LOG_LEVEL=3`, the setting users export to silence
+TensorFlow, six lines print). `quiet_start` therefore does two things
+before Keras is imported:
 
-1. sets `TF_CPP_MIN_LOG_LEVEL=3` (errors that matter reach Python as
-   exceptions, with their message);
+1. sets `TF_CPP_MIN_LOG_LEVEL=3` unless the user set a level (theirs
+   stands for what TensorFlow logs once started; errors that matter
+   reach Python as exceptions, with their message);
 2. while TensorFlow loads, captures the process's stderr (file descriptor
    2, where C++ writes) and writes back every line that is not a
    TensorFlow/absl log line, so a Python warning or error still shows.
+   It does so whatever level the user set: one who asked for fewer logs
+   never gets more than one who asked for none.
 
 Under `KERAS_BACKEND=jax` or `torch`, Keras does not import TensorFlow,
 but a command that trains does, later (Keras's `set_random_seed` seeds
@@ -22,9 +27,10 @@ under the filter, where it is installed.
 
 It also shows kmp's own log records as plain lines, and keeps absl's
 Python logger (TFDS's "Variant folder ... has no dataset_info.json") to
-errors. None of this happens when the user set `TF_CPP_MIN_LOG_LEVEL`
-(their choice stands) or passed `kmp --verbose`. The library never does
-any of it: `import kmp` leaves logging alone.
+errors. None of this happens with `kmp --verbose` or `KMP_VERBOSE=1` in
+the environment (a run under a launcher whose arguments one cannot
+change): then TensorFlow prints as it would anyway. The library never
+does any of it: `import kmp` leaves logging alone.
 """
 
 import contextlib
@@ -87,9 +93,9 @@ def quiet_start(verbose: bool = False, tensorflow: bool = False) -> None:
     after Keras and TensorFlow were imported, only sets up kmp's own log
     lines."""
     _show_kmp_records()
-    if verbose or "TF_CPP_MIN_LOG_LEVEL" in os.environ:
+    if verbose or wants_tensorflow_logs():
         return
-    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     logging.getLogger("absl").setLevel(logging.ERROR)
     loaded = "keras" in sys.modules and (
         not tensorflow or "tensorflow" in sys.modules
@@ -104,6 +110,12 @@ def quiet_start(verbose: bool = False, tensorflow: bool = False) -> None:
                 importlib.import_module("tensorflow")
             except ImportError:  # a machine without it: nothing to filter
                 pass
+
+
+def wants_tensorflow_logs() -> bool:
+    """Whether `KMP_VERBOSE` asks for TensorFlow's start-up lines (set,
+    and not "0" or empty)."""
+    return os.environ.get("KMP_VERBOSE", "0").strip() not in ("", "0")
 
 
 def _show_kmp_records() -> None:

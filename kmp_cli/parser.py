@@ -83,7 +83,8 @@ an example's, with the doctor's --batches and --loss_scale."""
 AUDIT_EPILOG = """exit status:
   0  no finding is an error (warnings and notes are printed, not counted)
   1  at least one finding is an error: results would be wrong
-  2  bad input: no such file, not a Keras archive
+  2  bad input: no such file, not a Keras archive, a class of the
+     model's own that no --import registers
 so `kmp audit model.keras && python train.py` gates a script or CI job."""
 
 
@@ -228,6 +229,16 @@ def build() -> argparse.ArgumentParser:
         formatter_class=raw,
     )
     audit_parser.add_argument("path", help="a .keras file")
+    audit_parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="a module or .py file that defines the model's own classes "
+        "(registered with keras.saving.register_keras_serializable), "
+        "imported before the load; repeatable",
+    )
     audit_parser.add_argument(
         "--json", action="store_true", help="print the findings as JSON"
     )

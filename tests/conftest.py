@@ -103,3 +103,17 @@ def _restore_global_state():
     # collector frees the models of earlier tests.
     keras.utils.clear_session(free_memory=False)
     backend.use_compile_cache(None)  # off, if a test turned it on
+
+
+@pytest.fixture
+def registry():
+    """Keras's registry of serializable classes, and the module
+    `util.saved_keras_io_transformer` forgets, as they were before the
+    test."""
+    import sys
+
+    saved = dict(keras.saving.get_custom_objects())
+    yield
+    keras.saving.get_custom_objects().clear()
+    keras.saving.get_custom_objects().update(saved)
+    sys.modules.pop("keras_io_transformer", None)

@@ -4,6 +4,7 @@ import concurrent.futures
 import functools
 import json
 import os
+import pathlib
 import socket
 import subprocess
 import sys
@@ -323,3 +324,35 @@ def small_gpt2_backbone():
         intermediate_dim=64,
         max_sequence_length=16,
     )
+
+
+FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures"
+TRANSFORMER = str(FIXTURES / "keras_io_transformer.py")
+
+
+def saved_keras_io_transformer(path):
+    """keras-io's transformer classifier saved to `path` by a process
+    that then forgets its classes, as a shell's next command would not
+    know them: the module is gone and Keras's registry holds none of
+    its classes (use it with conftest's `registry` fixture, which puts
+    both back after the test)."""
+    import importlib.util
+    import sys
+
+    import keras
+
+    import kmp
+
+    spec = importlib.util.spec_from_file_location(
+        "keras_io_transformer", TRANSFORMER
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with kmp.policy_scope("mixed_float16"):
+        model = module.build_model()
+    model.compile(optimizer=kmp.wrap("adam"), loss="mse")
+    model.save(path)
+    registry = keras.saving.get_custom_objects()
+    for name in [n for n in registry if n.startswith("keras_io>")]:
+        del registry[name]
+    sys.modules.pop("keras_io_transformer", None)

@@ -6,6 +6,7 @@ pipelines, plotting) when it runs.
 
 import json
 import os
+import re
 
 from kmp_cli.parser import fail
 
@@ -91,24 +92,13 @@ def demo(args) -> dict:
 def audit(args) -> list:
     """Loads a `.keras` model (`kmp_cli` checked that the file is there)
     and prints `kmp.audit`'s findings; returns them."""
-    import keras
-
     import kmp
 
     # Keras rebuilds the compiled optimizer under the global policy: a
     # scaler that its compile added is only re-added under mixed_float16.
     # Audit the model as it loads under the policy its layers were saved
     # with, i.e. as it was trained.
-    try:
-        policy = saved_policy(args.path)
-    except kmp.InputError as error:
-        fail("kmp audit", error)
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(policy)
-    try:
-        model = keras.saving.load_model(args.path, compile=True)
-    finally:
-        keras.config.set_dtype_policy(previous)
+    model, policy = load_saved("kmp audit", args.path, args.imports)
     if not args.json:
         print(
             f"kmp audit: {args.path}, loaded under {policy}, the policy "
@@ -118,6 +108,77 @@ def audit(args) -> list:
     if args.json:
         print(report.to_json())
     return report
+
+
+def load_saved(command, path, imports=()):
+    """`(model, policy)`: the compiled model of a `.keras` file, after
+    importing the user's modules that define its classes (`imports`:
+    module names or `.py` paths). What a user can fix ends `command`
+    in one line: a file that is not a Keras archive, a module that does
+    not import, a class no imported module registers.
+
+    It loads under the mixed policy its layers record (`saved_policy`):
+    as trained, with a scaler Keras's compile added re-added, and the
+    layers made inside other layers (which record no policy) in their
+    parents' precision.
+    """
+    import keras
+
+    import kmp
+
+    for module in imports:
+        _import_user_module(command, module)
+    try:
+        policy = saved_policy(path)
+    except kmp.InputError as error:
+        fail(command, error)
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(policy)
+    try:
+        return keras.saving.load_model(path, compile=True), policy
+    except TypeError as error:
+        missing = _MISSING_CLASS.search(str(error))
+        if missing is None:
+            raise
+        fail(
+            command,
+            f"{path} uses the class {missing.group(1)!r}, which no imported "
+            "module registers. Import the code that defines it: "
+            f"{command} {path} --import=MODULE (a module name or a .py "
+            "file; repeat the flag for several).",
+        )
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
+# Keras's message when a config names a class it cannot find.
+_MISSING_CLASS = re.compile(r"Could not locate (?:class|function) '([^']+)'")
+
+
+def _import_user_module(command, module):
+    """Imports `module`: a dotted name, or a `.py` file (run as the
+    module named for its file, as `python FILE` would not: its classes
+    register under their package, not `__main__`)."""
+    import importlib
+    import importlib.util
+    import sys
+
+    try:
+        if not module.endswith(".py"):
+            importlib.import_module(module)
+            return
+        name = os.path.splitext(os.path.basename(module))[0]
+        spec = importlib.util.spec_from_file_location(name, module)
+        if spec is None or not os.path.isfile(module):
+            raise FileNotFoundError(f"no such file: {module}")
+        loaded = importlib.util.module_from_spec(spec)
+        sys.modules[name] = loaded
+        spec.loader.exec_module(loaded)
+    except Exception as error:  # the user's code: one line, not a trace
+        fail(
+            command,
+            f"--import={module} failed: {type(error).__name__}: {error}",
+        )
 
 
 def saved_policy(path) -> str:

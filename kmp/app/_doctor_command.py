@@ -13,7 +13,7 @@ import json
 import os
 
 import kmp
-from kmp.app._commands import saved_policy
+from kmp.app._commands import load_saved
 from kmp_cli.parser import fail
 
 
@@ -76,8 +76,8 @@ def _example_inputs(example, config):
 
 
 def _saved_inputs(path, values):
-    """A saved model and the arrays of --data (both files are there:
-    `kmp_cli` checked)."""
+    """A saved model (after the modules of --import) and the arrays of
+    --data (both files are there: `kmp_cli` checked)."""
     import numpy as np
 
     with np.load(values.data) as arrays:
@@ -89,7 +89,11 @@ def _saved_inputs(path, values):
             )
         need = values.batches * values.batch_size
         data = (arrays["x"][:need], arrays["y"][:need])
-    import keras
-
-    saved_policy(path)  # a Keras archive, or one line
-    return keras.saving.load_model(path, compile=True), data
+    # Loaded as trained: a layer made inside another one (keras-io's
+    # TransformerBlock's attention) records no policy of its own and
+    # would be float32 beside its float16 parent. `diagnose` then
+    # switches the half-precision layers to --policy.
+    model, _ = load_saved(
+        f"kmp doctor {path}", path, values["import"].value or ()
+    )
+    return model, data

@@ -1,7 +1,8 @@
 """The preflight check: `kmp.audit(model)` and its findings.
 
     model_checks        outputs, inner softmaxes, tensor-core sizes, loss
-    optimizer_checks    loss scaling, and a scaler saving would lose
+    optimizer_checks    loss scaling, a scaler saving would lose, a
+                        train step of the user's own that may not scale
     environment_checks  hardware, TF32, XLA, an active distribution
     float8_checks       float8 layers where they cannot be fast
     audit               `kmp.audit`, `kmp.Finding`, `kmp.AuditReport`

@@ -69,7 +69,9 @@ def audit(model, optimizer=None, verbose: bool = True) -> AuditReport:
     - softmaxes inside the model computing in half precision;
     - float16 compute while the optimizer does not scale the loss; the
       stock Keras scaler instead of kmp's; a scaler with nothing to scale;
-      a scaler Keras added at compile time, which saving loses;
+      a scaler Keras added at compile time, which saving loses; a
+      `train_step` of the model's own class under a loss scaler, with
+      whether it scales its loss and what kmp does where it does not;
     - Dense, convolution, Embedding and MultiHeadAttention sizes that are
       not multiples of 8 (tensor cores), with the padded size;
     - `binary_crossentropy` on float16 sigmoid probabilities;
@@ -108,6 +110,7 @@ def audit(model, optimizer=None, verbose: bool = True) -> AuditReport:
     model_checks.check_inner_softmaxes(half, outputs, findings)
     optimizer_checks.check_scaling(half, optimizer, findings)
     optimizer_checks.check_saving(model, optimizer, findings)
+    optimizer_checks.check_train_step(model, optimizer, findings)
     model_checks.check_tensor_core_dims(half, findings)
     model_checks.check_loss(model, outputs, findings)
     environment_checks.check_environment(model, half, findings)

@@ -1,14 +1,19 @@
 """The audit's checks of the optimizer: loss scaling where float16 needs
 it (and kmp's scaler rather than Keras's), none where nothing is
-float16, and a scaler that a `.keras` file would not record.
+float16, a scaler that a `.keras` file would not record, and a
+`train_step` of the user's own that may not scale its loss.
 
 Each `check_*` appends `(severity, where, problem, fix)` tuples to
 `findings`, as in `model_checks`.
 """
 
+import inspect
+import re
+
 import keras
 
 from kmp.scaling import LossScaleOptimizer
+from kmp.scaling import scaled_losses
 
 
 def check_scaling(half, optimizer, findings):
@@ -86,3 +91,96 @@ def check_saving(model, optimizer, findings):
             "compile with optimizer=kmp.wrap(...), which the file records.",
         )
     )
+
+
+def _source(cls) -> str | None:
+    """The class's source (None: none to read, e.g. a class typed into a
+    console)."""
+    try:
+        return inspect.getsource(cls)
+    except (OSError, TypeError):
+        return None
+
+
+def _scalers(model, optimizer, source):
+    """The loss-scaling optimizers a train step of the model may apply,
+    each once, with its name: those the model holds as attributes (a
+    GAN's `d_optimizer` and `g_optimizer`), and the compiled one unless
+    the step plainly never reads it (a GAN's `compile` passes no
+    optimizer to Keras's, which then makes and wraps an RMSprop of its
+    own that no step applies)."""
+    found = {}
+    for name, value in vars(model).items():
+        if value is not optimizer and isinstance(
+            value, keras.optimizers.LossScaleOptimizer
+        ):
+            found.setdefault(id(value), (name.lstrip("_"), value))
+    reads_compiled = source is None or re.search(r"\.optimizer\b", source)
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and (
+        reads_compiled or not found
+    ):
+        found = {id(optimizer): ("optimizer", optimizer), **found}
+    return list(found.values())
+
+
+def check_train_step(model, optimizer, findings):
+    """A `train_step` of the user's own under a loss scaler: whether it
+    scales its loss, and what kmp does if not (`scaling.scaled_losses`).
+    """
+    if type(model).train_step is keras.Model.train_step:
+        return
+    source = _source(type(model))
+    scalers = _scalers(model, optimizer, source)
+    if not scalers:
+        return
+    cls = type(model).__name__
+    names = ", ".join(name for name, _ in scalers)
+    stock = [n for n, s in scalers if not isinstance(s, LossScaleOptimizer)]
+    scales = None
+    if source is not None:
+        scales = any(name in source for name in scaled_losses.SCALING_CALLS)
+    fix = "; ".join(scaled_losses.fix(name) for name, _ in scalers)
+    fix += " before taking the gradients"
+    if model in scaled_losses.models_told():
+        severity, problem = (
+            "warning",
+            f"{cls}.train_step applied gradients of a loss that {names} "
+            "did not scale (found at its first step): kmp applies them "
+            "unscaled, and float16 gradients of an unscaled loss can "
+            "underflow to zero.",
+        )
+    elif stock and not scales:
+        findings.append(
+            (
+                "error",
+                "model",
+                f"{cls} overrides train_step and its source never scales "
+                f"the loss, under Keras's own LossScaleOptimizer "
+                f"({', '.join(stock)}): it divides gradients that were "
+                "never multiplied, so every update is 32768x too small.",
+                f"compile with kmp.wrap(...), and {fix}.",
+            )
+        )
+        return
+    elif scales:
+        severity, problem = (
+            "info",
+            f"{cls} overrides train_step and scales its loss ({names}): "
+            "kmp unscales the gradients of each loss its scaler scaled in "
+            "that step, and applies any other gradients unscaled, saying "
+            "so once.",
+        )
+    else:
+        severity, problem = (
+            "warning",
+            f"{cls} overrides train_step under a loss scaler ({names}) and "
+            + (
+                "its source never scales the loss"
+                if scales is False
+                else "kmp cannot read its source"
+            )
+            + ": where the step does not scale, kmp applies the gradients "
+            "unscaled and says so at the first step, but float16 gradients "
+            "of an unscaled loss can underflow to zero.",
+        )
+    findings.append((severity, "model", problem, fix + "."))

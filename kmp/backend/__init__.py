@@ -10,8 +10,10 @@ Keras API; what cannot be branches here, each function once, on
     machine      devices, versions, the environment record, peak memory
     steps        a train step's extra logs, gradients by intermediate
                  tensors, what compiles a step, crossentropy's logits,
-                 code that runs once inside a trace
-    scaler_ops   the loss scaler's branch, fused unscale, stateless copies
+                 code that runs once inside a trace, code no compiler
+                 traces
+    scaler_ops   the loss scaler's branch, fused unscale, stateless copies,
+                 a variable whose value a JAX step holds
     distribution the active distribution, its mesh and the variables it
                  does not hold as laid out; JAX's processes (joined,
                  counted, gathered); agreement, sums and maxima over
@@ -49,6 +51,7 @@ from kmp.backend.machine import list_devices
 from kmp.backend.machine import peak_memory
 from kmp.backend.scaler_ops import cond
 from kmp.backend.scaler_ops import fused_unscale
+from kmp.backend.scaler_ops import held_by_the_step
 from kmp.backend.scaler_ops import own_values
 from kmp.backend.settings import disable_tf32
 from kmp.backend.settings import tf32_enabled
@@ -58,6 +61,7 @@ from kmp.backend.steps import crossentropy_reads_logits
 from kmp.backend.steps import out_of_trace
 from kmp.backend.steps import step_compiler
 from kmp.backend.steps import taped_gradients
+from kmp.backend.steps import uncompiled
 
 __all__ = [
     "Device",
@@ -72,6 +76,7 @@ __all__ = [
     "framework_versions",
     "fused_unscale",
     "gather_over_processes",
+    "held_by_the_step",
     "host_cpu",
     "initialized_together",
     "is_stateless",
@@ -89,5 +94,6 @@ __all__ = [
     "sum_over_replicas",
     "taped_gradients",
     "tf32_enabled",
+    "uncompiled",
     "use_compile_cache",
 ]

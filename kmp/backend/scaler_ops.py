@@ -46,3 +46,17 @@ def own_values(values: list) -> list:
     from kmp.backend import _torch_step
 
     return _torch_step.own_values(values)
+
+
+def held_by_the_step(variable) -> bool:
+    """Whether a read of `variable` here has no value of its own: JAX,
+    outside a `StatelessScope`, while Keras's `fit` holds the value in its
+    step's state (it empties the variable for the epoch,
+    `_purge_model_variables`, and a read gives a `TypeError` naming
+    nothing). Never on TensorFlow and torch, whose variables are their
+    values."""
+    if name() != "jax":
+        return False
+    from keras.src.backend.common.stateless_scope import in_stateless_scope
+
+    return not in_stateless_scope() and variable._value is None

@@ -123,3 +123,16 @@ def out_of_trace():
     import tensorflow as tf
 
     return tf.init_scope()
+
+
+def uncompiled(function):
+    """`function`, run as Python where a compiler traces the step around
+    it: under torch.compile, `torch._dynamo.disable`, so dynamo guards on
+    its result, not on the objects it reads (frames, ids: new each step,
+    each a recompile). TensorFlow and JAX run Python once, when they
+    trace: `function` itself."""
+    if name() != "torch":
+        return function
+    import torch
+
+    return torch._dynamo.disable(function)

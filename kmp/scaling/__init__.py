@@ -7,6 +7,9 @@
                           `get_unscaled_gradients` on a Keras 3 scaler
     keras_float8          Keras's own float8 layers' gradient scaling
                           kept in units of the loss scale
+    scaled_losses         which losses the scaler scaled: a train step of
+                          the user's own that never scales its loss gets
+                          its gradients applied as they are, and one line
     loss_scale_optimizer  `kmp.LossScaleOptimizer`: Keras's scaler with
                           kmp's rule, replicas in agreement, skip counts
     wrap                  which scaler a model gets (`kmp.wrap`), and

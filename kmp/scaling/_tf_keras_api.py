@@ -15,25 +15,23 @@ from keras import ops
 class TfKerasLossScaleAPI:
     """Mixin for a `keras.optimizers.LossScaleOptimizer` subclass.
 
-    The subclass asks `self._given_unscaled` (True during an `apply` of
-    the tensors `get_unscaled_gradients` returned) before dividing by the
-    scale.
+    The subclass calls `_take_user_unscaled(grads)` at the start of each
+    `apply`: True when `grads` are the very tensors
+    `get_unscaled_gradients` returned, which must not be divided again.
     """
 
     # Gradients returned by `get_unscaled_gradients`, until the next apply.
     _user_unscaled = None
-    _given_unscaled = False
 
-    def apply(self, grads, trainable_variables=None):
-        grads = list(grads)
-        pending, self._user_unscaled = self._user_unscaled, None
-        self._given_unscaled = pending is not None and _same_tensors(
-            grads, pending
-        )
-        try:
-            return super().apply(grads, trainable_variables)
-        finally:
-            self._given_unscaled = False
+    def _take_user_unscaled(self, grads) -> bool:
+        pending = self._user_unscaled
+        if pending is None:
+            # Nothing written: torch.compile guards on the instance's
+            # attributes, and one that appears after the first step
+            # would recompile the step.
+            return False
+        self._user_unscaled = None
+        return _same_tensors(grads, pending)
 
     def get_scaled_loss(self, loss):
         """Returns `loss * loss_scale` (tf-keras API; Keras 3: `scale_loss`).

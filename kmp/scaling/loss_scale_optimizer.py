@@ -18,6 +18,7 @@ from kmp.scaling.scale_rule import ScaleRule
 from kmp.scaling.scale_rule import ScaleState
 from kmp.scaling.scale_rule import check_rule
 from kmp.scaling.scale_rule import next_scale_state
+from kmp.scaling.scaled_losses import ScaledLossTracking
 
 _StockLossScaleOptimizer = keras.optimizers.LossScaleOptimizer
 
@@ -38,7 +39,9 @@ def _check_inner(inner_optimizer):
 
 
 @keras.saving.register_keras_serializable(package="kmp")
-class LossScaleOptimizer(TfKerasLossScaleAPI, _StockLossScaleOptimizer):
+class LossScaleOptimizer(
+    ScaledLossTracking, TfKerasLossScaleAPI, _StockLossScaleOptimizer
+):
     """A loss-scaling optimizer with a floor, a cap and skip accounting.
 
     Mixed float16 training multiplies the loss by a scale so that small
@@ -71,6 +74,10 @@ class LossScaleOptimizer(TfKerasLossScaleAPI, _StockLossScaleOptimizer):
             scale = min(scale * growth_factor, max_scale)
             step_counter = 0
     ```
+
+    Gradients of a loss it never scaled, applied in a `train_step` of
+    the user's own, are applied as they are, with one line that says how
+    to scale it (`kmp.scaling.scaled_losses`, `stateless_scale_loss`).
 
     `scale`, `step_counter`, `overflow_streak` and `skipped_steps` are
     optimizer variables (`dynamic_scale`, `step_counter`,
@@ -252,13 +259,12 @@ class LossScaleOptimizer(TfKerasLossScaleAPI, _StockLossScaleOptimizer):
             variable.assign(keras_float8.rescale(variable.value, factor))
 
     def _overwrites(self, variable):
-        # Keras >= 3.6 lets a variable take its "gradient" as a new value
-        # (e.g. float8 scaling statistics); such values are not scaled.
+        # A variable whose "gradient" is its new value (Keras float8's).
         check = getattr(self, "_overwrite_variable_with_gradient", None)
         return bool(check and check(variable))
 
     def _unscale(self, grads, trainable_variables):
-        if self._given_unscaled:  # by get_unscaled_gradients (tf-keras)
+        if self._given_unscaled:  # see the attribute
             return list(grads)
         scale = self.dynamic_scale.value
 
@@ -277,8 +283,7 @@ class LossScaleOptimizer(TfKerasLossScaleAPI, _StockLossScaleOptimizer):
 
     def _stateful_handle_finite_grads(self, grads, trainable_variables):
         tvs = trainable_variables or self._trainable_variables
-        # Unscale with the scale in force when the loss was scaled, i.e.
-        # before this step's update.
+        # The scale the loss was scaled with: before this step's update.
         self._apply_unscaled(self._unscale(grads, tvs), trainable_variables)
 
     def _apply_unscaled(self, unscaled, trainable_variables):
@@ -373,10 +378,11 @@ class LossScaleOptimizer(TfKerasLossScaleAPI, _StockLossScaleOptimizer):
             trainable_values, self._float8_state, factor
         )
 
-    def stateless_apply(self, optimizer_variables, grads, trainable_variables):
-        # On torch the stock class would update the values it is given in
-        # place (the model's own, in a custom loop); `own_values` copies.
-        return super().stateless_apply(
+    def _stateless_apply(self, optimizer_variables, grads, trainable_variables):
+        # The stock one (`super()`'s decides again). On torch it updates
+        # the values given in place (the model's): `own_values` copies.
+        return _StockLossScaleOptimizer.stateless_apply(
+            self,
             backend.own_values(optimizer_variables),
             grads,
             backend.own_values(trainable_variables),
@@ -397,7 +403,7 @@ class LossScaleOptimizer(TfKerasLossScaleAPI, _StockLossScaleOptimizer):
         # stock class raises UnexpectedTracerError here). Compute the step
         # statelessly and assign its results instead.
         tvs = list(trainable_variables or self._trainable_variables)
-        new_tvs, new_values = self.stateless_apply(
+        new_tvs, new_values = self._stateless_apply(
             [v.value for v in self.variables],
             list(grads),
             [v.value for v in tvs],

@@ -5,7 +5,10 @@ import json
 import math
 
 import pytest
+from util import FIXTURES
+from util import TRANSFORMER
 from util import fails_in_one_line
+from util import saved_keras_io_transformer
 
 from kmp.app import _commands
 from kmp.app import cli
@@ -210,3 +213,42 @@ def test_audit_of_a_saved_model_agrees_with_the_model_s(
         assert not isinstance(
             loaded.optimizer, keras.optimizers.LossScaleOptimizer
         )
+
+
+@pytest.mark.backend_independent
+def test_audit_of_the_user_s_own_classes_needs_their_module(
+    tmp_path, capsys, monkeypatch, registry
+):
+    path = str(tmp_path / "transformer.keras")
+    saved_keras_io_transformer(path)
+    code = fails_in_one_line(["audit", path], "--import=MODULE", capsys)
+    assert code == 2  # bad input, not "an error-severity finding" (1)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["audit", path])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "'TokenAndPositionEmbedding'" in line
+    assert exited.value.code == 2
+    # With the flag (a .py path, or a module name on sys.path): audited.
+    assert cli.main(["audit", path, f"--import={TRANSFORMER}"]) in (0, 1)
+    assert "loaded under mixed_float16" in capsys.readouterr().out
+    # A module name on sys.path works too.
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    saved_keras_io_transformer(path)
+    argv = ["audit", path, "--import=keras_io_transformer", "--json"]
+    assert cli.main(argv) in (0, 1)
+    assert isinstance(json.loads(capsys.readouterr().out), list)
+
+
+@pytest.mark.backend_independent
+def test_an_import_that_fails_is_one_line(tmp_path, capsys):
+    path = tmp_path / "m.keras"
+    path.write_bytes(b"")
+    argv = ["audit", str(path), "--import=no_such_module_kmp"]
+    phrase = "--import=no_such_module_kmp failed: ModuleNotFoundError"
+    assert fails_in_one_line(argv, phrase, capsys) == 2
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise RuntimeError('half-written')\n")
+    argv = ["audit", str(path), f"--import={broken}"]
+    phrase = "failed: RuntimeError: half-written"
+    assert fails_in_one_line(argv, phrase, capsys) == 2

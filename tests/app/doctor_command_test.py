@@ -3,7 +3,9 @@
 import json
 
 import pytest
+from util import TRANSFORMER
 from util import fails_in_one_line
+from util import saved_keras_io_transformer
 
 from kmp.app import cli
 
@@ -79,6 +81,7 @@ def test_doctor_reads_a_saved_model_and_npz(tmp_path, capsys):
         (["MODEL", "--data=BAD"], "--data must name a .npz file"),
         (["MODEL", "--data=NPZ"], "it needs x and y"),
         (["MODEL", "--data=XY"], "needs a loss"),  # saved uncompiled
+        (["JUNK", "--data=XY"], "is not a Keras archive"),
     ],
 )
 def test_doctor_bad_input_is_one_line(tmp_path, argv, phrase, capsys):
@@ -89,15 +92,36 @@ def test_doctor_bad_input_is_one_line(tmp_path, argv, phrase, capsys):
     model.save(str(tmp_path / "m.keras"))
     np.savez(str(tmp_path / "d.npz"), inputs=np.ones((2, 4)))
     np.savez(str(tmp_path / "xy.npz"), x=np.ones((2, 4)), y=np.ones((2, 2)))
+    (tmp_path / "junk.keras").write_text("not a zip")
     replace = {
         "--data=XY": "--data=" + str(tmp_path / "xy.npz"),
         "MODEL": str(tmp_path / "m.keras"),
+        "JUNK": str(tmp_path / "junk.keras"),
         "--data=BAD": "--data=" + str(tmp_path / "missing.npz"),
         "--data=NPZ": "--data=" + str(tmp_path / "d.npz"),
     }
     fails_in_one_line(
         ["doctor", *[replace.get(a, a) for a in argv]], phrase, capsys
     )
+
+
+def test_doctor_of_the_user_s_own_classes_needs_their_module(
+    tmp_path, capsys, registry
+):
+    import numpy as np
+
+    path = str(tmp_path / "transformer.keras")
+    saved_keras_io_transformer(path)
+    data = str(tmp_path / "d.npz")
+    tokens = np.arange(64).reshape(4, 16) % 64
+    np.savez(data, x=tokens, y=np.eye(2)[np.arange(4) % 2])
+    argv = ["doctor", path, f"--data={data}", "--batch_size=2"]
+    fails_in_one_line(argv, "'TokenAndPositionEmbedding'", capsys)
+    fails_in_one_line(argv, "--import=MODULE", capsys)
+    out = f"--output_dir={tmp_path / 'out'}"
+    assert cli.main([*argv, f"--import={TRANSFORMER}", out]) == 0
+    report = json.loads((tmp_path / "out" / "doctor.json").read_text())
+    assert report["examples"] == 4
 
 
 def test_doctor_help_lists_example_and_doctor_flags(capsys):

@@ -44,10 +44,20 @@ def test_tensorflow_lines_go_and_every_other_line_stays():
     assert logs.filter_tensorflow_logs(mixed) == "".join(OTHER_LINES)
 
 
-def test_verbose_or_a_users_setting_leaves_tensorflow_alone(monkeypatch):
+def test_verbose_leaves_tensorflow_alone_and_a_users_level_stands(
+    monkeypatch,
+):
     monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+    monkeypatch.delenv("KMP_VERBOSE", raising=False)
     logs.quiet_start(verbose=True)
     assert "TF_CPP_MIN_LOG_LEVEL" not in os.environ
+    monkeypatch.setenv("KMP_VERBOSE", "1")
+    logs.quiet_start()
+    assert "TF_CPP_MIN_LOG_LEVEL" not in os.environ
+    for value, wants in [("0", False), ("", False), ("1", True)]:
+        monkeypatch.setenv("KMP_VERBOSE", value)
+        assert logs.wants_tensorflow_logs() is wants
+    monkeypatch.delenv("KMP_VERBOSE")
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")
     logs.quiet_start()
     assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "0"
@@ -77,10 +87,10 @@ def test_kmp_records_go_to_stderr_as_it_is_when_written(monkeypatch):
 
 
 def _run(command, **env):
-    """Runs `command` with the user's environment (no log level set)."""
-    environ = {
-        k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"
-    }
+    """Runs `command` with the user's environment (no log level set, no
+    KMP_VERBOSE) and `env`."""
+    unset = ("TF_CPP_MIN_LOG_LEVEL", "KMP_VERBOSE")
+    environ = {k: v for k, v in os.environ.items() if k not in unset}
     return subprocess.run(
         command,
         capture_output=True,
@@ -110,21 +120,34 @@ def test_a_kmp_command_prints_no_tensorflow_log_line():
     assert not _tensorflow_lines(result.stderr), result.stderr
 
 
-def test_under_jax_tensorflow_loads_under_the_filter_too():
-    # Keras on JAX imports no TensorFlow; Keras's set_random_seed does,
-    # later, where it is installed (here): its load-time lines must not
-    # get through.
-    code = (
-        "import sys\n"
-        "from kmp_cli import logs\n"
-        "logs.quiet_start(tensorflow=True)\n"
-        "import keras\n"
-        "keras.utils.set_random_seed(0)\n"
-        "print(keras.backend.backend(), 'tensorflow' in sys.modules)\n"
-    )
-    result = _run([sys.executable, "-c", code], KERAS_BACKEND="jax")
+# Keras on JAX imports no TensorFlow; Keras's set_random_seed does, later,
+# where it is installed (here): its load-time lines must not get through.
+_SEEDS_UNDER_JAX = (
+    "import sys\n"
+    "from kmp_cli import logs\n"
+    "logs.quiet_start(tensorflow=True)\n"
+    "import keras\n"
+    "keras.utils.set_random_seed(0)\n"
+    "print(keras.backend.backend(), 'tensorflow' in sys.modules)\n"
+)
+
+
+@pytest.mark.parametrize(
+    "env, shown",
+    [
+        ({}, False),
+        # The setting users export to silence TensorFlow: alone, it lets
+        # six start-up lines through; under kmp it must give no more.
+        ({"TF_CPP_MIN_LOG_LEVEL": "3"}, False),
+        # Asked for: TensorFlow prints as it would anyway.
+        ({"KMP_VERBOSE": "1"}, True),
+    ],
+)
+def test_under_jax_tensorflow_loads_under_the_filter_too(env, shown):
+    command = [sys.executable, "-c", _SEEDS_UNDER_JAX]
+    result = _run(command, KERAS_BACKEND="jax", **env)
     assert result.stdout.split() == ["jax", "True"], result.stderr
-    assert not _tensorflow_lines(result.stderr), result.stderr
+    assert bool(_tensorflow_lines(result.stderr)) is shown, result.stderr
 
 
 @pytest.mark.slow

@@ -1,8 +1,11 @@
 """The audit's optimizer checks (`kmp.auditing.optimizer_checks`),
 through `kmp.audit`: loss scaling where float16 needs it, kmp's scaler
-rather than Keras's, and a scaler a `.keras` file would not record."""
+rather than Keras's, a scaler a `.keras` file would not record, and a
+train step of the model's own (keras-io's, `tests/keras_io_steps.py`)."""
 
 import keras
+import keras_io_steps
+import numpy as np
 from audit_util import compiled_for_audit
 from audit_util import has
 from audit_util import quiet_audit
@@ -73,3 +76,65 @@ def test_a_scaler_keras_added_at_compile_time_is_a_saving_hazard():
     given = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())
     assert not has(quiet_audit(compiled(given)), "Keras wrapped")
     assert not has(quiet_audit(compiled(kmp.wrap("sgd"))), "Keras wrapped")
+
+
+def _keras_io_model(scale, wrap=True):
+    with kmp.policy_scope("mixed_float16"):
+        model = keras_io_steps.custom_model(scale=scale)
+        sgd = keras.optimizers.SGD()
+        model.compile(optimizer=kmp.wrap(sgd) if wrap else sgd, loss="mse")
+    return model
+
+
+class ScalesItsLoss(keras.Model):
+    def train_step(self, data):  # never run: the audit reads the source
+        loss = self.compute_loss(y=data[1], y_pred=self(data[0]))
+        return self.optimizer.scale_loss(loss)
+
+
+def test_a_train_step_of_one_s_own_is_reported_with_what_kmp_does():
+    # The guide's step, as written: its source never scales the loss.
+    report = quiet_audit(_keras_io_model(False))
+    assert has(report, "never scales the loss", "warning")
+    assert has(report, "kmp applies the gradients unscaled")
+    # A step whose source scales: noted, not warned about.
+    with kmp.policy_scope("mixed_float16"):
+        inputs = keras.Input((4,))
+        model = ScalesItsLoss(inputs, keras.layers.Dense(1)(inputs))
+        model.compile(optimizer=kmp.wrap("sgd"), loss="mse")
+    assert has(quiet_audit(model), "overrides train_step and scales", "info")
+    # Keras's own train_step: nothing to say.
+    kmp.enable("mixed_float16")
+    plain = compiled_for_audit(small_mlp(out="float32"))
+    assert not has(quiet_audit(plain), "train_step")
+
+
+def test_a_train_step_that_never_scales_under_the_stock_scaler_is_an_error():
+    model = _keras_io_model(False, wrap=False)  # Keras adds its scaler
+    assert type(model.optimizer) is keras.optimizers.LossScaleOptimizer
+    assert has(quiet_audit(model), "32768x too small", "error")
+
+
+def test_a_gan_s_two_optimizers_are_named():
+    with kmp.policy_scope("mixed_float16"):
+        gan = keras_io_steps.gan(scale=False)
+        gan.compile(
+            d_optimizer=kmp.wrap(keras.optimizers.SGD()),
+            g_optimizer=kmp.wrap(keras.optimizers.SGD()),
+            loss_fn=keras.losses.BinaryCrossentropy(from_logits=True),
+        )
+    (finding,) = [f for f in quiet_audit(gan) if "train_step" in f.problem]
+    assert "d_optimizer, g_optimizer" in finding.problem
+    assert "self.d_optimizer." in finding.fix
+    assert "self.g_optimizer." in finding.fix
+    # Keras's compile made an RMSprop of its own, wrapped in its scaler,
+    # that the step never applies: not reported.
+    assert "Keras's own" not in finding.problem
+
+
+def test_a_train_step_found_unscaled_at_run_time_is_said_so():
+    model = _keras_io_model(False)
+    x = np.zeros((8, 8), "float32")
+    with kmp.policy_scope("mixed_float16"):
+        model.fit(x, x[:, :1], verbose=0)
+    assert has(quiet_audit(model), "found at its first step", "warning")

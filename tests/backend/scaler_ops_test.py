@@ -34,3 +34,15 @@ def test_own_values_are_copies_only_on_torch():
     np.testing.assert_array_equal(
         ops.convert_to_numpy(owned[0]), ops.convert_to_numpy(values[0])
     )
+
+
+def test_a_variable_is_held_by_the_step_only_when_jax_s_fit_emptied_it():
+    # Outside a step every backend's variable has its value; inside
+    # Keras's JAX fit it has none (tests/scaling/scaled_losses_test.py
+    # runs that case).
+    import keras
+
+    variable = keras.Variable(1.0)
+    assert not backend.held_by_the_step(variable)
+    with keras.StatelessScope(state_mapping=[(variable, ops.ones(()))]):
+        assert not backend.held_by_the_step(variable)

@@ -46,3 +46,36 @@ def test_step_compiler_and_the_logits_path_follow_the_backend():
     # clips the probability to 1e-7: -log(1e-7) = 16.1.
     expected = 30.0 if backend.crossentropy_reads_logits() else 16.118
     assert abs(loss - expected) < 0.01
+
+
+def test_uncompiled_is_dynamo_s_disable_on_torch_only():
+    def decide():
+        return True
+
+    run = backend.uncompiled(decide)
+    assert run() is True
+    if backend.name() != "torch":
+        assert run is decide
+        return
+    import torch
+
+    # Called inside a compiled function, it runs as Python (a graph
+    # break), not traced: it does not see the compiler.
+    seen = []
+
+    def compiling():
+        seen.append(torch.compiler.is_compiling())
+        return 2.0
+
+    @torch.compile(backend="eager")
+    def traced(x):
+        return x * compiling()
+
+    @torch.compile(backend="eager")
+    def called(x):
+        return x * run_as_python()
+
+    run_as_python = backend.uncompiled(compiling)
+    assert float(traced(torch.ones(()))) == 2.0
+    assert float(called(torch.ones(()))) == 2.0
+    assert seen == [True, False]

@@ -1,0 +1,247 @@
+"""Which losses a scaler scaled: a train step that never scaled its loss
+gets its gradients applied as they are, not divided by the loss scale.
+
+Keras's `LossScaleOptimizer.apply(grads)` takes gradients of the *scaled*
+loss and divides them by the scale. Keras's own train steps scale the
+loss first (`loss = self.optimizer.scale_loss(loss)`); the train steps
+that keras-io's guides teach ("Customizing what happens in `fit()`", on
+TensorFlow, JAX and PyTorch, and their GANs with two optimizers) do not.
+Under mixed_float16 such a step divides gradients that were never
+multiplied by 32768: the weights move 1/32768 as far as they should, and
+nothing says so (stock Keras and kmp alike, before this module).
+
+The rule, per `apply` (or `stateless_apply`) of a `kmp.LossScaleOptimizer`:
+
+```
+frame = innermost keras.Model.train_step running now, if any
+if frame is None:
+    divide by the scale            # Keras's contract: gradients of the
+                                   # scaled loss (hand-made, a loop of
+                                   # one's own that scales)
+elif optimizer.scale_loss was called in this very frame:
+    divide by the scale            # fit's own step, or a step that scales
+else:
+    apply the gradients as they are, and say once per model:
+    "... did not scale; fix: loss = self.optimizer.scale_loss(loss)"
+```
+
+Non-finite gradients are still skipped and counted either way.
+
+kmp does not scale the loss for such a step: the gradients reach the
+optimizer already computed, and scaling after the fact cannot bring back
+what float16 flushed to zero on the way. Where kmp could see the loss
+(`compute_loss`), scaling it would change what the user's step logs and
+returns, and would scale twice under Keras's own step. So the step keeps
+the user's meaning, float16 gradients of an unscaled loss, and the line
+names the one-line fix.
+
+On TensorFlow and JAX the decision is taken once, when the step is
+traced; on torch at every step (a walk of the stack, microseconds).
+"""
+
+import contextlib
+import logging
+import sys
+import threading
+import weakref
+
+import keras
+
+from kmp import backend
+from kmp.errors import InputError
+
+logger = logging.getLogger("kmp")
+
+# The calls that scale a loss, by name (the audit looks for them in a
+# train step's source).
+SCALING_CALLS = ("scale_loss", "get_scaled_loss")
+
+# Per thread (tf.distribute runs each replica's step in a thread of its
+# own): optimizer id -> id of the train step frame that scaled its loss.
+_local = threading.local()
+# Models already told about (once per model, not per optimizer: a GAN's
+# two optimizers make one line).
+_told = weakref.WeakSet()
+
+
+def _marks() -> dict:
+    marks = getattr(_local, "marks", None)
+    if marks is None:
+        marks = _local.marks = {}
+    return marks
+
+
+def train_step_frame():
+    """The innermost frame of a `keras.Model`'s `train_step` on this
+    thread's stack (a user's override, or Keras's own), or `None`."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        # Only a frame so named is looked into (reading f_locals costs).
+        if frame.f_code.co_name.endswith("train_step") and isinstance(
+            frame.f_locals.get("self"), keras.Model
+        ):
+            return frame
+        frame = frame.f_back
+    return None
+
+
+@backend.uncompiled
+def note_scaled(optimizer) -> None:
+    """Records that `optimizer` scaled a loss in the train step running
+    now (`scale_loss`, tf-keras's `get_scaled_loss`, Keras's trainers).
+    A mark made outside a train step is never read."""
+    frame = train_step_frame()
+    if frame is not None:
+        _marks()[id(optimizer)] = id(frame)
+
+
+@backend.uncompiled
+def loss_was_unscaled(optimizer, grads) -> bool:
+    """Whether `optimizer` is being given gradients, in a train step, of a
+    loss it did not scale there (see the module docstring); takes the
+    step's mark, and says so once per model the first time it is not.
+
+    Args:
+        optimizer: The `kmp.LossScaleOptimizer` applying `grads`.
+        grads: The gradients, to count them in the message.
+    """
+    mark = _marks().pop(id(optimizer), None)
+    frame = train_step_frame()
+    if frame is None or mark == id(frame):
+        return False
+    model = frame.f_locals["self"]
+    if model not in _told:
+        _told.add(model)
+        logger.warning("kmp: %s", _message(model, frame, optimizer, grads))
+    return True
+
+
+def fix(attribute="optimizer") -> str:
+    """The line that scales a train step's loss, on this backend (a
+    stateless step takes the scale from its state), for the optimizer
+    the model holds as `attribute`."""
+    if backend.is_stateless():
+        return (
+            f"loss = self.{attribute}.stateless_scale_loss("
+            "optimizer_variables, loss)"
+        )
+    return f"loss = self.{attribute}.scale_loss(loss)"
+
+
+def attribute_of(model, optimizer) -> str:
+    """The name the model holds `optimizer` under (a GAN's
+    `d_optimizer`), or "optimizer"."""
+    for name, value in vars(model).items():
+        if value is optimizer:
+            return name.lstrip("_")
+    return "optimizer"
+
+
+def _message(model, frame, optimizer, grads) -> str:
+    where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+    count = sum(g is not None for g in grads)
+    attribute = attribute_of(model, optimizer)
+    return (
+        f"{type(model).__name__}.train_step ({where}) applies {count} "
+        f"gradient(s) of a loss that self.{attribute} did not scale: kmp "
+        "applies them unscaled, as under float32 (not divided by the loss "
+        "scale, which would make every update that many times too small), "
+        "but float16 gradients of an unscaled loss can underflow to zero. "
+        f"Fix: {fix(attribute)} before taking the gradients."
+    )
+
+
+def models_told() -> list:
+    """The models `loss_was_unscaled` has warned about (for tests and
+    the audit)."""
+    return list(_told)
+
+
+class ScaledLossTracking:
+    """Mixin for `kmp.LossScaleOptimizer`: the loss-scaling entry points
+    that keep the marks (`scale_loss`, `stateless_scale_loss`) and read
+    them (`apply`, `stateless_apply`).
+
+    The subclass provides `_take_user_unscaled(grads)` (tf-keras's
+    `get_unscaled_gradients`, `_tf_keras_api`) and `_stateless_apply`
+    (its stateless update, which decides nothing), and asks
+    `self._given_unscaled` before dividing by the scale.
+    """
+
+    # True during an apply whose gradients are not to be divided by the
+    # scale: the user divided them (tf-keras's `get_unscaled_gradients`),
+    # or they are of a loss this optimizer did not scale.
+    _given_unscaled = False
+
+    def scale_loss(self, loss):
+        if self.built and backend.held_by_the_step(self.dynamic_scale):
+            raise InputError(
+                "scale_loss was called in a JAX train step of your own, "
+                "where Keras's fit holds the loss scale in the step's state "
+                "(the variable has no value there). Use loss = "
+                "self.optimizer.stateless_scale_loss(optimizer_variables, "
+                "loss), with the step's optimizer_variables."
+            )
+        note_scaled(self)
+        return super().scale_loss(loss)
+
+    def stateless_scale_loss(self, optimizer_variables, loss):
+        """`scale_loss` by the scale in `optimizer_variables`: the form
+        for a stateless train step (JAX), whose state holds the scale.
+
+        In a compiled JAX step, `scale_loss` reads the scale variable,
+        not the step's state: under Keras's `fit` the variable has no
+        value then (kmp raises, naming this method); in a loop of one's
+        own it is a constant of the compiled program, which the scale's
+        changes never reach. Keras's own JAX step scales under a
+        `StatelessScope` for this reason; this is that, for a step of
+        one's own.
+
+        Args:
+            optimizer_variables: The optimizer's values in the step's
+                state, as `stateless_apply` takes them.
+            loss: The loss tensor.
+
+        Returns:
+            `loss * scale`.
+
+        Example:
+
+        ```python
+        def compute_loss_and_updates(self, trainable, non_trainable,
+                                     optimizer_variables, x, y):
+            y_pred, non_trainable = self.stateless_call(
+                trainable, non_trainable, x, training=True)
+            loss = self.compute_loss(x, y, y_pred)
+            loss = self.optimizer.stateless_scale_loss(
+                optimizer_variables, loss)
+            return loss, (y_pred, non_trainable)
+        ```
+        """
+        mapping = list(zip(self.variables, optimizer_variables))
+        with keras.StatelessScope(state_mapping=mapping):
+            return self.scale_loss(loss)
+
+    def apply(self, grads, trainable_variables=None):
+        grads = list(grads)
+        by_user = self._take_user_unscaled(grads)
+        never_scaled = loss_was_unscaled(self, grads)
+        with self._dividing(not (by_user or never_scaled)):
+            return super().apply(grads, trainable_variables)
+
+    @contextlib.contextmanager
+    def _dividing(self, divide):
+        """Whether this apply divides the gradients by the scale."""
+        self._given_unscaled = not divide
+        try:
+            yield
+        finally:
+            self._given_unscaled = False
+
+    def stateless_apply(self, optimizer_variables, grads, trainable_variables):
+        grads = list(grads)
+        never_scaled = loss_was_unscaled(self, grads)
+        with self._dividing(not never_scaled):
+            return self._stateless_apply(
+                optimizer_variables, grads, trainable_variables
+            )
