@@ -50,7 +50,7 @@ from kmp import backend
 from kmp.app import data as kmp_data
 from kmp.app import recipes
 from kmp.app import scale_out
-from kmp_cli import configs
+from kmp_config import configs
 
 MEAN = np.array([0.4914, 0.4822, 0.4465], "float32") * 255
 STD = np.array([0.2470, 0.2435, 0.2616], "float32") * 255
@@ -63,7 +63,7 @@ STD = np.array([0.2470, 0.2435, 0.2616], "float32") * 255
 # batch_size, steps, data, seed, strategy, output_dir, restart, ...) and
 # this model's `width`. Defaults are GPU sizes (batch 512, width 64); where
 # no GPU is found, the sizes not given are batch 128, width 16, and the run
-# says so. The class is in kmp_cli/configs.py, which imports no Keras, so
+# says so. The class is in kmp_config/configs.py, which imports no Keras, so
 # that `kmp train` refuses a bad flag before TensorFlow loads.
 
 Config = configs.Cifar10Config
@@ -325,7 +325,7 @@ def main(argv):
 if __name__ == "__main__":
     from absl import app
 
-    from kmp_cli import flags
+    from kmp_config import flags
 
     flags.define_flags(Config)
     app.run(main)

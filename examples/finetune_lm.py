@@ -43,7 +43,7 @@ from kmp import backend
 from kmp.app import data as kmp_data
 from kmp.app import recipes
 from kmp.app import scale_out
-from kmp_cli import configs
+from kmp_config import configs
 
 # ## Configuration
 #
@@ -239,7 +239,7 @@ def main(argv):
 if __name__ == "__main__":
     from absl import app
 
-    from kmp_cli import flags
+    from kmp_config import flags
 
     flags.define_flags(Config)
     app.run(main)

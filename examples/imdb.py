@@ -46,7 +46,7 @@ from kmp import backend
 from kmp.app import data as kmp_data
 from kmp.app import recipes
 from kmp.app import scale_out
-from kmp_cli import configs
+from kmp_config import configs
 
 # ## Configuration
 #
@@ -56,7 +56,7 @@ from kmp_cli import configs
 # this model's: model, d_model, heads, layers, sequence_length,
 # vocabulary_size, float8. Where no GPU is found, the sizes not given are
 # batch 32, d_model 64, sequence 128, and the run says so. The class is in
-# kmp_cli/configs.py, which imports no Keras, so that `kmp train` refuses
+# kmp_config/configs.py, which imports no Keras, so that `kmp train` refuses
 # a bad flag (`--heads` that do not divide `--d_model` too) before
 # TensorFlow loads.
 
@@ -307,7 +307,7 @@ def main(argv):
 if __name__ == "__main__":
     from absl import app
 
-    from kmp_cli import flags
+    from kmp_config import flags
 
     flags.define_flags(Config)
     app.run(main)

@@ -1,28 +1,9 @@
-"""The errors kmp raises on input a user can fix.
+"""The library's input errors: `kmp_config.errors`'s, the one definition
+that the command line, the application and the library share (a
+`kmp.InputError` raised anywhere is the one the `kmp` command turns into
+one line)."""
 
-`InputError` is a `ValueError` and `InputTypeError` also a `TypeError`,
-so code that catches those keeps working. They exist so that a caller,
-the `kmp` command first of all, can tell "the argument, flag, file or
-cluster configuration is wrong" (one line, no traceback) from a bug in
-kmp, Keras or the model (a traceback, which is what it takes to fix one).
-"""
+from kmp_config.errors import InputError
+from kmp_config.errors import InputTypeError
 
-
-class InputError(ValueError):
-    """An argument, flag, file or cluster configuration kmp refuses; the
-    message says what was passed, what is allowed and how to fix it.
-
-    Example:
-
-    ```python
-    try:
-        kmp.enable("mixed_float8")
-    except kmp.InputError as error:
-        print(error)  # names the policies kmp.enable accepts
-    ```
-    """
-
-
-class InputTypeError(InputError, TypeError):
-    """An argument of a type kmp does not accept (for example a layer
-    where a model is expected)."""
+__all__ = ["InputError", "InputTypeError"]

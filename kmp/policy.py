@@ -15,10 +15,10 @@ import keras
 
 from kmp import backend
 from kmp.errors import InputError
+from kmp_config.names import POLICIES
 
 logger = logging.getLogger("kmp")
 
-POLICIES = ("mixed_float16", "mixed_bfloat16", "float32", "auto")
 
 # Tensor cores for float16 arrived with Volta (7.0); bfloat16 tensor cores
 # with Ampere (8.0), where bfloat16's float32-sized exponent makes loss

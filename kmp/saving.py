@@ -25,8 +25,8 @@ import keras
 
 from kmp.errors import InputError
 from kmp.islands import pin_float32
+from kmp_config.names import HALF_DTYPES
 
-HALF = ("float16", "bfloat16")
 # Keras's warning when it skips a custom `compile` on load: kmp does it.
 _SKIPPED_COMPILE = "`compile\\(\\)` was not called as part of model loading"
 
@@ -86,7 +86,7 @@ def load_model(filepath, custom_objects=None, compile=True, safe_mode=True):
     if compile and type(model).compile is not keras.Model.compile:
         _compile_as_saved(model, filepath, custom_objects, safe_mode)
     if any(
-        getattr(layer, "compute_dtype", None) in HALF
+        getattr(layer, "compute_dtype", None) in HALF_DTYPES
         for layer in model._flatten_layers()
     ):
         pin_float32(model)

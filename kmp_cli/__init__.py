@@ -8,12 +8,14 @@ command refuses (one line, exit status 2). Then it sets up the command's
 stderr, imports kmp and runs the command (`kmp.app.cli.run`).
 
     parser   the command line: argparse, and each command's checks
-    flags    the flags of `kmp train` and `kmp doctor` (absl)
-    configs  the examples' settings, whose fields are those flags
     logs     stderr: TensorFlow's C++ log lines filtered while it loads
 
-Nothing here imports Keras or kmp at module level; `python -m kmp_cli`
-is the same command (`kmp bench --backend` starts it afresh that way).
+The flags of `kmp train` and `kmp doctor`, the examples' settings they
+fill and `fail` are the leaf's (`kmp_config`), which the application
+and the examples import too. Nothing here imports Keras or kmp at module
+level; `python -m kmp_cli` is the same command (`kmp bench --backend`
+starts it afresh that way). Nothing imports this package: it imports
+the application, which never imports it back.
 """
 
 import os

@@ -8,29 +8,22 @@
     kmp doctor cifar10|imdb|PATH.keras [--flags]   where float16 hurts
 
 `parse` returns argparse's namespace with what the commands need from
-their flags: an example's config (`kmp_cli.flags`), the flags the user
+their flags: an example's config (`kmp_config.flags`), the flags the user
 gave, a help text to print. Everything that can be refused without Keras
 is refused here, in one line with exit status 2 (`fail`).
 """
 
 import argparse
 import os
-import sys
 
 from absl import flags as absl_flags
 
-from kmp_cli import configs
-from kmp_cli import flags
+from kmp_config import configs
+from kmp_config import flags
+from kmp_config import names
+from kmp_config.errors import fail
 
 HELP = ("-h", "--help", "--helpfull")
-
-
-def fail(command: str, message) -> None:
-    """Ends a command on bad input or configuration: one line on stderr,
-    exit status 2 (as argparse's usage errors). A bug keeps its
-    traceback: only what a user can fix comes here."""
-    print(f"{command}: {message}", file=sys.stderr)
-    raise SystemExit(2)
 
 
 def _positive_int(text):
@@ -117,7 +110,7 @@ def build() -> argparse.ArgumentParser:
         "the policy, final loss scale and skipped steps.",
     )
     demo_parser.add_argument(
-        "--policy", choices=configs.POLICIES, default="mixed_float16"
+        "--policy", choices=names.POLICIES, default="mixed_float16"
     )
     demo_parser.add_argument("--epochs", type=_positive_int, default=2)
     demo_parser.add_argument(

@@ -63,10 +63,10 @@ def _counted(name):
 for _name in ("train_step", "test_step", "predict_step"):
     setattr(keras.Model, _name, _counted(_name))
 
-from kmp.app import cli  # noqa: E402
+import kmp_cli  # noqa: E402
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-cli.main(["train", *sys.argv[1:]])
+kmp_cli.main(["train", *sys.argv[1:]])
 compiled = finished - hits
 print(
     "RESULT "

@@ -9,6 +9,11 @@ that BUILD_NOTES.md draws.
                           the wings: the core and themselves
     kmp/app/, examples/   the application: the public API, `backend`
                           and `console`
+    kmp_config/           the leaf: names, errors, configs, flags; imports
+                          no kmp, no launcher, no Keras, no framework
+    kmp_cli/              the launcher: the leaf at load, the app (and
+                          the API it registers) when it runs; nothing
+                          else imports it
 
 Each package's docstring says, on a line "Imports from kmp: ...", which
 parts of kmp its modules import; the tests hold it to that. A module or
@@ -30,6 +35,8 @@ WINGS = ("doctor", "distributed")
 LIBRARY_PACKAGES = CORE_PACKAGES + WINGS
 APPLICATION = ("kmp.app", "kmp.examples")
 COMMAND = ROOT / "kmp_cli"
+LEAF = ROOT / "kmp_config"
+FRAMEWORKS = ("keras", "tensorflow", "jax", "torch")
 
 
 def _modules(folder):
@@ -74,6 +81,22 @@ def _imports(path):
     """Every kmp module `path` imports, as dotted names (`kmp` itself for
     the public API)."""
     return {module for module, _ in _import_pairs(path)}
+
+
+def _every_import(path):
+    """Every module `path` imports, top-level or inside a function, as
+    the dotted name written (`from a.b import c` -> `a.b`)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def _top(name):
+    return name.split(".")[0]
 
 
 def _part(name):
@@ -263,8 +286,52 @@ def test_the_command_s_start_imports_no_keras_and_no_kmp_at_load(path):
             )
 
 
+@pytest.mark.parametrize("path", _modules(LEAF), ids=lambda p: p.name)
+def test_the_leaf_imports_no_kmp_no_launcher_and_no_framework(path):
+    # What the launcher, the app, the examples and the library all
+    # import: it must import none of them (no circle, no import back
+    # up) and load without Keras.
+    for name in _every_import(path):
+        assert _top(name) not in ("kmp", "kmp_cli", *FRAMEWORKS), (
+            f"kmp_config/{path.name} imports {name}"
+        )
+
+
+def _everything_but_the_launcher():
+    return (
+        [p for folder in _source_folders() for p in _modules(folder)]
+        + _modules(ROOT / "examples")
+        + _modules(LEAF)
+    )
+
+
+@pytest.mark.parametrize(
+    "path",
+    _everything_but_the_launcher(),
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_only_the_launcher_imports_the_launcher(path):
+    # The launcher starts the app; the app, the examples, the library and
+    # the leaf never reach back up to it.
+    for name in _every_import(path):
+        assert _top(name) != "kmp_cli", (
+            f"{path.relative_to(ROOT)} imports {name}"
+        )
+
+
+@pytest.mark.parametrize("path", _modules(COMMAND), ids=lambda p: p.name)
+def test_the_launcher_imports_the_leaf_and_the_app_s_entry_only(path):
+    # Of kmp, the API (which registers kmp's Keras classes before a
+    # load) and `kmp.app.cli`, the commands' dispatch.
+    for name in _every_import(path):
+        if _top(name) == "kmp":
+            assert name in ("kmp", "kmp.app", "kmp.app.cli"), (
+                f"kmp_cli/{path.name} imports {name}"
+            )
+
+
 def test_every_package_says_what_it_is():
-    for folder in _source_folders() + [COMMAND]:
+    for folder in _source_folders() + [COMMAND, LEAF]:
         docstring = ast.get_docstring(
             ast.parse((folder / "__init__.py").read_text())
         )
@@ -279,13 +346,17 @@ def _test_file(path):
         return ROOT / "tests" / "examples" / f"{stem}_test.py"
     if path.parent == COMMAND:  # the command's start, tested with the app
         return ROOT / "tests" / "app" / f"{stem}_test.py"
+    if path.parent == LEAF:
+        return ROOT / "tests" / "kmp_config" / f"{stem}_test.py"
     return ROOT / "tests" / path.parent.name / f"{stem}_test.py"
 
 
 # Modules whose whole content another test file covers, and why.
 NO_OWN_TEST = {
-    "_version.py": "a constant; api_test.py checks kmp.__version__",
-    "__main__.py": "`python -m kmp_cli`; tests/app/cli_test.py runs it",
+    "kmp/_version.py": "a constant; api_test.py checks kmp.__version__",
+    "kmp_cli/__main__.py": "`python -m kmp_cli`; tests/app/cli_test.py runs it",
+    "kmp/errors.py": "re-exports kmp_config/errors.py, whose test is "
+    "tests/kmp_config/errors_test.py",
 }
 
 
@@ -294,12 +365,13 @@ def test_every_module_has_a_test_file_named_after_it():
         [p for folder in _source_folders() for p in _modules(folder)]
         + _modules(ROOT / "examples")
         + _modules(COMMAND)
+        + _modules(LEAF)
     )
     missing = [
         str(_test_file(p).relative_to(ROOT))
         for p in sources
         if p.name != "__init__.py"
-        and p.name not in NO_OWN_TEST
+        and str(p.relative_to(ROOT)) not in NO_OWN_TEST
         and not _test_file(p).exists()
     ]
     assert not missing

@@ -113,13 +113,13 @@ def _structure(text):
 
 @pytest.mark.slow
 def test_the_doctor_still_prints_the_recorded_structure(tmp_path, capsys):
-    from kmp.app import cli
+    import kmp_cli
 
     # The README's command (cifar10, synthetic, the example's defaults),
     # on one batch of 32 instead of two of 128: the structure compared
     # has its numbers masked, and each batch of 128 costs TensorFlow
     # about 40 s of unfused float16 convolutions on a 2-core CPU.
-    cli.main(
+    kmp_cli.main(
         [
             "doctor",
             "cifar10",

@@ -143,10 +143,10 @@ def fails_in_one_line(argv, phrase, capsys):
     """Runs `kmp ARGV` in this process: it must exit non-zero with `phrase`
     on stderr and no traceback (tests/app/cli_test.py says why this is the
     shell's view). Returns the exit status a shell sees."""
-    from kmp.app import cli
+    import kmp_cli
 
     with pytest.raises(SystemExit) as exited:
-        cli.main(argv)
+        kmp_cli.main(argv)
     code, stderr = exited.value.code, capsys.readouterr().err
     if isinstance(code, str):  # Python prints it and exits with 1
         code, stderr = 1, stderr + code + "\n"

@@ -18,11 +18,13 @@ example trainers and `kmp bench` share.
     flops            a model's training FLOPs, the device's peak
     demo             a 30-second mixed-float16 fit (`kmp demo`)
 
-The command starts in `kmp_cli`, outside this package: importing
-anything here imports `kmp`, and with it Keras, so the command parses
-and checks its arguments there first (with the examples' settings,
-`kmp_cli.configs`, and the stderr filter, `kmp_cli.logs`), then imports
-kmp and calls `cli.run`.
+The command starts in `kmp_cli`, the launcher, outside this package:
+importing anything here imports `kmp`, and with it Keras, so the command
+parses and checks its arguments there first (with the examples'
+settings, `kmp_config.configs`, and the stderr filter, `kmp_cli.logs`),
+then imports kmp and calls `cli.run`. Nothing here imports the launcher;
+the names every layer shares (configs, flags, policy names, `fail`) are
+the leaf's, `kmp_config`.
 
 The examples (`examples/`, installed as `kmp.examples`) belong here too:
 they import `recipes`, `scale_out` and `data`, and `cli` and `bench`

@@ -8,7 +8,8 @@ import json
 import os
 import re
 
-from kmp_cli.parser import fail
+from kmp_config.errors import fail
+from kmp_config.names import MIXED_POLICIES
 
 
 def info(as_json: bool = False) -> dict:
@@ -197,7 +198,7 @@ def saved_policy(path) -> str:
             f"{path} is not a Keras archive ({error}); save the model with "
             "model.save('model.keras')."
         ) from None
-    for policy in ("mixed_float16", "mixed_bfloat16"):
+    for policy in MIXED_POLICIES:
         if f'"name": "{policy}"' in config:
             return policy
     return "float32"

@@ -14,12 +14,12 @@ import os
 
 import kmp
 from kmp.app._commands import load_saved
-from kmp_cli.parser import fail
+from kmp_config.errors import fail
 
 
 def doctor(args):
     """Runs `kmp.diagnose` on an example model or a saved one (flags
-    parsed and checked by `kmp_cli.flags.parse_doctor`); prints the
+    parsed and checked by `kmp_config.flags.parse_doctor`); prints the
     table and writes doctor.txt, doctor.json and doctor.png."""
     name = f"kmp doctor {args.target}"
     values, example = args.flag_values, args.config is not None

@@ -48,7 +48,7 @@ class Backup:
     """Keras's backup of one run, with the record that says whose it is.
 
     Args:
-        config: The run's config (`kmp_cli.configs.RunConfig`).
+        config: The run's config (`kmp_config.configs.RunConfig`).
         policy: The dtype policy the run resolved (`"auto"` picks by
             hardware, so the name the policy got).
         backup_dir: Where the backup is, e.g. `OUTPUT_DIR/backup`.

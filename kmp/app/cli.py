@@ -4,8 +4,9 @@
 the command line without Keras, refuses bad input, sets up stderr and
 imports kmp; then `run` hands the parsed arguments to the command:
 `info`, `demo`, `audit`, `train`, `bench` (`kmp.app._commands`) or
-`doctor` (`kmp.app._doctor_command`). `main(argv)` is the whole command
-in this process, as the tests run it.
+`doctor` (`kmp.app._doctor_command`). The whole command in this
+process, as the tests run it, is `kmp_cli.main(argv)`: the launcher
+imports the application, never the other way round.
 """
 
 from kmp.app._commands import audit
@@ -14,7 +15,6 @@ from kmp.app._commands import demo
 from kmp.app._commands import info
 from kmp.app._commands import train
 from kmp.app._doctor_command import doctor
-from kmp_cli import main  # noqa: F401  (kmp.app.cli.main(argv))
 
 
 def run(args) -> int:

@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 import kmp
-from kmp_cli.configs import SOURCES
+from kmp_config.configs import SOURCES
 
 logger = logging.getLogger("kmp")
 

@@ -18,6 +18,8 @@ import math
 
 import keras
 
+from kmp_config.names import MIXED_POLICIES
+
 # Dense (no sparsity) tensor-core peaks in TFLOP/s, from NVIDIA's data
 # sheets (SXM parts): 16-bit (float16 and bfloat16) and TF32. float32
 # without TF32 runs on the CUDA cores, far lower; it is listed as well.
@@ -115,7 +117,7 @@ def peak_tflops(device_name: str, policy: str, tf32: bool | None):
     when kmp does not know the device (a CPU, an unlisted GPU)."""
     for model, peaks in PEAK_TFLOPS.items():
         if model in device_name.upper():
-            if policy in ("mixed_float16", "mixed_bfloat16"):
+            if policy in MIXED_POLICIES:
                 return peaks["16-bit"]
             return peaks["tf32"] if tf32 else peaks["float32"]
     return None

@@ -6,7 +6,7 @@ a machine without a GPU, the callbacks every run
 gets (loss-scale monitor, step log, the backup it resumes from), and the
 results record that `kmp train`, `kmp bench` and the tests read. Their
 settings, whose fields are the command-line flags, are in
-`kmp_cli.configs` (no Keras there, so the command checks flags first).
+`kmp_config.configs` (no Keras there, so the command checks flags first).
 Where the replicas are (strategies, meshes, processes) is
 `kmp.app.scale_out`.
 """
@@ -25,7 +25,7 @@ from kmp.app import backup as kmp_backup
 from kmp.app import device_data
 from kmp.app import report
 from kmp.app import scale_out
-from kmp_cli import flags as kmp_flags
+from kmp_config import flags as kmp_flags
 
 
 def has_accelerator() -> bool:
@@ -159,7 +159,7 @@ class Run:
     """The callbacks of one training run, and its results afterwards.
 
     Args:
-        config: The run's config (`kmp_cli.configs.RunConfig`). Its
+        config: The run's config (`kmp_config.configs.RunConfig`). Its
             `output_dir` holds the backup (a rerun resumes an interrupted
             run: `kmp.app.backup`), and afterwards the model,
             `results.json` and `results.png` (chief only).

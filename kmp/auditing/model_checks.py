@@ -15,8 +15,8 @@ from kmp import islands
 from kmp.islands import activation_name
 from kmp.islands import is_sensitive
 from kmp.model_layers import all_layers
+from kmp_config.names import HALF_DTYPES
 
-HALF = ("float16", "bfloat16")
 # Tensor cores tile float16/bfloat16 matmuls in multiples of 8.
 _MULTIPLE = 8
 
@@ -37,7 +37,7 @@ def half_layers(model):
     return [
         layer
         for layer in layers
-        if layer.compute_dtype in HALF
+        if layer.compute_dtype in HALF_DTYPES
         and not isinstance(layer, keras.layers.InputLayer)
         and id(layer) not in attention_softmaxes
     ]
@@ -54,7 +54,10 @@ def check_outputs(model, outputs, findings):
     for tensor in keras.tree.flatten(getattr(model, "outputs", None) or []):
         operation = tensor._keras_history.operation
         dtype = keras.backend.standardize_dtype(tensor.dtype)
-        if not isinstance(operation, keras.layers.Layer) and dtype in HALF:
+        if (
+            not isinstance(operation, keras.layers.Layer)
+            and dtype in HALF_DTYPES
+        ):
             findings.append(
                 (
                     "warning",
@@ -161,7 +164,7 @@ def _attention_softmax_in_half(layer) -> bool:
     softmax = getattr(layer, "_softmax", None)
     if isinstance(softmax, islands.Float32Softmax):
         return False
-    return softmax is None or softmax.compute_dtype in HALF
+    return softmax is None or softmax.compute_dtype in HALF_DTYPES
 
 
 def check_inner_softmaxes(half, outputs, findings):
@@ -278,7 +281,8 @@ def check_loss(model, outputs, findings):
     sigmoid_half = [
         layer
         for layer in outputs or []
-        if layer.compute_dtype in HALF and activation_name(layer) == "sigmoid"
+        if layer.compute_dtype in HALF_DTYPES
+        and activation_name(layer) == "sigmoid"
     ]
     probabilities = [
         layer

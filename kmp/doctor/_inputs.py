@@ -25,8 +25,7 @@ from kmp.model_layers import all_layers
 from kmp.model_layers import output_layers
 from kmp.scaling import LossScaleOptimizer
 from kmp.scaling import ScaleRule
-
-HALF = {"float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}
+from kmp_config.names import MIXED_POLICY
 
 
 class Inputs(NamedTuple):
@@ -117,15 +116,15 @@ def _model_jit_compile(model):
 def policy_under_test(model, policy):
     """`(policy name, layers to switch to it)` for the mixed pass."""
     layers = all_layers(model)
-    half = [layer for layer in layers if layer.compute_dtype in HALF]
+    half = [layer for layer in layers if layer.compute_dtype in MIXED_POLICY]
     if policy is None:
         if half:
             dtypes = {layer.compute_dtype for layer in half}
             dtype = "float16" if "float16" in dtypes else "bfloat16"
-            return HALF[dtype], []
+            return MIXED_POLICY[dtype], []
         policy = "mixed_float16"
     name = policy.name if isinstance(policy, keras.DTypePolicy) else policy
-    if name not in HALF.values():
+    if name not in MIXED_POLICY.values():
         raise InputError(
             f"diagnose tests a mixed policy; got policy={policy!r}. Pass "
             "'mixed_float16' or 'mixed_bfloat16', or None to test the "

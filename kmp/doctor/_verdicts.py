@@ -39,8 +39,8 @@ from kmp.doctor.numerics import LOG2_MIN
 from kmp.doctor.numerics import RangeCounter
 from kmp.doctor.numerics import as_power_of_two
 from kmp.doctor.numerics import scale_range
+from kmp_config.names import HALF_DTYPES
 
-_HALF = ("float16", "bfloat16")
 _PRECEDING = 3  # layers whose error sets the baseline of the next
 # Keras computes these in float32 under a mixed policy (their outputs are
 # cast back), so their weight gradients are float32 ones.
@@ -160,7 +160,7 @@ def _layer_rows(model, layers, counts, fmt, scale):
             continue  # not called, no weights
         dtype = counts.dtypes.get(index)
         row = LayerReport(path, class_name, dtype, **reports)
-        if dtype in _HALF:
+        if dtype in HALF_DTYPES:
             row.reasons = _pin_reasons(
                 row, fmt, previous_errors, nonfinite_before
             )
@@ -177,7 +177,7 @@ def _layer_rows(model, layers, counts, fmt, scale):
             if act.relative_error is not None:
                 previous_errors.append(act.relative_error)
             nonfinite_before = nonfinite_before or act.measured_nonfinite > 0
-            if dtype in _HALF and act.lost > 0.01:
+            if dtype in HALF_DTYPES and act.lost > 0.01:
                 row.reasons.append(
                     f"note: {_share(act.lost)} of its nonzero outputs are "
                     f"below {fmt.min_subnormal:g} and become 0 in {fmt.name}"

@@ -13,6 +13,7 @@ from kmp.console import make_console
 from kmp.doctor.numerics import LOG2_MAX
 from kmp.doctor.numerics import LOG2_MIN
 from kmp.doctor.numerics import as_power_of_two
+from kmp_config.names import HALF_DTYPES
 
 GRADIENT_KEY = (
     "a.grad: gradient by the layer's outputs; w.grad: by its weights. @1: "
@@ -247,7 +248,7 @@ def plot(path, title, layers, fmt, loss_scale, worst=3) -> None:
         reports = [
             (layer.path, getattr(layer, kind))
             for layer in layers
-            if layer.dtype in ("float16", "bfloat16")
+            if layer.dtype in HALF_DTYPES
             and getattr(layer, kind) is not None
             and getattr(layer, kind).histogram["counts"]
         ]

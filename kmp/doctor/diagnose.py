@@ -23,6 +23,7 @@ from kmp.doctor._taps import LOOPING
 from kmp.doctor._taps import observed_layers
 from kmp.doctor.diagnosis import Diagnosis
 from kmp.model_layers import all_layers
+from kmp_config.names import HALF_DTYPES
 
 
 def diagnose(
@@ -161,7 +162,7 @@ def _coverage_notes(inputs, layers, counts):
         if dtype != "float32"
     ]
     if inputs.switched and not any(
-        x.compute_dtype in _inputs.HALF for x in all_layers(model)
+        x.compute_dtype in HALF_DTYPES for x in all_layers(model)
     ):
         notes.append(
             f"float32 model: tested under {inputs.policy} with its outputs "

@@ -24,8 +24,8 @@ from kmp.model_layers import all_layers
 from kmp.model_layers import check_patterns
 from kmp.model_layers import matches
 from kmp.model_layers import record_policies
+from kmp_config.names import HALF_DTYPES
 
-HALF = ("float16", "bfloat16")
 _MATMULS = (keras.layers.Dense, keras.layers.EinsumDense)
 _CONVOLUTIONS = (
     keras.layers.Conv1D,
@@ -108,7 +108,8 @@ def float8(model, also=(), skip=()):
     # are float32 (a pinned head over convolutions) has nothing eligible,
     # which the warning below says.
     if matmuls and all(
-        getattr(layer, "compute_dtype", None) not in HALF for layer in layers
+        getattr(layer, "compute_dtype", None) not in HALF_DTYPES
+        for layer in layers
     ):
         raise InputError(
             f"Every matmul layer of {model.name!r} computes in float32. "
@@ -196,7 +197,7 @@ def _ineligible(layer, heads, also, skip):
         return "skipped"
     if id(layer) in heads and not (also and matches(layer, also)):
         return "head (last matmul before an output)"
-    if layer.compute_dtype not in HALF:
+    if layer.compute_dtype not in HALF_DTYPES:
         return "computes in float32"
     if layer.quantization_mode or getattr(layer, "lora_enabled", False):
         return "quantized or LoRA"

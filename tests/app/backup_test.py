@@ -12,7 +12,7 @@ from util import mlp
 
 import kmp
 from kmp.app import backup as kmp_backup
-from kmp_cli import configs
+from kmp_config import configs
 
 
 class Interrupted(Exception):

@@ -2,8 +2,8 @@
 (`kmp.app.cli`).
 
 Bad input must end the command with one clear line and no traceback,
-before Keras loads. Most checks run `kmp.app.cli.main` (the entry point,
-`kmp_cli.main`) in this process: a shell shows a traceback exactly when
+before Keras loads. Most checks run `kmp_cli.main` (the console
+script's entry point) in this process: a shell shows a traceback exactly when
 an exception other than SystemExit escapes `main`, and prints a
 SystemExit's message on stderr with exit status 1. What needs a fresh
 interpreter (Keras not imported yet, the installed console script,
@@ -18,7 +18,7 @@ import sys
 import pytest
 from util import fails_in_one_line
 
-from kmp.app import cli
+import kmp_cli
 
 pytestmark = pytest.mark.backend_independent
 
@@ -190,7 +190,7 @@ def test_train_and_doctor_help_list_the_examples_and_how_to_see_flags(
     command, capsys
 ):
     with pytest.raises(SystemExit) as exited:
-        cli.main([command, "--help"])
+        kmp_cli.main([command, "--help"])
     assert exited.value.code == 0
     out = capsys.readouterr().out
     assert "cifar10" in out and "imdb" in out
@@ -198,7 +198,7 @@ def test_train_and_doctor_help_list_the_examples_and_how_to_see_flags(
 
 
 def test_train_help_lists_the_example_flags_and_cpu_sizes(capsys):
-    assert cli.main(["train", "imdb", "--help"]) == 0
+    assert kmp_cli.main(["train", "imdb", "--help"]) == 0
     out = capsys.readouterr().out
     for flag in ("--d_model", "--heads", "--policy", "--strategy", "restart"):
         assert flag in out
@@ -207,7 +207,7 @@ def test_train_help_lists_the_example_flags_and_cpu_sizes(capsys):
 
 def test_audit_help_says_what_the_exit_status_means(capsys):
     with pytest.raises(SystemExit):
-        cli.main(["audit", "--help"])
+        kmp_cli.main(["audit", "--help"])
     out = capsys.readouterr().out
     assert "1  at least one finding is an error" in out
     assert "warnings and notes are printed, not counted" in out

@@ -1,5 +1,5 @@
 """The `kmp` commands info, audit, train and bench (`kmp.app._commands`),
-through `kmp.app.cli.main`."""
+through `kmp_cli.main`."""
 
 import json
 import math
@@ -10,8 +10,8 @@ from util import TRANSFORMER
 from util import fails_in_one_line
 from util import saved_keras_io_transformer
 
+import kmp_cli
 from kmp.app import _commands
-from kmp.app import cli
 
 
 @pytest.mark.backend_independent
@@ -50,7 +50,7 @@ def test_audit_command_reads_a_saved_model(tmp_path, capsys):
     model.optimizer.build(model.trainable_variables)  # saved with its state
     path = str(tmp_path / "model.keras")
     model.save(path)
-    status = cli.main(["audit", path, "--json"])
+    status = kmp_cli.main(["audit", path, "--json"])
     findings = json.loads(capsys.readouterr().out)
     errors = [f["problem"] for f in findings if f["severity"] == "error"]
     warnings = [f["problem"] for f in findings if f["severity"] == "warning"]
@@ -77,7 +77,7 @@ def test_audit_exits_0_when_no_finding_is_an_error(tmp_path, capsys):
     model.optimizer.build(model.trainable_variables)
     path = str(tmp_path / "model.keras")
     model.save(path)
-    status = cli.main(["audit", path, "--json"])
+    status = kmp_cli.main(["audit", path, "--json"])
     severities = {f["severity"] for f in json.loads(capsys.readouterr().out)}
     assert "warning" in severities and "error" not in severities
     assert status == 0
@@ -101,7 +101,7 @@ def test_audit_command_rejects_a_path_that_is_not_a_keras_file(
 @pytest.mark.slow
 @pytest.mark.backend_independent
 def test_train_runs_the_example_and_prints_the_table(tmp_path, capsys):
-    results = cli.main(
+    results = kmp_cli.main(
         [
             "train",
             "cifar10",
@@ -132,7 +132,7 @@ def test_bench_command_writes_markdown_and_json(tmp_path, monkeypatch, capsys):
         "small",
         {"imdb": {"d_model": 16, "batch_size": 4, "sequence_length": 8}},
     )
-    cli.main(
+    kmp_cli.main(
         [
             "bench",
             "--models",
@@ -196,7 +196,7 @@ def test_audit_of_a_saved_model_agrees_with_the_model_s(
     model.save(path)
     kmp.disable()  # as in a new process
     capsys.readouterr()
-    cli.main(["audit", path, "--json"])
+    kmp_cli.main(["audit", path, "--json"])
 
     def named(findings):
         # A layer's path is Keras's: "sequential/dense_1" in the model
@@ -225,18 +225,18 @@ def test_audit_of_the_user_s_own_classes_needs_their_module(
     assert code == 2  # bad input, not "an error-severity finding" (1)
     capsys.readouterr()
     with pytest.raises(SystemExit) as exited:
-        cli.main(["audit", path])
+        kmp_cli.main(["audit", path])
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "'TokenAndPositionEmbedding'" in line
     assert exited.value.code == 2
     # With the flag (a .py path, or a module name on sys.path): audited.
-    assert cli.main(["audit", path, f"--import={TRANSFORMER}"]) in (0, 1)
+    assert kmp_cli.main(["audit", path, f"--import={TRANSFORMER}"]) in (0, 1)
     assert "loaded under mixed_float16" in capsys.readouterr().out
     # A module name on sys.path works too.
     monkeypatch.syspath_prepend(str(FIXTURES))
     saved_keras_io_transformer(path)
     argv = ["audit", path, "--import=keras_io_transformer", "--json"]
-    assert cli.main(argv) in (0, 1)
+    assert kmp_cli.main(argv) in (0, 1)
     assert isinstance(json.loads(capsys.readouterr().out), list)
 
 

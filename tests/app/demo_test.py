@@ -2,14 +2,16 @@
 
 import pytest
 
-from kmp.app import cli
+import kmp_cli
 from kmp.app import demo
 
 pytestmark = pytest.mark.backend_independent
 
 
 def test_demo_fit_prints_policy_scale_and_skipped_steps(capsys):
-    cli.main(["demo", "--epochs", "1", "--steps", "4", "--batch_size", "16"])
+    kmp_cli.main(
+        ["demo", "--epochs", "1", "--steps", "4", "--batch_size", "16"]
+    )
     out = capsys.readouterr().out
     assert "policy          mixed_float16" in out
     assert "loss scale      32768" in out

@@ -1,4 +1,4 @@
-"""`kmp doctor` (`kmp.app._doctor_command`), through `kmp.app.cli.main`."""
+"""`kmp doctor` (`kmp.app._doctor_command`), through `kmp_cli.main`."""
 
 import json
 
@@ -7,7 +7,7 @@ from util import TRANSFORMER
 from util import fails_in_one_line
 from util import saved_keras_io_transformer
 
-from kmp.app import cli
+import kmp_cli
 
 pytestmark = pytest.mark.backend_independent
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.backend_independent
 @pytest.mark.slow
 def test_doctor_runs_an_example_and_writes_json_and_png(tmp_path, capsys):
     assert (
-        cli.main(
+        kmp_cli.main(
             [
                 "doctor",
                 "cifar10",
@@ -52,7 +52,7 @@ def test_doctor_reads_a_saved_model_and_npz(tmp_path, capsys):
     model.save(path)
     data = str(tmp_path / "d.npz")
     np.savez(data, x=np.ones((8, 4), "float32"), y=np.zeros((8, 2)))
-    cli.main(
+    kmp_cli.main(
         [
             "doctor",
             path,
@@ -119,13 +119,13 @@ def test_doctor_of_the_user_s_own_classes_needs_their_module(
     fails_in_one_line(argv, "'TokenAndPositionEmbedding'", capsys)
     fails_in_one_line(argv, "--import=MODULE", capsys)
     out = f"--output_dir={tmp_path / 'out'}"
-    assert cli.main([*argv, f"--import={TRANSFORMER}", out]) == 0
+    assert kmp_cli.main([*argv, f"--import={TRANSFORMER}", out]) == 0
     report = json.loads((tmp_path / "out" / "doctor.json").read_text())
     assert report["examples"] == 4
 
 
 def test_doctor_help_lists_example_and_doctor_flags(capsys):
-    assert cli.main(["doctor", "cifar10", "--help"]) == 0
+    assert kmp_cli.main(["doctor", "cifar10", "--help"]) == 0
     out = capsys.readouterr().out
     assert "--width" in out and "--batches" in out and "--loss_scale" in out
 
@@ -148,4 +148,4 @@ def test_a_bug_inside_diagnose_keeps_its_traceback(monkeypatch, tmp_path):
         f"--output_dir={tmp_path}",
     ]
     with pytest.raises(ValueError, match="a bug"):
-        cli.main(argv)
+        kmp_cli.main(argv)

@@ -3,8 +3,8 @@
 
 import pytest
 
-from kmp_cli import configs
 from kmp_cli import parser
+from kmp_config import configs
 
 pytestmark = pytest.mark.backend_independent
 

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 from util import tf_only
 
-from kmp.app import cli
+import kmp_cli
 from kmp.app import data
 from kmp.app import recipes
-from kmp_cli import configs
+from kmp_config import configs
 
 
 class Seen(Exception):
@@ -70,7 +70,7 @@ def test_kmp_train_runs_the_example_on_its_cpu_sized_config(
     monkeypatch.setattr(recipes, "has_accelerator", lambda: False)
     monkeypatch.setattr(imdb, "train", _seen_train)
     with pytest.raises(Seen) as seen:
-        cli.main(["train", "imdb", "--d_model=32", "--steps=1"])
+        kmp_cli.main(["train", "imdb", "--d_model=32", "--steps=1"])
     trained = seen.value.args[0]
     assert (trained.d_model, trained.steps) == (32, 1)
     assert (trained.batch_size, trained.sequence_length) == (32, 128)

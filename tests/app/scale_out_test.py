@@ -16,7 +16,7 @@ import kmp
 from kmp import backend
 from kmp.app import recipes
 from kmp.app import scale_out
-from kmp_cli import configs
+from kmp_config import configs
 
 
 @pytest.mark.backend_independent

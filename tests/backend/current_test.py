@@ -123,7 +123,7 @@ def test_examples_bench_and_doctor_run_when_tensorflow_cannot_be_imported(
     stdout = _run_without_tensorflow(
         f"""
         from kmp.app import bench
-        from kmp.app import cli
+        import kmp_cli
         from kmp.examples import cifar10
         tiny = {{"imdb": {{"d_model": 16, "batch_size": 4,
                           "sequence_length": 8}}}}
@@ -133,10 +133,10 @@ def test_examples_bench_and_doctor_run_when_tensorflow_cannot_be_imported(
             data="auto", width=8, steps=2, epochs=1, batch_size=8,
             synthetic_size=32, verbose=0, output_dir={str(tmp_path)!r}))
         print("train", results["data"], results["data_note"][:30])
-        cli.main(["doctor", "imdb", "--data=synthetic", "--synthetic_size=64",
-                  "--d_model=16", "--sequence_length=8", "--batch_size=8",
-                  "--batches=1",
-                  "--output_dir={tmp_path / "doctor"}"])
+        kmp_cli.main(["doctor", "imdb", "--data=synthetic",
+                      "--synthetic_size=64", "--d_model=16",
+                      "--sequence_length=8", "--batch_size=8", "--batches=1",
+                      "--output_dir={tmp_path / "doctor"}"])
         """
     )
     assert "bench 4" in stdout

@@ -152,7 +152,7 @@ def test_bad_config_is_a_clear_error(tmp_path, field, value, message):
 def test_flags_map_onto_the_config():
     from absl import flags as absl_flags
 
-    from kmp_cli import flags
+    from kmp_config import flags
 
     values = absl_flags.FlagValues()
     flags.define_flags(cifar10.Config, values)
@@ -172,14 +172,14 @@ def test_an_interrupted_run_resumes_with_its_flags_and_only_with_them(
     from util import fails_in_one_line
     from util import interrupt_runs
 
-    from kmp.app import cli
+    import kmp_cli
 
     settings = dataclasses.asdict(small(tmp_path, epochs=3))
     argv = ["train", "cifar10", *(f"--{k}={v}" for k, v in settings.items())]
     with monkeypatch.context() as patch:
         interrupt_runs(patch, after_epochs=2)
         with pytest.raises(Interrupted):
-            cli.main(argv)
+            kmp_cli.main(argv)
     with open(tmp_path / "backup" / "run.json") as f:
         before = json.load(f)["epochs"]
     assert len(before["loss"]) == 2
@@ -190,7 +190,7 @@ def test_an_interrupted_run_resumes_with_its_flags_and_only_with_them(
     assert fails_in_one_line(other, phrase, capsys) == 2
 
     # The same flags, and more epochs (which may change): it resumes.
-    assert cli.main([*argv, "--epochs=4"]) == 0
+    assert kmp_cli.main([*argv, "--epochs=4"]) == 0
     with open(tmp_path / "results.json") as f:
         results = json.load(f)
     assert results["epochs"] == 4

@@ -1,4 +1,4 @@
-"""The examples' settings (`kmp_cli.configs`): checks, CPU sizes, and
+"""The examples' settings (`kmp_config.configs`): checks, CPU sizes, and
 what an interrupted run must keep to resume."""
 
 import dataclasses
@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 import kmp
-from kmp_cli import configs
+from kmp_config import configs
 
 pytestmark = pytest.mark.backend_independent
 

@@ -1,5 +1,5 @@
 """The flags of `kmp train` and `kmp doctor`: absl flags made from the
-configs' fields (`kmp_cli.configs`), parsed and checked without Keras.
+configs' fields (`kmp_config.configs`), parsed and checked without Keras.
 
     define_flags       one absl flag per config field
     config_from_flags  the config the parsed flags describe
@@ -20,9 +20,8 @@ import os
 
 from absl import flags
 
-from kmp_cli import configs
-
-DOCTOR_POLICIES = ("mixed_float16", "mixed_bfloat16")
+from kmp_config import configs
+from kmp_config import names
 
 
 def define_flags(config_class, flag_values=None):
@@ -191,9 +190,9 @@ def parse_doctor(command, target, argv):
                 "auto, tfds or synthetic."
             ) from None
         raise
-    if values.policy and values.policy not in DOCTOR_POLICIES:
+    if values.policy and values.policy not in names.MIXED_POLICIES:
         raise flags.ValidationError(
-            f"--policy must be one of {', '.join(DOCTOR_POLICIES)} "
+            f"--policy must be one of {', '.join(names.MIXED_POLICIES)} "
             f"(the mixed policy under test); got {values.policy!r}."
         )
     if example:

@@ -1,13 +1,13 @@
 """The flags of `kmp train` and `kmp doctor`, made from the configs'
-fields (`kmp_cli.flags`)."""
+fields (`kmp_config.flags`)."""
 
 import dataclasses
 
 import pytest
 from absl import flags as absl_flags
 
-from kmp_cli import configs
-from kmp_cli import flags
+from kmp_config import configs
+from kmp_config import flags
 
 pytestmark = pytest.mark.backend_independent
 
@@ -61,4 +61,4 @@ def test_help_text_lists_every_flag_without_absl_s_own():
     text = flags.help_text("usage: x", flags.example_flags("cifar10"))
     assert text.startswith("usage: x\n\nflags (--name=value):\n")
     assert "--width" in text and "--flagfile" not in text
-    assert "kmp_cli" not in text  # absl's heading: the defining module
+    assert "kmp_config" not in text  # absl's heading: the defining module

@@ -26,8 +26,11 @@ an interrupted run must keep to resume from its backup (all but
 """
 
 import dataclasses
+import os
 
-POLICIES = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
+from kmp_config import names
+from kmp_config.errors import InputError
+
 STRATEGIES = ("none", "mirrored", "multiworker")
 DISTRIBUTIONS = ("none", "data", "model")
 SOURCES = ("auto", "tfds", "synthetic")
@@ -38,6 +41,11 @@ OUTPUT_DIR_HELP = (
 SYNTHETIC_SIZE_HELP = (
     "Training examples of synthetic data; its test split is a fifth of that."
 )
+
+
+def _tf_config() -> str:
+    """The `TF_CONFIG` environment variable, stripped ("" when unset)."""
+    return os.environ.get("TF_CONFIG", "").strip()
 
 
 def flag(default, help, choices=None, lower_bound=None):
@@ -58,7 +66,7 @@ class RunConfig:
     """The flags every example takes; each example subclasses it."""
 
     policy: str = flag(
-        "auto", "Dtype policy; auto picks by hardware.", POLICIES
+        "auto", "Dtype policy; auto picks by hardware.", names.POLICIES
     )
     epochs: int = flag(10, "Epochs.", lower_bound=1)
     batch_size: int = flag(64, "Global batch (all replicas).", lower_bound=1)
@@ -188,14 +196,14 @@ class RunConfig:
 
     def check(self):
         """Raises `kmp.InputError` naming the first bad field, or a
-        multi-worker run without its cluster; returns the config."""
-        import kmp  # the library's error; `problem` alone imports nothing
-
+        multi-worker run without its cluster; returns the config. (That
+        the cluster is well formed, `kmp.multi_worker_strategy` checks,
+        when the run makes its strategy.)"""
         problem = self.problem()
         if problem:
-            raise kmp.InputError(problem)
-        if self.strategy == "multiworker" and kmp.parse_tf_config() is None:
-            raise kmp.InputError(
+            raise InputError(problem)
+        if self.strategy == "multiworker" and not _tf_config():
+            raise InputError(
                 "strategy=multiworker needs TF_CONFIG, the cluster (every "
                 "worker's host:port) and this worker's index, e.g. "
                 'TF_CONFIG=\'{"cluster": {"worker": ["host1:12345", '
@@ -289,7 +297,7 @@ class LmConfig(RunConfig):
     policy: str = flag(
         "mixed_bfloat16",
         "Dtype policy (float8 needs mixed_bfloat16 or mixed_float16).",
-        POLICIES,
+        names.POLICIES,
     )
     epochs: int = flag(2, "Epochs.", lower_bound=1)
     batch_size: int = flag(32, "Global batch of sequences.", lower_bound=1)
