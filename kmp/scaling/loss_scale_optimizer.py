@@ -14,6 +14,7 @@ from kmp import backend
 from kmp.errors import InputError
 from kmp.scaling import keras_float8
 from kmp.scaling._tf_keras_api import TfKerasLossScaleAPI
+from kmp.scaling.scale_rule import RuleConstant
 from kmp.scaling.scale_rule import ScaleRule
 from kmp.scaling.scale_rule import ScaleState
 from kmp.scaling.scale_rule import check_rule
@@ -125,6 +126,14 @@ class LossScaleOptimizer(
     # Positions of Keras float8 gradient state among the trainable
     # variables (`_follow_keras_float8`); none before `build`.
     _float8_state = ()
+    # The constructor's arguments, read from `rule` (`RuleConstant`).
+    dynamic_growth_steps = RuleConstant()
+    growth_factor = RuleConstant()
+    backoff_factor = RuleConstant()
+    min_scale = RuleConstant()
+    max_scale = RuleConstant()
+    hysteresis = RuleConstant()
+    dynamic = RuleConstant()
 
     def __init__(
         self,
@@ -158,17 +167,13 @@ class LossScaleOptimizer(
             name=name,
             **kwargs,
         )
-        self._set_rule(rule)
+        self._rule = rule
 
-    def _set_rule(self, rule):
-        """The rule's constants as attributes, under the constructor's
-        names (`dynamic_growth_steps` is the stock class's own)."""
-        self.growth_factor = rule.growth_factor
-        self.backoff_factor = rule.backoff_factor
-        self.min_scale = rule.min_scale
-        self.max_scale = rule.max_scale
-        self.hysteresis = rule.hysteresis
-        self.dynamic = rule.dynamic
+    @property
+    def rule(self) -> ScaleRule:
+        """The rule's constants, one `ScaleRule` (checked when made); the
+        attributes of the same names read it."""
+        return self._rule
 
     def build(self, var_list):
         super().build(var_list)
@@ -230,16 +235,7 @@ class LossScaleOptimizer(
         # `.value` reads the variable, or its stand-in inside a
         # StatelessScope.
         state = ScaleState(*(v.value for v in variables))
-        rule = ScaleRule(
-            self.dynamic_growth_steps,
-            self.growth_factor,
-            self.backoff_factor,
-            self.min_scale,
-            self.max_scale,
-            self.hysteresis,
-            self.dynamic,
-        )
-        new_state = next_scale_state(state, finite, rule)
+        new_state = next_scale_state(state, finite, self.rule)
         factor = None
         if self._float8_state and new_state.scale is not state.scale:
             # Before the assignments: on torch `state.scale` is the
@@ -437,14 +433,5 @@ class LossScaleOptimizer(
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            {
-                "growth_factor": self.growth_factor,
-                "backoff_factor": self.backoff_factor,
-                "min_scale": self.min_scale,
-                "max_scale": self.max_scale,
-                "hysteresis": self.hysteresis,
-                "dynamic": self.dynamic,
-            }
-        )
+        config.update(self.rule._asdict())
         return config

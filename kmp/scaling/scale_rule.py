@@ -45,6 +45,30 @@ class ScaleRule(NamedTuple):
     dynamic: bool = True
 
 
+class RuleConstant:
+    """An attribute of the optimizer that is one constant of the
+    `ScaleRule` it holds (`LossScaleOptimizer.rule`): the attributes
+    users and Keras read under the constructor's names
+    (`optimizer.min_scale`; Keras's own `dynamic_growth_steps`, which its
+    constructor sets) are views of the one value the update runs on. An
+    assignment replaces that constant of the rule, unchecked, as an
+    assignment to a Keras attribute is."""
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, optimizer, owner=None):
+        if optimizer is None:
+            return self
+        return getattr(optimizer.rule, self.name)
+
+    def __set__(self, optimizer, value):
+        # Keras's constructor sets `dynamic_growth_steps` before kmp's
+        # gives the whole rule: the defaults stand in until then.
+        rule = getattr(optimizer, "_rule", None) or ScaleRule()
+        optimizer._rule = rule._replace(**{self.name: value})
+
+
 def next_scale_state(
     state: ScaleState, finite: bool, rule: ScaleRule
 ) -> ScaleState:

@@ -58,7 +58,9 @@ def upgrade_stock_scaler(optimizer) -> LossScaleOptimizer:
         max_scale=max(2.0**24, initial),
     )
     optimizer.__class__ = LossScaleOptimizer
-    optimizer._set_rule(rule)
+    # The stock class's plain attribute is now a view of the rule.
+    vars(optimizer).pop("dynamic_growth_steps", None)
+    optimizer._rule = rule
     if optimizer.built:
         optimizer._add_skip_accounting()
         # The stock scale may have fallen to 0 or grown to inf already.

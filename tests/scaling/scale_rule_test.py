@@ -139,3 +139,30 @@ def test_fields_a_step_leaves_alone_are_the_objects_passed_in():
     assert finite.scale is not state.scale  # a dynamic scale may grow
     fixed = next_scale_state(state, False, ScaleRule(dynamic=False))
     assert fixed.scale is state.scale
+
+
+def test_the_optimizer_holds_one_rule_and_its_attributes_read_it():
+    import keras
+
+    import kmp
+
+    optimizer = kmp.LossScaleOptimizer(
+        keras.optimizers.SGD(),
+        initial_scale=4.0,
+        max_scale=8.0,
+        dynamic_growth_steps=1,
+    )
+    assert optimizer.rule == check_rule(
+        4.0, max_scale=8.0, dynamic_growth_steps=1
+    )
+    assert (optimizer.max_scale, optimizer.dynamic_growth_steps) == (8.0, 1)
+    assert optimizer.get_config()["max_scale"] == 8.0
+    # An assignment changes the rule the next step runs on: the cap.
+    optimizer.max_scale = 4.0
+    assert optimizer.rule.max_scale == 4.0
+    variable = keras.Variable([1.0])
+    optimizer.build([variable])
+    optimizer.apply([ops.ones((1,))], [variable])
+    assert float(optimizer.loss_scale) == 4.0  # grown, then capped
+    restored = kmp.LossScaleOptimizer.from_config(optimizer.get_config())
+    assert restored.rule == optimizer.rule
