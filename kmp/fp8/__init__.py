@@ -1,9 +1,14 @@
 """Float8 matmuls: `kmp.float8(model)` and the layers it puts in.
 
+    quantization   the arithmetic: per-tensor scales, rounding to E4M3
+                   and E5M2, the custom gradients
+    matmuls        a matmul layer's sizes, an attention's projections,
+                   which suit float8 tensor cores
     float8_layers  kmp's own `Float8Dense`, `Float8EinsumDense`,
                    `Float8MultiHeadAttention` (kmp.layers; what kmp 0.1's
-                   `kmp.float8` put in, kept for its files); reading any
-                   float8 layer's operands and sizes
+                   `kmp.float8` put in, kept for its files)
+    operands       any float8 layer, Keras's or kmp's: which they are,
+                   and the operands each quantizes (for the doctor)
     convert        `kmp.float8`: which layers of a model are eligible,
                    converted in place to Keras's own float8
 
@@ -14,9 +19,9 @@ from kmp.fp8.convert import float8
 from kmp.fp8.float8_layers import Float8Dense
 from kmp.fp8.float8_layers import Float8EinsumDense
 from kmp.fp8.float8_layers import Float8MultiHeadAttention
-from kmp.fp8.float8_layers import float8_matmuls
-from kmp.fp8.float8_layers import matmul_sizes
-from kmp.fp8.float8_layers import observe_operands
+from kmp.fp8.matmuls import matmul_sizes
+from kmp.fp8.operands import float8_matmuls
+from kmp.fp8.operands import observe_operands
 
 __all__ = [
     "Float8Dense",

@@ -20,6 +20,7 @@ import keras
 from kmp.errors import InputError
 from kmp.errors import InputTypeError
 from kmp.fp8 import float8_layers
+from kmp.fp8.matmuls import is_eligible_einsum
 from kmp.model_layers import all_layers
 from kmp.model_layers import check_patterns
 from kmp.model_layers import matches
@@ -203,7 +204,7 @@ def _ineligible(layer, heads, also, skip):
         return "quantized or LoRA"
     if not layer.built:
         return "not built"
-    if not float8_layers.is_eligible_einsum(layer):
+    if not is_eligible_einsum(layer):
         return "sizes not multiples of 16"
     return None
 

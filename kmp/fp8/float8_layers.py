@@ -26,87 +26,23 @@ non-finite, so the loss-scale optimizer still sees the overflow. It costs
 one reduction over the gradient per layer. (Keras's float8 layers get the
 same independence from `kmp.LossScaleOptimizer` instead.)
 
-`float8_matmuls`, `matmul_sizes` and `observe_operands` read both kinds,
-for the audit and the doctor.
+The arithmetic is `quantization`'s; `operands` reads these layers and
+Keras's alike, for the audit and the doctor.
 """
 
-import contextlib
-
 import keras
-import ml_dtypes
 from keras import ops
 
 from kmp.errors import InputError
+from kmp.fp8.matmuls import is_eligible_einsum
+from kmp.fp8.matmuls import projections
+from kmp.fp8.quantization import E4M3
+from kmp.fp8.quantization import amax
+from kmp.fp8.quantization import quantize_forward
+from kmp.fp8.quantization import quantize_gradient
+from kmp.fp8.quantization import scale_for
 from kmp.islands import MultiHeadAttention
 from kmp.model_layers import swap_class
-
-E4M3 = "float8_e4m3fn"
-E5M2 = "float8_e5m2"
-_MAX = {dtype: float(ml_dtypes.finfo(dtype).max) for dtype in (E4M3, E5M2)}
-_TINY = {"float16": float(ml_dtypes.finfo("float16").tiny)}
-
-
-def scale_for(amax, dtype, compute_dtype):
-    """The per-tensor scale, in `compute_dtype`, that maps `amax` to the
-    largest `dtype` value: `amax / max(dtype)`.
-
-    A zero `amax` gives 1 (nothing to scale). A non-finite one gives a
-    non-finite scale, so what is quantized with it turns NaN rather than
-    saturating: an overflow stays visible. Under float16 the scale is at
-    least float16's smallest normal number, which it must be to be
-    represented at all; E5M2 has float16's exponent range, so nothing
-    that float16 can hold is lost by that floor.
-    """
-    amax = ops.cast(amax, "float32")
-    scale = ops.where(amax > 0, amax / _MAX[dtype], 1.0)
-    if compute_dtype in _TINY:
-        scale = ops.maximum(scale, _TINY[compute_dtype])
-    return ops.cast(scale, compute_dtype)
-
-
-def quantize(x, scale, dtype):
-    """`x` rounded to `dtype` at `scale` (a scalar in the compute dtype),
-    returned in the scale's dtype: `convert(q) * scale`, the form XLA
-    rewrites into an FP8 GEMM.
-
-    The division is done in float32 (a float16 quotient could overflow
-    before the clip); values beyond the float8 range saturate."""
-    limit = _MAX[dtype]
-    scaled = ops.divide(ops.cast(x, "float32"), ops.cast(scale, "float32"))
-    q = ops.cast(ops.clip(scaled, -limit, limit), dtype)
-    return ops.multiply(ops.cast(q, scale.dtype), scale)
-
-
-def amax(x):
-    """`max|x|` in float32."""
-    return ops.max(ops.abs(ops.cast(x, "float32")))
-
-
-@ops.custom_gradient
-def _quantize_forward(x, scale):
-    """E4M3 quantization with a straight-through gradient."""
-
-    def grad(*args, upstream=None):
-        if upstream is None:  # TensorFlow passes it positionally
-            (upstream,) = args
-        return upstream, ops.zeros_like(scale)
-
-    return quantize(x, scale, E4M3), grad
-
-
-@ops.custom_gradient
-def quantize_gradient(y):
-    """The identity forward; the backward quantizes the gradient to E5M2
-    at its own (current) scale. Placed right after the matmul, so both
-    gradient GEMMs read the quantized gradient."""
-
-    def grad(*args, upstream=None):
-        if upstream is None:
-            (upstream,) = args
-        scale = scale_for(amax(upstream), E5M2, upstream.dtype)
-        return quantize(upstream, scale, E5M2)
-
-    return y, grad
 
 
 class _Float8:
@@ -177,9 +113,9 @@ class _Float8:
             history.assign(
                 ops.concatenate([ops.reshape(finite, (1,)), past[:-1]])
             )
-        return _quantize_forward(x, scale)
+        return quantize_forward(x, scale)
 
-    def _float8_call(self, inputs, training, product):
+    def _float8_matmul(self, inputs, training, product):
         """The parent's `call` with `product(inputs, kernel)` in float8:
         then the bias and activation, in the compute dtype."""
         x = self._float8_operand(inputs, "inputs", training)
@@ -240,7 +176,7 @@ class Float8Dense(_Float8, keras.layers.Dense):
     """
 
     def call(self, inputs, training=None):
-        return self._float8_call(inputs, training, ops.matmul)
+        return self._float8_matmul(inputs, training, ops.matmul)
 
 
 @keras.saving.register_keras_serializable(package="kmp")
@@ -254,7 +190,7 @@ class Float8EinsumDense(_Float8, keras.layers.EinsumDense):
     """
 
     def call(self, inputs, training=None):
-        return self._float8_call(
+        return self._float8_matmul(
             inputs, training, lambda a, b: ops.einsum(self.equation, a, b)
         )
 
@@ -305,116 +241,4 @@ def _convert_projections(attention):
             convert(dense)
 
 
-def projections(attention):
-    """The four `EinsumDense` projections of a built attention layer."""
-    return [
-        getattr(attention, name)
-        for name in (
-            "_query_dense",
-            "_key_dense",
-            "_value_dense",
-            "_output_dense",
-        )
-        if isinstance(getattr(attention, name, None), keras.layers.EinsumDense)
-    ]
-
-
-def matmul_sizes(layer):
-    """`(contracting, output)` sizes of a built Dense or EinsumDense
-    kernel: the product of the kernel dims it sums over, and of the rest."""
-    shape = tuple(layer.kernel.shape)
-    if isinstance(layer, keras.layers.EinsumDense):
-        inputs, rest = layer.equation.split(",")
-        kernel, output = rest.split("->")
-        summed = [
-            size
-            for letter, size in zip(kernel, shape)
-            if letter in inputs and letter not in output
-        ]
-    else:
-        summed = shape[:1]
-    contracting = 1
-    for size in summed:
-        contracting *= size
-    total = 1
-    for size in shape:
-        total *= size
-    return contracting, total // contracting
-
-
-def is_eligible_einsum(layer):
-    """Whether a built projection's sizes suit float8 tensor cores
-    (multiples of 16)."""
-    return all(size % 16 == 0 for size in matmul_sizes(layer))
-
-
 FLOAT8_CLASSES = (Float8Dense, Float8EinsumDense, Float8MultiHeadAttention)
-
-
-def _is_keras_float8(layer):
-    return getattr(layer, "quantization_mode", None) == "float8" and hasattr(
-        layer, "inputs_scale"
-    )
-
-
-def float8_matmuls(layers):
-    """The float8 matmul layers among `layers`, Keras's and kmp's,
-    attention projections included, each once."""
-    found = []
-    for layer in layers:
-        if isinstance(layer, keras.layers.MultiHeadAttention):
-            found += [
-                dense
-                for dense in projections(layer)
-                if isinstance(dense, _Float8) or _is_keras_float8(dense)
-            ]
-        elif isinstance(layer, _Float8) or _is_keras_float8(layer):
-            found.append(layer)
-    # An attention's projections are also among `layers` when it is built.
-    return list({id(layer): layer for layer in found}.values())
-
-
-@contextlib.contextmanager
-def observe_operands(layers, observer):
-    """Calls `observer(layer, operand, x, limit)` each time one of
-    `layers` (float8 matmul layers, Keras's or kmp's) quantizes an
-    operand, inside the `with` block: `operand` is `"inputs"` or
-    `"kernel"`, `x` the value about to be quantized, `limit` the |x| its
-    delayed scale maps to the largest E4M3 value (a float), or `None`
-    when the layer scales by `x` itself (a kmp layer with an empty
-    history).
-
-    For eager calls (the doctor measures each operand's headroom this
-    way); a compiled step would call `observer` once, while tracing.
-    """
-    layers = list(layers)
-    for layer in layers:
-        if isinstance(layer, _Float8):
-            layer._operand_observer = observer
-        else:
-            # Keras's layer: its `_float8_call` quantizes both operands.
-            object.__setattr__(
-                layer, "_float8_call", _observed(layer, observer)
-            )
-    try:
-        yield
-    finally:
-        for layer in layers:
-            if isinstance(layer, _Float8):
-                layer._operand_observer = None
-            else:
-                del layer.__dict__["_float8_call"]
-
-
-def _observed(layer, observer):
-    """Keras's `layer._float8_call`, telling `observer` its operands first.
-    Keras keeps `scale = amax / max(E4M3)` in `{operand}_scale`."""
-    call = layer._float8_call
-
-    def observed(inputs, training=None):
-        for operand, x in (("inputs", inputs), ("kernel", layer._kernel)):
-            scale = float(getattr(layer, f"{operand}_scale"))
-            observer(layer, operand, x, scale * _MAX[E4M3])
-        return call(inputs, training=training)
-
-    return observed
