@@ -15,9 +15,17 @@ set up do not come back that way, and `kmp.load_model` puts them back:
 
 Float8 layers and the islands a config lists need nothing: Keras's load
 keeps them (`kmp.float8` and `kmp.pin_float32` record them so).
+
+What cannot come back is said, never hidden: the optimizer state of a
+file whose optimizer differs from the one the load builds (a scaler that
+Keras's `compile` added under mixed_float16, loaded under float32) is one
+warning line naming the fix. Bad input is a `kmp.InputError`: a file that
+is not a Keras archive, a class that nothing imported registers.
 """
 
+import contextlib
 import json
+import re
 import warnings
 import zipfile
 
@@ -26,16 +34,31 @@ import keras
 from kmp.errors import InputError
 from kmp.islands import pin_float32
 from kmp_config.names import HALF_DTYPES
+from kmp_config.names import MIXED_POLICIES
 
 # Keras's warning when it skips a custom `compile` on load: kmp does it.
-_SKIPPED_COMPILE = "`compile\\(\\)` was not called as part of model loading"
+_SKIPPED_COMPILE = "`compile()` was not called as part of model loading"
+# Keras's warning when the file's optimizer state does not fit the
+# optimizer the load built, which then starts afresh.
+_SKIPPED_OPTIMIZER = "Skipping variable loading for optimizer"
+# Keras's error when a config names a class nothing registered.
+_MISSING_CLASS = re.compile(r"Could not locate (?:class|function) '([^']+)'")
 
 
-def load_model(filepath, custom_objects=None, compile=True, safe_mode=True):
+def load_model(
+    filepath,
+    custom_objects=None,
+    compile=True,
+    safe_mode=True,
+    policy=None,
+    pin=True,
+):
     """Loads a `.keras` model as `keras.saving.load_model` does, then puts
-    back kmp's float32 islands and a custom-compiled model's optimizer.
+    back kmp's float32 islands and a custom-compiled model's optimizer,
+    and says what it could not put back.
 
-    Call it under the policy you train with (`kmp.enable(...)` first).
+    Call it under the policy you train with (`kmp.enable(...)` first), or
+    pass `policy="saved"` to load under the one the file's layers record.
     After Keras's load:
 
     - if any layer computes in float16 or bfloat16, `kmp.pin_float32`
@@ -46,16 +69,31 @@ def load_model(filepath, custom_objects=None, compile=True, safe_mode=True):
       which Keras does not call on load, the model is compiled with the
       file's compile config (kmp's `LossScaleOptimizer` included) and the
       optimizer's saved state is loaded, so training resumes where it
-      stopped.
+      stopped;
+    - if the file's optimizer state does not fit the optimizer the load
+      built (a scaler Keras's own `compile` added under mixed_float16,
+      loaded under another policy), the optimizer starts afresh, and a
+      `UserWarning` says so in one line, with the fix.
 
     Args:
         filepath: Path to a `.keras` file.
         custom_objects: As for `keras.saving.load_model`.
         compile: Whether to compile the model as it was saved.
         safe_mode: As for `keras.saving.load_model`.
+        policy: The dtype policy to load under: `None` (the global one),
+            `"saved"` (the mixed policy the file's layers record, else
+            float32; what `kmp audit` and `kmp doctor` load under), or a
+            policy name. The global policy is left as it was.
+        pin: Whether to pin the float32 islands again (above). `False`
+            gives the layers as Keras's load rebuilds them, which is
+            what `kmp.audit` of a file checks.
 
     Returns:
         The model.
+
+    Raises:
+        kmp.InputError: `filepath` is not a `.keras` Keras archive, or
+            names a class that nothing imported registers.
 
     Example:
 
@@ -65,27 +103,16 @@ def load_model(filepath, custom_objects=None, compile=True, safe_mode=True):
     model.fit(data, epochs=1)
     ```
     """
-    if not str(filepath).endswith(".keras"):
-        raise InputError(
-            f"kmp.load_model reads .keras files, got {str(filepath)!r}; "
-            "load other formats with keras.saving.load_model."
-        )
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=_SKIPPED_COMPILE)
-        # The skipped compile leaves an unbuilt optimizer, whose saved
-        # variables Keras then declines to load; compiled below.
-        warnings.filterwarnings(
-            "ignore", message="Skipping variable loading for optimizer"
-        )
-        model = keras.saving.load_model(
-            filepath,
-            custom_objects=custom_objects,
-            compile=compile,
-            safe_mode=safe_mode,
-        )
-    if compile and type(model).compile is not keras.Model.compile:
-        _compile_as_saved(model, filepath, custom_objects, safe_mode)
-    if any(
+    config = _read_config(filepath)
+    if policy == "saved":
+        policy = saved_policy(config)
+    with _global_policy(policy):
+        model = _keras_load(filepath, custom_objects, compile, safe_mode)
+        if compile and type(model).compile is not keras.Model.compile:
+            _compile_as_saved(
+                model, config, filepath, custom_objects, safe_mode
+            )
+    if pin and any(
         getattr(layer, "compute_dtype", None) in HALF_DTYPES
         for layer in model._flatten_layers()
     ):
@@ -93,11 +120,124 @@ def load_model(filepath, custom_objects=None, compile=True, safe_mode=True):
     return model
 
 
-def _compile_as_saved(model, filepath, custom_objects, safe_mode):
+def saved_policy(config) -> str:
+    """The mixed policy a `.keras` file's layers record (its parsed
+    `config.json`), or "float32": a layer's `DTypePolicy` (a quantized
+    one's source policy too) or a `dtype` given by name. mixed_float16
+    wins where both appear (it needs the scaler)."""
+    found = set()
+    stack = [config]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            if str(node.get("class_name", "")).endswith("DTypePolicy"):
+                inner = node.get("config") or {}
+                found.update(inner.get(k) for k in ("name", "source_name"))
+            if isinstance(node.get("dtype"), str):
+                found.add(node["dtype"])
+            stack.extend(node.values())
+    return next((p for p in MIXED_POLICIES if p in found), "float32")
+
+
+def _read_config(filepath):
+    """The archive's `config.json`, parsed; `InputError` for anything
+    that is not a `.keras` Keras archive."""
+    path = str(filepath)
+    if not path.endswith(".keras"):
+        raise InputError(
+            f"kmp.load_model reads .keras files, got {path!r}; load other "
+            "formats with keras.saving.load_model."
+        )
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return json.loads(archive.read("config.json"))
+    except (zipfile.BadZipFile, KeyError, ValueError) as error:
+        raise InputError(
+            f"{path} is not a Keras archive ({error}); save the model with "
+            "model.save('model.keras')."
+        ) from None
+
+
+@contextlib.contextmanager
+def _global_policy(policy):
+    """Keras's global policy set to `policy` inside (`None`: as it is),
+    without `kmp.enable`'s note about the hardware: a load is not a
+    choice of policy."""
+    previous = keras.config.dtype_policy()
+    if policy is not None:
+        keras.config.set_dtype_policy(policy)
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
+def _keras_load(filepath, custom_objects, compile, safe_mode):
+    """Keras's load; a class nothing registered is an `InputError`
+    naming it, and lost optimizer state one warning line."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            model = keras.saving.load_model(
+                filepath,
+                custom_objects=custom_objects,
+                compile=compile,
+                safe_mode=safe_mode,
+            )
+        except TypeError as error:
+            missing = _MISSING_CLASS.search(str(error))
+            if missing is None:
+                raise
+            unknown = InputError(
+                f"{filepath} uses the class {missing.group(1)!r}, which no "
+                "imported module registers: import the code that defines it "
+                "(registered with keras.saving.register_keras_serializable) "
+                "before loading, or pass custom_objects."
+            )
+            unknown.class_name = missing.group(1)  # for the command's hint
+            raise unknown from None
+    custom_compile = type(model).compile is not keras.Model.compile
+    for warning in caught:
+        text = str(warning.message)
+        if _SKIPPED_COMPILE in text:
+            continue  # kmp compiles it (`_compile_as_saved`)
+        if text.startswith(_SKIPPED_OPTIMIZER):
+            if custom_compile:
+                continue  # unbuilt until `_compile_as_saved` loads it
+            warnings.warn(_lost_optimizer(filepath, model, text), stacklevel=3)
+            continue
+        warnings.warn_explicit(
+            warning.message, warning.category, warning.filename, warning.lineno
+        )
+    return model
+
+
+def _lost_optimizer(filepath, model, keras_says):
+    """The line that says a load dropped the optimizer's state."""
+    counts = re.findall(r"(\d+) variables", keras_says)
+    detail = (
+        f" (the file's has {counts[1]} variables, the one built here "
+        f"{counts[0]})"
+        if len(counts) == 2
+        else ""
+    )
+    return (
+        f"kmp.load_model: {filepath}: the optimizer's saved state was not "
+        f"restored{detail}: it starts afresh at iteration 0 (slots, loss "
+        "scale). The file was saved with another optimizer than this load "
+        "built, usually a LossScaleOptimizer that Keras's compile added "
+        f"under mixed_float16, loaded under {keras.config.dtype_policy().name}."
+        " To restore it, load under the policy it was trained with "
+        '(kmp.load_model(path, policy="saved")); to keep the scaler in the '
+        "file, compile with optimizer=kmp.wrap(...)."
+    )
+
+
+def _compile_as_saved(model, config, filepath, custom_objects, safe_mode):
     """Compiles `model` with the file's compile config and loads the saved
     optimizer state (Keras's `load_weights` reads both from the file)."""
-    with zipfile.ZipFile(filepath) as archive:
-        config = json.loads(archive.read("config.json"))
     compile_config = config.get("compile_config")
     if not compile_config:
         return

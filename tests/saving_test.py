@@ -1,9 +1,12 @@
 """kmp.load_model: what Keras's load leaves out, put back."""
 
+import warnings
+
 import keras
 import keras_hub
 import numpy as np
 import pytest
+from util import saved_under_keras_s_scaler
 from util import small_gpt2_backbone
 
 import kmp
@@ -93,6 +96,62 @@ def test_a_functional_model_loads_as_keras_loads_it(tmp_path):
     )
 
 
-def test_other_files_are_refused_with_keras_s_loader_named():
+def test_other_files_are_refused_with_keras_s_loader_named(tmp_path):
     with pytest.raises(ValueError, match="reads .keras files.*keras.saving"):
         kmp.load_model("model.h5")
+    junk = tmp_path / "junk.keras"
+    junk.write_text("not a zip")
+    with pytest.raises(kmp.InputError, match="is not a Keras archive"):
+        kmp.load_model(str(junk))
+
+
+def test_lost_optimizer_state_is_said_in_one_line_with_the_fix(tmp_path):
+    # The stock side: test_stock_keras_loads_a_mixed_model_s_file_without_
+    # its_optimizer_state. Before issue 33, kmp.load_model hid Keras's
+    # warning for every model and said nothing.
+    path = str(tmp_path / "m.keras")
+    saved_under_keras_s_scaler(path)
+    with pytest.warns(UserWarning) as caught:
+        loaded = kmp.load_model(path)
+    (line,) = [str(w.message) for w in caught if "kmp.load_model" in str(w)]
+    assert "optimizer's saved state was not restored" in line
+    assert "(the file's has 14 variables, the one built here 10)" in line
+    assert "loaded under float32" in line
+    assert 'policy="saved"' in line and "kmp.wrap" in line
+    assert "\n" not in line
+    assert not any("Skipping variable" in str(w.message) for w in caught)
+    assert int(loaded.optimizer.iterations) == 0
+    # The fix it names: loaded as trained, the scaler and state are back.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        restored = kmp.load_model(path, policy="saved")
+    assert isinstance(restored.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert int(restored.optimizer.iterations) == 2
+    assert keras.config.dtype_policy().name == "float32"  # left as it was
+
+
+def test_saved_policy_reads_the_layers_policies(tmp_path):
+    from kmp.saving import saved_policy
+
+    def layer(dtype):
+        return {"class_name": "Dense", "config": {"dtype": dtype}}
+
+    def policy(name, key="name", cls="DTypePolicy"):
+        return {"class_name": cls, "config": {key: name}}
+
+    assert saved_policy({"layers": [layer("float32")]}) == "float32"
+    assert saved_policy(layer(policy("mixed_bfloat16"))) == "mixed_bfloat16"
+    assert saved_policy(layer("mixed_float16")) == "mixed_float16"
+    quantized = policy("mixed_float16", "source_name", "QuantizedDTypePolicy")
+    assert saved_policy({"layers": [layer(quantized)]}) == "mixed_float16"
+    both = [layer(policy("mixed_bfloat16")), layer(policy("mixed_float16"))]
+    assert saved_policy({"layers": both}) == "mixed_float16"
+
+
+def test_a_class_nothing_registered_is_named(tmp_path, registry):
+    from util import saved_keras_io_transformer
+
+    path = str(tmp_path / "t.keras")
+    saved_keras_io_transformer(path)
+    with pytest.raises(kmp.InputError, match="'TokenAndPositionEmbedding'"):
+        kmp.load_model(path)

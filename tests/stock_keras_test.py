@@ -19,6 +19,7 @@ from keras import ops
 from util import classification_data
 from util import mlp
 from util import probability_model
+from util import saved_under_keras_s_scaler
 from util import torch_only
 
 import kmp
@@ -180,3 +181,19 @@ def test_stock_scaler_checks_and_divides_each_gradient_with_its_own_ops():
             keras.optimizers.SGD(0.1), initial_scale=4.0
         )
         assert _ops_per_apply(optimizer, n)[fused] == 1
+
+
+def test_stock_keras_loads_a_mixed_model_s_file_without_its_optimizer_state(
+    tmp_path,
+):
+    # Saved after two steps under the scaler Keras's compile added; loaded
+    # under float32, as a new process would: a plain Adam at iteration 0,
+    # no loss scale, its slots fresh (Keras's one warning is all).
+    path = str(tmp_path / "m.keras")
+    assert saved_under_keras_s_scaler(path) == 2
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = keras.saving.load_model(path)
+    assert type(loaded.optimizer) is keras.optimizers.Adam
+    assert int(loaded.optimizer.iterations) == 0
+    assert any("Skipping variable loading" in str(w.message) for w in caught)

@@ -356,3 +356,20 @@ def saved_keras_io_transformer(path):
     for name in [n for n in registry if n.startswith("keras_io>")]:
         del registry[name]
     sys.modules.pop("keras_io_transformer", None)
+
+
+def saved_under_keras_s_scaler(path, steps=2):
+    """An MLP compiled with "adam" under mixed_float16 (Keras's compile
+    wraps it in its own scaler), trained `steps` steps and saved to
+    `path`; the global policy is back to float32 after, as in a new
+    process. Returns the optimizer's iterations."""
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        model = mlp()
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+        x, y = classification_data(n=8 * steps)
+        model.fit(x, y, batch_size=8, verbose=0)
+        model.save(path)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    return int(model.optimizer.iterations)

@@ -6,10 +6,9 @@ pipelines, plotting) when it runs.
 
 import json
 import os
-import re
 
 from kmp_config.errors import fail
-from kmp_config.names import MIXED_POLICIES
+from kmp_config.names import MIXED_POLICY
 
 
 def info(as_json: bool = False) -> dict:
@@ -98,8 +97,9 @@ def audit(args) -> list:
     # Keras rebuilds the compiled optimizer under the global policy: a
     # scaler that its compile added is only re-added under mixed_float16.
     # Audit the model as it loads under the policy its layers were saved
-    # with, i.e. as it was trained.
-    model, policy = load_saved("kmp audit", args.path, args.imports)
+    # with, i.e. as it was trained, and as Keras's load rebuilds it: the
+    # pins `kmp.load_model` would add again are what a file may lack.
+    model, policy = load_saved("kmp audit", args.path, args.imports, pin=False)
     if not args.json:
         print(
             f"kmp audit: {args.path}, loaded under {policy}, the policy "
@@ -111,49 +111,40 @@ def audit(args) -> list:
     return report
 
 
-def load_saved(command, path, imports=()):
-    """`(model, policy)`: the compiled model of a `.keras` file, after
-    importing the user's modules that define its classes (`imports`:
-    module names or `.py` paths). What a user can fix ends `command`
-    in one line: a file that is not a Keras archive, a module that does
-    not import, a class no imported module registers.
+def load_saved(command, path, imports=(), pin=True):
+    """`(model, policy)`: the compiled model of a `.keras` file, loaded by
+    `kmp.load_model` under the mixed policy its layers record (as
+    trained: a scaler Keras's compile added comes back, and the layers
+    made inside other layers compute as their parents), after importing
+    the user's modules that define its classes (`imports`: module names
+    or `.py` paths). What a user can fix ends `command` in one line: a
+    file that is not a Keras archive, a module that does not import, a
+    class no imported module registers.
 
-    It loads under the mixed policy its layers record (`saved_policy`):
-    as trained, with a scaler Keras's compile added re-added, and the
-    layers made inside other layers (which record no policy) in their
-    parents' precision.
-    """
-    import keras
-
+    `pin=False` keeps the layers as Keras's load rebuilds them (the
+    audit checks the file, not what `kmp.load_model` repairs)."""
     import kmp
 
     for module in imports:
         _import_user_module(command, module)
     try:
-        policy = saved_policy(path)
+        model = kmp.load_model(path, policy="saved", pin=pin)
     except kmp.InputError as error:
-        fail(command, error)
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(policy)
-    try:
-        return keras.saving.load_model(path, compile=True), policy
-    except TypeError as error:
-        missing = _MISSING_CLASS.search(str(error))
-        if missing is None:
-            raise
+        if getattr(error, "class_name", None) is None:
+            fail(command, error)
         fail(
             command,
-            f"{path} uses the class {missing.group(1)!r}, which no imported "
+            f"{path} uses the class {error.class_name!r}, which no imported "
             "module registers. Import the code that defines it: "
             f"{command} {path} --import=MODULE (a module name or a .py "
             "file; repeat the flag for several).",
         )
-    finally:
-        keras.config.set_dtype_policy(previous)
-
-
-# Keras's message when a config names a class it cannot find.
-_MISSING_CLASS = re.compile(r"Could not locate (?:class|function) '([^']+)'")
+    half = [
+        layer.compute_dtype
+        for layer in model._flatten_layers()
+        if layer.compute_dtype in MIXED_POLICY
+    ]
+    return model, MIXED_POLICY[half[0]] if half else "float32"
 
 
 def _import_user_module(command, module):
@@ -180,28 +171,6 @@ def _import_user_module(command, module):
             command,
             f"--import={module} failed: {type(error).__name__}: {error}",
         )
-
-
-def saved_policy(path) -> str:
-    """The mixed policy a `.keras` file's layers record, or float32.
-    Raises `kmp.InputError` when the file is not a Keras archive (a zip
-    holding config.json); what Keras then fails on keeps its traceback."""
-    import zipfile
-
-    import kmp
-
-    try:
-        with zipfile.ZipFile(path) as archive:
-            config = archive.read("config.json").decode()
-    except (zipfile.BadZipFile, KeyError) as error:
-        raise kmp.InputError(
-            f"{path} is not a Keras archive ({error}); save the model with "
-            "model.save('model.keras')."
-        ) from None
-    for policy in MIXED_POLICIES:
-        if f'"name": "{policy}"' in config:
-            return policy
-    return "float32"
 
 
 def train(args) -> dict:
