@@ -230,6 +230,21 @@ def _put(host, path, policy):
         # Set directly: the setter would look the host's own path up in
         # the map, and act on what it finds there.
         host._dtype_policy = current
-    if path in current:
-        del current[path]
-    current[path] = policy
+    keys = [path]
+    prefix = f"{host.name}/"
+    if _is_subclassed_model(host) and path.startswith(prefix):
+        # Such a model's layers get their paths when they build: under
+        # its name when it is first called, without it when a load
+        # builds it from its build config. Both find the policy.
+        keys.append(path[len(prefix) :])
+    for key in keys:
+        if key in current:
+            del current[key]
+        current[key] = policy
+
+
+def _is_subclassed_model(layer) -> bool:
+    """A `keras.Model` with no recorded graph (no `outputs`)."""
+    return isinstance(layer, keras.Model) and not getattr(
+        layer, "outputs", None
+    )

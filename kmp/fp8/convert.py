@@ -55,8 +55,10 @@ def float8(model, also=(), skip=()):
     names are kept, and the policy is saved with the layer, so a `.keras`
     file restores it for any model class, KerasHub's included.
 
-    A layer is eligible when it is a Keras `Dense` or `EinsumDense` (not
-    a subclass with its own `call`), computes in float16 or bfloat16, and
+    A layer is eligible when it is exactly a Keras `Dense` or
+    `EinsumDense` (a subclass stays as it is: Keras's `quantize` refuses
+    subclasses, whose code may bypass its float8 path), computes in
+    float16 or bfloat16, and
     its contracting and output sizes are multiples of 16 (what float8
     tensor cores take). The head, the last matmul before each model
     output, is left in the compute dtype: its error would fall straight
@@ -146,10 +148,11 @@ def float8(model, also=(), skip=()):
         warnings.warn(
             f"kmp.float8: {len(unsure)} converted layers of {model.name!r} "
             f"(first: {unsure[0].path!r}) are made by code of yours: a "
-            ".keras file keeps their float8 only if that code passes its "
-            "dtype on (dtype=self.dtype_policy), as Keras's and KerasHub's "
-            "layers do; otherwise the file will not load, as with Keras's "
-            "model.quantize. They compute in float8 now.",
+            ".keras file keeps their float8 only if that code names them "
+            "and passes its dtype on (name=..., dtype=self.dtype_policy), "
+            "as Keras's and KerasHub's layers do; otherwise the file will "
+            "not load, as with Keras's model.quantize. They compute in "
+            "float8 now.",
             stacklevel=2,
         )
     # A compiled model's step functions were traced with the old layers.
@@ -192,7 +195,8 @@ def _ineligible(layer, heads, also, skip):
     """Why `layer` stays as it is, or `None` if it converts."""
     if type(layer) not in _MATMULS:
         return (
-            f"{type(layer).__name__}, a subclass (Keras's own classes convert)"
+            f"{type(layer).__name__}, a subclass (Keras's quantize takes "
+            "its own classes only)"
         )
     if skip and matches(layer, skip):
         return "skipped"

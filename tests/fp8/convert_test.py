@@ -137,6 +137,81 @@ def test_a_subclassed_model_converts_all_but_its_last_matmul():
     assert model.head.quantization_mode == "float8"
 
 
+@keras.saving.register_keras_serializable(package="kmp_tests")
+class TaggedDense(keras.layers.Dense):
+    """A Dense subclass that only adds config: Keras's quantize refuses
+    it all the same."""
+
+    def __init__(self, units, tag="", **kwargs):
+        super().__init__(units, **kwargs)
+        self.tag = tag
+
+    def get_config(self):
+        return {**super().get_config(), "tag": self.tag}
+
+
+@keras.saving.register_keras_serializable(package="kmp_tests")
+class PureSubclassed(keras.Model):
+    """A model with no graph, its layers made in code as KerasHub's are:
+    named, and given `dtype=self.dtype_policy`, so that the
+    `DTypePolicyMap` a file saves reaches them by path."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        policy = self.dtype_policy
+        self.up = keras.layers.Dense(32, dtype=policy, name="up")
+        self.mid = keras.layers.Dense(32, dtype=policy, name="mid")
+        self.head = keras.layers.Dense(16, dtype=policy, name="head")
+
+    def call(self, x):
+        return self.head(self.mid(self.up(x)))
+
+
+def test_layer_subclasses_stay_and_the_docstring_says_why():
+    # Keras's Dense.quantize raises for any subclass (type_check): kmp
+    # leaves them, says so, and its docstring says the same.
+    with kmp.policy_scope("mixed_bfloat16"):
+        inputs = keras.Input((16,))
+        x = TaggedDense(32, tag="kept")(inputs)
+        model = keras.Model(inputs, keras.layers.Dense(16)(x))
+    with pytest.raises(NotImplementedError):
+        model.layers[1].quantize("float8")
+    with pytest.warns(UserWarning, match="TaggedDense, a subclass"):
+        kmp.float8(model)
+    assert model.layers[1].quantization_mode is None
+    assert "exactly a Keras `Dense`" in kmp.float8.__doc__
+
+
+def test_a_pure_subclassed_model_converts_saves_and_loads(tmp_path):
+    with kmp.policy_scope("mixed_bfloat16"):
+        keras.utils.set_random_seed(0)
+        model = PureSubclassed()
+        x = np.random.default_rng(0).normal(size=(8, 16)).astype("float32")
+        model(x)
+        # kmp cannot see that the code passes names and dtype on: it says
+        # what the file needs.
+        with pytest.warns(UserWarning, match="name=..., dtype=self.dtype"):
+            kmp.float8(model)
+        assert [model.up.quantization_mode, model.mid.quantization_mode] == [
+            "float8",
+            "float8",
+        ]
+        assert model.head.quantization_mode is None  # its last matmul
+        model.compile(optimizer=kmp.wrap("adam"), loss="mse")
+        model.fit(x, x, epochs=1, verbose=0)
+        path = str(tmp_path / "pure.keras")
+        model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert [
+        loaded.up.quantization_mode,
+        loaded.mid.quantization_mode,
+        loaded.head.quantization_mode,
+    ] == ["float8", "float8", None]
+    np.testing.assert_array_equal(
+        loaded.predict(x, verbose=0), model.predict(x, verbose=0)
+    )
+
+
 @pytest.mark.parametrize("order", ["pin_then_float8", "float8_then_pin"])
 def test_composes_with_pin_float32_and_survives_save(order, tmp_path):
     # (bfloat16: Keras's float16 attention does not compile on a CPU with
@@ -360,3 +435,34 @@ def test_language_model_loss_is_within_one_percent_of_bfloat16():
     bf16, float8 = language_model_loss(False), language_model_loss(True)
     assert bf16 < 0.5 * np.log(64)  # learned: from ln(64) = 4.16
     assert abs(float8 - bf16) < 0.01 * bf16
+
+
+def test_the_forward_operands_are_e4m3_not_e5m2():
+    # Odd multiples of 1/8 in [1, 2) are E4M3 values (3 mantissa bits) and
+    # fall between E5M2's (2 bits): quantized as E4M3 at the layers'
+    # initial scale of 1 they are kept exactly, so the float8 layer
+    # `kmp.float8` makes equals the bfloat16 Dense it came from; as E5M2
+    # each would move by 1/8.
+    import ml_dtypes
+
+    rng = np.random.default_rng(0)
+    grid = np.array([1.125, 1.375, 1.625, 1.875], "float32")
+    x = rng.choice(grid, (4, 32)) * rng.choice([-1.0, 1.0], (4, 32))
+    kernel = rng.choice(grid, (32, 32)) * rng.choice([-1.0, 1.0], (32, 32))
+    with kmp.policy_scope("mixed_bfloat16"):
+        inputs = keras.Input((32,))
+        hidden = keras.layers.Dense(32, use_bias=False, name="f8")(inputs)
+        model = keras.Model(inputs, keras.layers.Dense(16)(hidden))
+    model.get_layer("f8").kernel.assign(kernel)
+    probe = keras.Model(inputs, hidden)
+    before = keras.ops.convert_to_numpy(probe(x)).astype("float32")
+    kmp.float8(model)
+    assert model.get_layer("f8").quantization_mode == "float8"
+    after = keras.ops.convert_to_numpy(probe(x)).astype("float32")
+    np.testing.assert_array_equal(after, before)
+
+    def e5m2(a):
+        return a.astype(ml_dtypes.float8_e5m2).astype("float32")
+
+    as_e5m2 = e5m2(x) @ e5m2(kernel)
+    assert np.abs(as_e5m2 - after).max() > 1.0  # E5M2 would be told apart
