@@ -1,30 +1,32 @@
-"""The figures in the docs' tables are in committed results files.
+"""The figures in the docs' tables are the values of their own keys in
+committed results files.
 
 Every number in a table of BENCHMARKS.md, and in the `figure` column of
-README's Results table, must be a value of a results file that a
-command in the repository wrote: a JSON or a Markdown file under
-`benchmarks/results/`, and one that its table names. A BENCHMARKS.md
-table is checked against the files its section names (a path
-`benchmarks/results/x.json`, a bare `x.json`, a glob `feed_*.json`, or
-braces `doctor_cost_{tensorflow,jax}.json`); a README row against the
-files in its `results` column (`same`: the row above's). The digests
-(`README.md` files under benchmarks/results/) are notes written by hand,
-not results: a figure found only there fails.
+README's Results table, must be the value at its own key of a results
+file that a command in the repository wrote (JSON under
+`benchmarks/results/`), one that its section (or README row) names:
+`tests/figure_keys.py` holds, per table, each row's file and each
+cell's keys, and a figure is checked against that key's value alone. So
+a figure moved by 10 %, or two cells swapped, fails (a test below tries
+both on every table). A BENCHMARKS.md table's files are those its
+section names (a path `benchmarks/results/x.json`, a bare `x.json`, a
+glob `feed_*.json`, or braces `doctor_cost_{tensorflow,jax}.json`); a
+README row's those in its `results` column (`same`: the row above's).
+The digests (`README.md` files under benchmarks/results/) are notes
+written by hand, not results.
 
 Which numbers are figures (the rule, and its only exceptions):
-- every number in every cell, except the header row and the first column
-  (labels: "cifar10 (width 64, batch 512)", "2 workers / 1 worker"), and
-  except README's columns other than `figure` (what was measured, on
-  which hardware and versions, with which command);
+- every number in every cell, except the header row and the row's label
+  cells (the first, or the first n where the keys say so), and except
+  README's columns other than `figure`;
 - digits inside a word or a version are not numbers: fp16, float32,
-  H100, ResNet-9, CIFAR-10, 2.21.0.
+  H100, ResNet-9, CIFAR-10, 2.21.0; scientific notation is (1.53e-05).
 A figure matches a value that rounds to it at the figure's decimals:
-0.989 matches 0.98900, 96.3k matches 96267, 62% matches 0.6218, and in
-a column or row that says `ms`, 890 matches 0.89039 (seconds). In
-BENCHMARKS.md all the figures of a row must be in one file (a row is
-one run); a README row may gather several (TF, JAX, torch).
-One column is derived, not recorded: parity's `vs float32 (pp)`, checked
-as the difference of its row's test accuracy and the float32 row's.
+0.989 matches 0.98900, 96.3k matches 96267, 62% matches 0.6218,
+1.53e-05 matches 1.5259e-05, and in a column or row that says `ms`, 890
+matches 0.89039 (seconds). One column is derived, not recorded:
+parity's `vs float32 (pp)`, checked as the difference of its row's test
+accuracy and the float32 row's.
 """
 
 import json
@@ -44,7 +46,8 @@ README = (ROOT / "README.md").read_text()
 # with its sign, a `k` for thousands, and an `x` or `%` after it.
 NUMBER = re.compile(
     r"(?<![\w.^])(?<![A-Za-z_]-)"
-    r"(?P<sign>[+-]?)(?P<digits>\d+(?:\.\d+)?)(?P<k>k?)(?P<unit>[x%]?)"
+    r"(?P<sign>[+-]?)(?P<digits>\d+(?:\.\d+)?)(?P<exp>[eE][+-]?\d+)?"
+    r"(?P<k>k?)(?P<unit>[x%]?)"
     r"(?!\w|\.\d)"
 )
 FILE_NAME = re.compile(r"[\w./{},*-]+\.(?:json|md)")
@@ -59,6 +62,8 @@ class Figure:
         self.text = match.group(0)
         self.decimals = len(digits.partition(".")[2])
         scale = 1000 if match["k"] else 1
+        if match["exp"]:  # 1.53e-05: the mantissa's rounding, scaled
+            scale *= 10.0 ** int(match["exp"][1:])
         self.value = float(match["sign"] + digits) * scale
         self.half_step = 0.5 * 10.0**-self.decimals * scale
         self.percent = match["unit"] == "%"
@@ -79,31 +84,6 @@ class Figure:
 
 def figures(text):
     return [Figure(m) for m in NUMBER.finditer(text)]
-
-
-def _json_values(data):
-    if isinstance(data, bool) or data is None:
-        return
-    if isinstance(data, (int, float)):
-        yield float(data)
-    elif isinstance(data, str):
-        try:
-            yield float(data)
-        except ValueError:
-            pass
-    elif isinstance(data, dict):
-        for value in data.values():
-            yield from _json_values(value)
-    elif isinstance(data, list):
-        for value in data:
-            yield from _json_values(value)
-
-
-def values(path):
-    text = path.read_text()
-    if path.suffix == ".json":
-        return list(_json_values(json.loads(text)))
-    return [f.value for f in figures(text)]
 
 
 def _expand(name):
@@ -159,34 +139,6 @@ def _says_ms(text):
     return re.search(r"\bms\b", text) is not None
 
 
-def _unmatched(header, row, columns, numbers):
-    """(column, figure) of each figure of `row` not among `numbers`."""
-    return [
-        (header[j], figure.text)
-        for j in columns
-        for figure in figures(row[j])
-        if not figure.matches(numbers, _says_ms(header[j]) or _says_ms(row[0]))
-    ]
-
-
-def _missing(where, header, row, columns, files, one_file):
-    """Lines naming the figures of `row` (in `columns`) that are not in
-    `files`; with `one_file`, not all in the same one of them."""
-    groups = [[f] for f in files] if one_file else [files]
-    tries = []
-    for group in groups:
-        numbers = [v for f in group for v in values(f)]
-        tries.append((group, _unmatched(header, row, columns, numbers)))
-    group, unmatched = min(tries, key=lambda t: len(t[1]))
-    names = [str(f.relative_to(RESULTS)) for f in group]
-    return [
-        f"{where}, row {row[0]!r}, column {column!r}: {text} is not in "
-        f"{names[0] if one_file else names}"
-        + (" (the file holding most of the row)" if one_file else "")
-        for column, text in unmatched
-    ]
-
-
 def _derived_missing(where, header, rows):
     """The `vs float32 (pp)` cells that are not the difference of their
     row's test accuracy and the float32 row's."""
@@ -211,26 +163,92 @@ def _derived_missing(where, header, rows):
 BENCHMARKS_TABLES = list(tables(BENCHMARKS))
 
 
-def _table_id(table):
-    heading, _, header, _ = table
-    return f"{heading[3:40]}|{header[0][:20]}"
+def keyed_tables():
+    """`((heading, k), table)` for every BENCHMARKS.md table: the k-th
+    table under its `## heading`, the key of `figure_keys.BENCHMARKS_KEYS`."""
+    seen = {}
+    for table in BENCHMARKS_TABLES:
+        heading = table[0].removeprefix("## ")
+        seen[heading] = seen.get(heading, -1) + 1
+        yield (heading, seen[heading]), table
 
 
-@pytest.mark.parametrize("table", BENCHMARKS_TABLES, ids=_table_id)
-def test_every_benchmarks_table_figure_is_in_its_section_s_results(table):
+def keyed_problems(where, header, rows, keys, files, skip=()):
+    """Lines naming each figure of the table that is not the value of its
+    own key (`figure_keys`), each row or cell without keys, and keys of
+    rows or columns the table does not have. `files`: the results files
+    the section names (a row's file must be one); `skip`: columns checked
+    otherwise (`vs float32 (pp)`)."""
+    import figure_keys
+
+    problems, width = [], keys.get("cells", 1)
+    named = {str(f.relative_to(RESULTS)) for f in files}
+    labels = set()
+    for row in rows:
+        label = row[0] if width == 1 else tuple(row[:width])
+        labels.add(label)
+        if label not in keys["rows"]:
+            problems.append(f"{where}: no keys for row {label!r}")
+            continue
+        name, columns = keys["rows"][label]
+        if name not in named:
+            problems.append(f"{where}, row {label!r}: {name} is not named")
+            continue
+        for column in set(columns) - set(header):
+            problems.append(f"{where}, row {label!r}: no column {column!r}")
+        for j in range(width, len(header)):
+            if header[j] in skip:
+                continue
+            found, paths = figures(row[j]), columns.get(header[j], [])
+            if len(found) != len(paths):
+                problems.append(
+                    f"{where}, row {label!r}, column {header[j]!r}: "
+                    f"{len(found)} figure(s), {len(paths)} key(s)"
+                )
+                continue
+            ms = _says_ms(header[j]) or _says_ms(row[0])
+            for figure, path in zip(found, paths):
+                value = figure_keys.resolve(name, path)
+                number = value if isinstance(value, (int, float)) else None
+                if number is None or not figure.matches([float(number)], ms):
+                    problems.append(
+                        f"{where}, row {label!r}, column {header[j]!r}: "
+                        f"{figure.text} is not {name} {path} = {value!r}"
+                    )
+    for label in set(keys["rows"]) - labels:
+        problems.append(f"{where}: keys for a row it lacks, {label!r}")
+    return problems
+
+
+@pytest.mark.parametrize(
+    "table_id, table", list(keyed_tables()), ids=lambda x: str(x)[:60]
+)
+def test_every_benchmarks_figure_is_the_value_of_its_own_key(table_id, table):
+    import figure_keys
+
     heading, section, header, rows = table
     files = named_results(section)
     assert files, f"{heading}: the section names no results file"
+    assert table_id in figure_keys.BENCHMARKS_KEYS, f"no keys for {table_id}"
     where = f"BENCHMARKS.md, {heading}"
-    columns = [j for j in range(1, len(header)) if header[j] != DERIVED]
-    missing = [
-        line
-        for row in rows
-        for line in _missing(where, header, row, columns, files, True)
-    ]
+    missing = keyed_problems(
+        where,
+        header,
+        rows,
+        figure_keys.BENCHMARKS_KEYS[table_id],
+        files,
+        skip=(DERIVED,),
+    )
     if DERIVED in header:
         missing += _derived_missing(where, header, rows)
     assert not missing, "\n".join(missing)
+
+
+def test_no_keys_for_a_table_that_is_gone():
+    import figure_keys
+
+    tables_now = {table_id for table_id, _ in keyed_tables()}
+    assert set(figure_keys.BENCHMARKS_KEYS) <= tables_now
 
 
 def _readme_results():
@@ -238,18 +256,95 @@ def _readme_results():
     return table
 
 
-def test_every_readme_results_figure_is_in_its_row_s_results():
-    _, _, header, rows = _readme_results()
+def readme_problems(rows, header, keys):
+    """Lines naming each figure of README's Results table that is not the
+    value of its own key, and rows without keys."""
+    import figure_keys
+
     figure, results = header.index("figure"), header.index("results")
-    missing, files = [], []
+    problems, files = [], []
     for row in rows:
         if row[results] != "same":
             files = named_results(row[results])
-        assert files, f"README.md, Results, {row[0]!r} names no results file"
-        missing += _missing(
-            "README.md, Results", header, row, [figure], files, False
-        )
-    assert not missing, "\n".join(missing)
+        named = {str(f.relative_to(RESULTS)) for f in files}
+        pairs = keys.get(row[0])
+        found = figures(row[figure])
+        if pairs is None or len(pairs) != len(found):
+            problems.append(
+                f"README.md, Results, {row[0][:50]!r}: {len(found)} "
+                f"figure(s), {len(pairs or [])} key(s)"
+            )
+            continue
+        for fig, (name, path) in zip(found, pairs):
+            value = figure_keys.resolve(name, path)
+            if name not in named or not fig.matches([float(value)]):
+                problems.append(
+                    f"README.md, Results, {row[0][:50]!r}: {fig.text} is "
+                    f"not {name} {path} = {value!r}"
+                    + ("" if name in named else " (file not named)")
+                )
+    return problems
+
+
+def test_every_readme_results_figure_is_the_value_of_its_own_key():
+    import figure_keys
+
+    _, _, header, rows = _readme_results()
+    problems = readme_problems(rows, header, figure_keys.README_KEYS)
+    assert not problems, "\n".join(problems)
+
+
+def _perturbed(text, factor):
+    """The cell with its one number's digits times `factor`, at the same
+    rounding, its sign, exponent and unit kept (`1.042` -> `1.146`,
+    `96.3k` -> `105.9k`, `1.53e-05` -> `1.68e-05`)."""
+    match = NUMBER.search(text)
+    decimals = len(match["digits"].partition(".")[2])
+    digits = f"{float(match['digits']) * factor:.{decimals}f}"
+    return text[: match.start("digits")] + digits + text[match.end("digits") :]
+
+
+def test_a_figure_changed_by_ten_percent_or_two_cells_swapped_fail():
+    # What ties each figure to its key: the same check on a copy of every
+    # table with one figure moved by 10 %, or two of a row's cells
+    # swapped, must fail (before issue 33, 54 of 341 moved figures passed
+    # and swapped cells did too).
+    import figure_keys
+
+    tried = 0
+    for table_id, (heading, section, header, rows) in keyed_tables():
+        keys = figure_keys.BENCHMARKS_KEYS[table_id]
+        files = named_results(section)
+        width = keys.get("cells", 1)
+        for i, row in enumerate(rows):
+            for j in range(width, len(row)):
+                found = figures(row[j])
+                if header[j] == DERIVED or len(found) != 1:
+                    continue
+                if found[0].value == 0:
+                    continue  # 0 moves nowhere
+                changed = [list(r) for r in rows]
+                changed[i][j] = _perturbed(row[j], 1.1)
+                if changed[i][j] == row[j]:
+                    continue
+                tried += 1
+                assert keyed_problems(
+                    heading, header, changed, keys, files, (DERIVED,)
+                ), (heading, row[0], header[j], changed[i][j])
+            cells = [
+                j
+                for j in range(width, len(row))
+                if header[j] != DERIVED and figures(row[j])
+            ]
+            for a, b in zip(cells, cells[1:]):
+                if row[a] == row[b]:
+                    continue
+                swapped = [list(r) for r in rows]
+                swapped[i][a], swapped[i][b] = row[b], row[a]
+                assert keyed_problems(
+                    heading, header, swapped, keys, files, (DERIVED,)
+                ), (heading, row[0], header[a], header[b])
+    assert tried > 200
 
 
 def test_the_parser_finds_every_table_and_figure():
@@ -288,6 +383,7 @@ def test_every_results_path_in_the_docs_exists(doc):
         ("fp16+kmp, bf16, float32, H100, ResNet-9, CIFAR-10", []),
         ("Keras 3.15.1, torch 2.13.0+cpu", []),
         ("**2.20**; 62%.", ["2.20", "62%"]),
+        ("1.53e-05, 3E+2", ["1.53e-05", "3E+2"]),
     ],
 )
 def test_what_counts_as_a_number(text, expected):
@@ -306,6 +402,9 @@ def test_a_figure_matches_a_value_at_its_rounding_only():
     assert not figure.matches([0.8903866])
     (figure,) = figures("62%")
     assert figure.matches([0.6218]) and figure.matches([62.18])
+    (figure,) = figures("1.53e-05")
+    assert figure.matches([1.52587890625e-05])
+    assert not figure.matches([1.54e-05]) and not figure.matches([1.53])
 
 
 def test_digests_are_not_results():
@@ -338,3 +437,18 @@ def test_defect_table_names_tests_and_reproductions_that_exist():
             assert re.search(rf"(?m)^### {number}\. ", notes), number
         assert named or reproductions, f"{row[0][:50]!r} names neither"
         assert ("reproduction only" in cell) == bool(reproductions), cell
+
+
+def test_every_results_file_says_when_and_from_which_commit():
+    # `kmp.backend.environment()` (which every benchmark writes) records
+    # both; the files written before it were given theirs from git. The
+    # H100 copies are dated by their folder and digest (kmp at 76c8453).
+    checked = 0
+    for path in sorted(RESULTS.rglob("*.json")):
+        if "h100_2026-11-22" in path.parts:
+            continue
+        record = json.loads(path.read_text())
+        assert re.fullmatch(r"20\d\d-\d\d-\d\dT[\d:]+\+00:00", record["date"])
+        assert re.fullmatch(r"[0-9a-f]{40}(\+changes)?", record["commit"])
+        checked += 1
+    assert checked > 20

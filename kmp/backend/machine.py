@@ -6,9 +6,11 @@ Each framework names its devices its own way; `list_devices` gives one
 audit and the reports read.
 """
 
+import datetime
 import importlib.metadata
 import os
 import platform
+import subprocess
 from typing import NamedTuple
 
 import keras
@@ -131,10 +133,16 @@ def framework_versions() -> dict[str, str]:
 
 
 def environment() -> dict:
-    """Versions and hardware, as recorded with every benchmark result."""
+    """When, from which code, on which versions and hardware: what every
+    benchmark result records (`date`: UTC, to the second; `commit`:
+    kmp's, see `source_commit`)."""
     from kmp._version import __version__
 
     return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
+            timespec="seconds"
+        ),
+        "commit": source_commit(),
         "versions": {
             "kmp": __version__,
             "python": platform.python_version(),
@@ -155,6 +163,29 @@ def environment() -> dict:
         },
         "tf32": tf32_enabled(),
     }
+
+
+def source_commit() -> str | None:
+    """The git commit kmp runs from, `+changes` when its tracked files
+    differ from it; `None` for an installed copy (no repository)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def git(*args):
+        return subprocess.run(
+            ["git", "-C", here, *args],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+
+    try:
+        head = git("rev-parse", "HEAD")
+        if head.returncode != 0:
+            return None
+        changed = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):  # no git here
+        return None
+    return head.stdout.strip() + ("+changes" if changed.stdout.strip() else "")
 
 
 def peak_memory() -> tuple[int | None, str]:

@@ -2,6 +2,7 @@
 compute capability, versions, the environment record, peak memory."""
 
 import pathlib
+import subprocess
 
 import keras
 import pytest
@@ -66,6 +67,19 @@ def test_the_environment_record_names_versions_devices_and_tf32():
         d.platform for d in backend.list_devices()
     ]
     assert record["tf32"] is backend.tf32_enabled()
+    # When and from which code: a UTC time, and this checkout's commit.
+    assert record["date"].endswith("+00:00") and record["date"][:2] == "20"
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"],
+        capture_output=True,
+        text=True,
+        cwd=pathlib.Path(kmp.__file__).parent,
+    )
+    if head.returncode:  # a copy without its repository
+        assert record["commit"] is None
+    else:
+        commit = record["commit"]
+        assert commit.removesuffix("+changes") == head.stdout.strip()
 
 
 def test_peak_memory_on_a_cpu_is_the_process_high_water_mark():

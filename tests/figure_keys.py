@@ -1,0 +1,658 @@
+"""Where each figure of the docs' tables comes from: the results file of
+its row and the key of each of its cells (`docs_figures_test.py`).
+
+`BENCHMARKS_KEYS[(heading, k)]` holds the keys of the k-th table (from
+0) under the `## heading` of BENCHMARKS.md, `README_KEYS` those of
+README's Results table. A table's keys:
+`{"cells": n, "rows": {row: (file, {column: [path, ...]})}}`.
+`row` is the row's first cell, or with `cells` = n > 1 the tuple of its
+first n cells, exactly as written; `file` a path under
+`benchmarks/results/` that the table's section names; `column` a header
+cell as written. The figures of a cell, in order, are the values at its
+paths, in order: a cell "0.956-1.065" has two paths, one with nothing to
+check none. A path is a tuple of JSON keys, list indices and dicts (in
+a list, the item with those fields: `{"variant": "bf16"}`), or a
+function of the file's JSON for a figure that is derived (said where).
+A column not listed holds no figures (a label such as "yes").
+"""
+
+import json
+import pathlib
+import statistics
+from functools import cache
+
+RESULTS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+
+BACKEND_FILES = {"TensorFlow": "tensorflow", "JAX": "jax", "PyTorch": "torch"}
+
+
+@cache
+def load(name):
+    return json.loads((RESULTS / name).read_text())
+
+
+def resolve(name, path):
+    """The value at `path` in the results file `name`."""
+    data = load(name)
+    if callable(path):
+        return path(data)
+    return _at(data, path)
+
+
+def ratio_keys(pair):
+    """A `common.ratio_table` row: median, quartiles, fastest."""
+    return {
+        "median": [("ratios", pair, "median")],
+        "quartiles": [("ratios", pair, "q1"), ("ratios", pair, "q3")],
+        "fastest": [("ratios", pair, "fastest")],
+    }
+
+
+def median_of(*path):
+    """A derived figure: the median of the list at `path`."""
+    return lambda data: statistics.median(_at(data, path))
+
+
+def lowest_of(*path):
+    """A derived figure: the smallest value of the list at `path`."""
+    return lambda data: min(_at(data, path))
+
+
+def highest_of(*path):
+    """A derived figure: the largest value of the list at `path`."""
+    return lambda data: max(_at(data, path))
+
+
+def _at(data, path):
+    for key in path:
+        if isinstance(key, dict):
+            (data,) = [
+                item
+                for item in data
+                if all(item.get(k) == v for k, v in key.items())
+            ]
+        else:
+            data = data[key]
+    return data
+
+
+def _ratio_columns(pair, median, quartiles, fastest):
+    """The columns of a `common.ratio_table` row, for the ratio `pair`."""
+    keys = ratio_keys(pair)
+    return {
+        median: keys["median"],
+        quartiles: keys["quartiles"],
+        fastest: keys["fastest"],
+    }
+
+
+_OVERHEAD = {  # BENCHMARKS.md's label -> the benchmark's ratio
+    "**kmp / stock**": "kmp/stock",
+    "kmp+monitor / kmp": "kmp+mon/kmp",
+    "stock / none": "stock/none",
+    "kmp / none": "kmp/none",
+}
+_BACKEND_NAMES = {
+    "TensorFlow": "tensorflow",
+    "JAX": "jax",
+    "torch (eager)": "torch",
+}
+_COMMON_RATIO = (
+    "ratio of epoch times",
+    "25th-75th percentile",
+    "ratio of fastest epochs",
+)
+
+
+def _bench_columns(variants):
+    """A row of the H100 bench table: per variant the examples/s and the
+    speed against float32 (`kmp bench`'s own fields), and the one memory
+    figure (float32's)."""
+    columns = {}
+    for column, variant in variants.items():
+        row = ("results", {"variant": variant})
+        paths = [(*row, "examples_per_s")]
+        if variant != "float32":
+            paths.append((*row, "speed_vs_float32"))
+        columns[column] = paths
+    columns["memory (one figure)"] = [
+        ("results", {"variant": "float32"}, "peak_memory_mib")
+    ]
+    return columns
+
+
+_H100 = "h100_2026-11-22/"
+_H100_BENCH = {
+    "float32": "float32",
+    "fp16+kmp": "fp16+kmp",
+    "fp16+stock": "fp16+stock",
+    "bf16": "bf16",
+}
+_PROBE = {
+    "float32 (TF32)": "float32",
+    "fp16 + kmp scaler": "fp16+kmp",
+    "fp16 + stock scaler": "fp16+stock",
+    "bf16": "bf16",
+}
+
+
+def _probe_row(run, speeds):
+    """A Keras probe row: images/s, and the speed against float32 where
+    the cell gives one."""
+    columns = {}
+    for column, variant in _PROBE.items():
+        paths = [(run, variant, "img_s")]
+        if variant in speeds:
+            paths.append((run, variant, "vs_f32"))
+        columns[column] = paths
+    return (_H100 + "probe_keras.json", columns)
+
+
+_TORCH_AMP = {
+    "Keras float32": "keras float32",
+    "Keras fp16 + kmp": "keras fp16+kmp",
+    "Keras bf16": "keras bf16",
+    "PyTorch float32": "torch float32",
+    "PyTorch fp16 + `torch.amp`": "torch fp16+amp",
+    "PyTorch bf16 + `torch.amp`": "torch bf16+amp",
+}
+_TORCH_RATIOS = {
+    "Keras float32 / PyTorch float32": "keras float32 / torch float32",
+    "Keras fp16 + kmp / PyTorch fp16 + `torch.amp`": (
+        "keras fp16+kmp / torch fp16+amp"
+    ),
+    "Keras bf16 / PyTorch bf16 + `torch.amp`": "keras bf16 / torch bf16+amp",
+    "Keras fp16 + kmp / Keras float32": "keras fp16+kmp / keras float32",
+}
+_POLICY_SPEED = {
+    "TensorFlow, XLA": "policy_speed_tensorflow_jit_true.json",
+    "TensorFlow, no XLA": "policy_speed_tensorflow_jit_false.json",
+    "JAX (XLA)": "policy_speed_jax_jit_true.json",
+}
+_PROCESSES = {"1 process": "1 process", "2 processes": "2 processes"}
+
+BENCHMARKS_KEYS = {
+    ("Loss-scale overhead: kmp vs the stock Keras scaler", 0): {
+        "cells": 2,
+        "rows": {
+            (label, backend): (
+                f"loss_scale_overhead_{_BACKEND_NAMES[backend]}.json",
+                _ratio_columns(
+                    pair,
+                    "median of 25 per-round ratios",
+                    *_COMMON_RATIO[1:],
+                ),
+            )
+            for label, pair in _OVERHEAD.items()
+            for backend in _BACKEND_NAMES
+            # kmp / none: the table shows torch's only (its fused unscale).
+            if pair != "kmp/none" or backend == "torch (eager)"
+        },
+    },
+    ("Cost of `kmp.pin_float32` on a transformer", 0): {
+        "cells": 2,
+        "rows": {
+            ("pinned / unpinned", backend): (
+                f"pinning_cost_{_BACKEND_NAMES[backend]}.json",
+                _ratio_columns(
+                    "pinned/unpinned",
+                    "median of 15 per-round ratios",
+                    *_COMMON_RATIO[1:],
+                ),
+            )
+            for backend in ("TensorFlow", "JAX")
+        },
+    },
+    ("Cost of `kmp.pin_float32` on a transformer", 1): {
+        "cells": 2,
+        "rows": {
+            ("pinned / unpinned", "JAX, H100"): (
+                _H100 + "pinning_cost_jax_h100.json",
+                _ratio_columns(
+                    "pinned/unpinned",
+                    "median of 8 per-round ratios",
+                    *_COMMON_RATIO[1:],
+                ),
+            )
+        },
+    },
+    ("Dtype policy speed on this CPU", 0): {
+        "rows": {
+            label: (
+                name,
+                {
+                    "float32 img/s": [("images_per_second", "float32")],
+                    **{
+                        policy: [
+                            ("images_per_second", policy),
+                            ("speed_vs_float32", policy),
+                        ]
+                        for policy in ("mixed_bfloat16", "mixed_float16")
+                    },
+                },
+            )
+            for label, name in _POLICY_SPEED.items()
+        }
+    },
+    (
+        "Replica agreement: kmp vs the stock scaler under MirroredStrategy",
+        0,
+    ): {
+        "rows": {
+            "kmp / stock": (
+                "mirrored_agreement_tensorflow.json",
+                _ratio_columns(
+                    "kmp/stock",
+                    "median of 15 per-round ratios",
+                    *_COMMON_RATIO[1:],
+                ),
+            )
+        }
+    },
+    ("Multi-worker: 2 workers vs 1 on the same global batch", 0): {
+        "rows": {
+            "median step time, ms (3 rounds)": (
+                "multi_worker_scaling_tensorflow.json",
+                {
+                    workers: [("step_seconds", workers, i) for i in range(3)]
+                    for workers in ("1 worker", "2 workers")
+                },
+            )
+        }
+    },
+    ("Multi-worker: 2 workers vs 1 on the same global batch", 1): {
+        "rows": {
+            "2 workers / 1 worker": (
+                "multi_worker_scaling_tensorflow.json",
+                _ratio_columns(
+                    "2 workers / 1 worker",
+                    "median of 3 per-round ratios",
+                    "25th-75th percentile",
+                    "ratio of fastest rounds",
+                ),
+            )
+        }
+    },
+    ("Many JAX processes: 2 processes vs 1 on the same global batches", 0): {
+        "rows": {
+            label: (
+                "jax_processes_cpu.json",
+                {column: [(field, column)] for column in _PROCESSES},
+            )
+            for label, field in (
+                ("examples/s (median of 3)", "examples_per_s"),
+                ("final loss", "final_loss"),
+                ("skipped steps", "skipped_steps"),
+            )
+        }
+    },
+    ("Many JAX processes: 2 processes vs 1 on the same global batches", 1): {
+        "rows": {
+            "largest step-loss difference over the 40 steps": (
+                "jax_processes_cpu.json",
+                {"value": [("largest_step_loss_difference",)]},
+            ),
+            "2 processes / 1 process, examples/s": (
+                "jax_processes_cpu.json",
+                {"value": [("two_over_one_examples_per_s",)]},
+            ),
+        }
+    },
+    ("On an H100 (Keras JAX backend, 2026-11-22)", 0): {
+        "rows": {
+            'Keras `fit`, arrays (`probe_keras.json`, "fit")': _probe_row(
+                "fit", ("fp16+kmp", "fp16+stock", "bf16")
+            ),
+            "Keras, one jitted stateless step, data on device "
+            '("raw")': _probe_row("raw", ("fp16+kmp",)),
+            "PyTorch eager, channels_last, torch.amp (`probe_torch.json`)": (
+                _H100 + "probe_torch.json",
+                {
+                    "float32 (TF32)": [("results", "float32", "img_s")],
+                    "fp16 + kmp scaler": [
+                        ("results", "fp16+GradScaler", "img_s")
+                    ],
+                    "bf16": [("results", "bf16", "img_s")],
+                },
+            ),
+            "PyTorch `torch.compile`": (
+                _H100 + "probe_torch.json",
+                {
+                    "fp16 + kmp scaler": [
+                        ("results", "fp16+GradScaler compiled", "img_s")
+                    ],
+                    "bf16": [("results", "bf16 compiled", "img_s")],
+                },
+            ),
+            "`kmp train cifar10 --data=synthetic` (3 epochs, batch 512; "
+            "`train_cifar10_fp16_h100.json`)": (
+                _H100 + "train_cifar10_fp16_h100.json",
+                {"fp16 + kmp scaler": [("examples_per_s",)]},
+            ),
+        }
+    },
+    ("On an H100 (Keras JAX backend, 2026-11-22)", 1): {
+        "rows": {
+            "cifar10 (width 64, batch 512), examples/s": (
+                _H100 + "bench_cifar10_jax_h100.json",
+                _bench_columns(_H100_BENCH),
+            ),
+            "imdb (d_model 512, batch 64, seq 256), examples/s": (
+                _H100 + "bench_imdb_jax_h100.json",
+                _bench_columns(_H100_BENCH),
+            ),
+        }
+    },
+    ("Keras on PyTorch with kmp vs PyTorch's own `torch.amp`", 0): {
+        "rows": {
+            label: (
+                "torch_amp_small.json",
+                {
+                    "images/s (median round)": [("images_per_s", variant)],
+                    "loss before": [("loss_before", variant)],
+                    "loss after": [("loss_after", variant)],
+                },
+            )
+            for label, variant in _TORCH_AMP.items()
+        }
+    },
+    ("Keras on PyTorch with kmp vs PyTorch's own `torch.amp`", 1): {
+        "rows": {
+            label: ("torch_amp_small.json", {"": [("speed_ratios", ratio)]})
+            for label, ratio in _TORCH_RATIOS.items()
+        }
+    },
+}
+
+
+def _feed_row(name):
+    return (
+        name,
+        {
+            # Derived: the medians of the per-round rates.
+            "feed img/s": [median_of("images_per_s", "feed")],
+            "resident img/s": [median_of("images_per_s", "resident")],
+            # The median is stored; the range is derived (lowest, highest
+            # per-round ratio).
+            "feed / resident (median of rounds, range)": [
+                ("median_ratio",),
+                lowest_of("feed_over_resident_per_round"),
+                highest_of("feed_over_resident_per_round"),
+            ],
+        },
+    )
+
+
+def _start_up_row(what, rounds=True):
+    columns = {"median of 5 rounds (s)": [("median_s", what)]}
+    if rounds:  # derived: the fastest and the slowest round
+        columns["fastest-slowest round (s)"] = [
+            lowest_of("seconds", what),
+            highest_of("seconds", what),
+        ]
+    return ("start_up_tensorflow.json", columns)
+
+
+def _cold_build(which):
+    return (
+        "cold_start_jax.json",
+        {
+            "programs": [("build", which, "programs")],
+            "compile s (median of 3)": [("build", which, "median_seconds")],
+        },
+    )
+
+
+def _cold_run(distribution):
+    run = ("cold_runs", {"distribution": distribution})
+    return (
+        "cold_start_jax.json",
+        {
+            "programs": [(*run, "programs")],
+            "train and test steps (s)": [(*run, "step_seconds")],
+            "other programs": [(*run, "other_programs")],
+            "others (s)": [(*run, "other_seconds")],
+        },
+    )
+
+
+def _lm_row(backend, variant):
+    at = ("variants", variant)
+    return (
+        f"lm_float8_{backend}.json",
+        {
+            "tokens/s": [(*at, "tokens_per_s")],
+            "peak memory (MiB)": [(*at, "peak_memory_mib")],
+            "final loss": [(*at, "final_loss")],
+            "test loss": [(*at, "test_loss")],
+        },
+    )
+
+
+def _bench_table(backend, model):
+    name = f"bench_cpu_{backend}/bench.json"
+    rows = {}
+    for variant in ("float32", "fp16+kmp", "fp16+stock", "bf16"):
+        at = ("results", {"model": model, "variant": variant})
+        rows[variant] = (
+            name,
+            {
+                "step time (ms)": [(*at, "step_time_s")],  # seconds, x1000
+                "examples/s": [(*at, "examples_per_s")],
+                "speed vs float32": [(*at, "speed_vs_float32")],
+                "TFLOP/s": [(*at, "tflops_achieved")],
+                "peak memory (MiB)": [(*at, "peak_memory_mib")],
+                "loss before": [(*at, "loss_before")],
+                "loss after": [(*at, "loss")],
+            },
+        )
+    return {"cells": 1, "rows": rows}
+
+
+def _parity_row(example, policy):
+    # IMDB's rows are the IMDB rerun's file (its float8 row is only
+    # there; its other rows equal the first file's, the section says).
+    name = f"parity{'_imdb' if example == 'imdb' else ''}_tensorflow.json"
+    at = ("runs", {"example": example, "policy": policy})
+    return (
+        name,
+        {
+            "test accuracy": [(*at, "accuracy")],
+            "final training loss": [(*at, "final_loss")],
+        },
+    )
+
+
+def _doctor_row(name):
+    return (
+        name,
+        {
+            "two training steps (s)": [
+                ("rounds", i, "two_steps_s") for i in range(3)
+            ],
+            "diagnose (s)": [("rounds", i, "diagnose_s") for i in range(3)],
+            "ratio per round": [("rounds", i, "ratio") for i in range(3)],
+            "median": [("median_ratio",)],
+        },
+    )
+
+
+_BENCH = "`kmp bench`: float32 vs mixed precision on the example models"
+_PARITY = [
+    ("cifar10", "float32"),
+    ("cifar10", "mixed_float16"),
+    ("cifar10", "mixed_bfloat16"),
+    ("imdb", "float32"),
+    ("imdb", "mixed_float16"),
+    ("imdb", "mixed_bfloat16"),
+    ("imdb", "mixed_bfloat16+float8"),
+]
+
+_PART2 = {
+    ("Does the input feed starve the step?", 0): {
+        "cells": 1,
+        "rows": {
+            "tensorflow": _feed_row("feed_tensorflow.json"),
+            "jax": _feed_row("feed_jax.json"),
+        },
+    },
+    ("Start-up: the command, the imports, the synthetic data", 0): {
+        "cells": 1,
+        "rows": {
+            "`kmp --help`": _start_up_row("kmp --help"),
+            '`python -c "import keras"`': _start_up_row("import keras"),
+            '`python -c "import keras, kmp"`': _start_up_row(
+                "import keras, kmp"
+            ),
+            "what `import kmp` adds (median of per-round differences)": (
+                _start_up_row("import kmp adds", rounds=False)
+            ),
+            "`synthetic_images()`": _start_up_row("synthetic_images()"),
+        },
+    },
+    ("A cold JAX start: the programs compiled before training", 0): {
+        "cells": 1,
+        "rows": {
+            "Keras (a program per initializer and shape)": _cold_build("keras"),
+            "`initialized_together`": _cold_build("together"),
+        },
+    },
+    ("A cold JAX start: the programs compiled before training", 1): {
+        "cells": 1,
+        "rows": {
+            "one device": _cold_run("none"),
+            "`--distribution=data`, 4 virtual devices": _cold_run("data"),
+        },
+    },
+    ("Language model: bfloat16 vs `kmp.float8` (examples/finetune_lm.py)", 0): {
+        "cells": 1,
+        "rows": {
+            f"{label}, {variant}": _lm_row(backend, variant)
+            for label, backend in (("JAX", "jax"), ("TensorFlow", "tensorflow"))
+            for variant in ("bfloat16", "float8")
+        },
+    },
+    (_BENCH, 0): _bench_table("tensorflow", "cifar10"),
+    (_BENCH, 1): _bench_table("tensorflow", "imdb"),
+    (_BENCH, 2): _bench_table("jax", "cifar10"),
+    (_BENCH, 3): _bench_table("jax", "imdb"),
+    ("Accuracy parity: float32 vs mixed precision", 0): {
+        "cells": 3,
+        "rows": {
+            (example, "synthetic", policy): _parity_row(example, policy)
+            for example, policy in _PARITY
+        },
+    },
+    ("Cost of `kmp.diagnose`", 0): {
+        "cells": 1,
+        "rows": {
+            "TensorFlow (eager: Keras turns XLA off on a CPU-only TF machine, "
+            "for `fit` and so for the doctor)": _doctor_row(
+                "doctor_cost_tensorflow.json"
+            ),
+            "JAX (XLA)": _doctor_row("doctor_cost_jax.json"),
+        },
+    },
+}
+BENCHMARKS_KEYS.update(_PART2)
+
+
+def _runs(example, policy, field):
+    """A field of a parity run (`benchmarks/parity.py`)."""
+    return ("runs", {"example": example, "policy": policy}, field)
+
+
+def _bench(model, field="speed_vs_float32", variant="fp16+kmp"):
+    return ("results", {"model": model, "variant": variant}, field)
+
+
+# README's Results table has one figure column: each row's figures, in
+# order, are `(file, path)` pairs (a row may gather several files).
+_OVERHEAD_FILES = [
+    f"loss_scale_overhead_{b}.json" for b in ("tensorflow", "jax", "torch")
+]
+README_KEYS = {
+    "epoch time, kmp scaler / stock Keras scaler (median of 25 interleaved "
+    "rounds)": [
+        (name, ("ratios", "kmp/stock", "median")) for name in _OVERHEAD_FILES
+    ],
+    "epoch time with / without `LossScaleMonitor`": [
+        (name, ("ratios", "kmp+mon/kmp", "median")) for name in _OVERHEAD_FILES
+    ],
+    "epoch time, pinned / unpinned small transformer": [
+        (f"pinning_cost_{b}.json", ("ratios", "pinned/unpinned", "median"))
+        for b in ("tensorflow", "jax")
+    ],
+    "epoch time, kmp / stock scaler under MirroredStrategy (2 logical CPUs)": [
+        ("mirrored_agreement_tensorflow.json", path)
+        for path in ratio_keys("kmp/stock")["median"]
+        + ratio_keys("kmp/stock")["quartiles"]
+    ],
+    "step time, 2 workers / 1 worker, same global batch (ResNet-9 example)": [
+        (
+            "multi_worker_scaling_tensorflow.json",
+            ("ratios", "2 workers / 1 worker", "median"),
+        )
+    ],
+    "ResNet-9 in Keras on torch with kmp vs the same net in PyTorch with "
+    "`torch.amp`, float16": [
+        ("torch_amp_small.json", ("images_per_s", "keras fp16+kmp")),
+        ("torch_amp_small.json", ("images_per_s", "torch fp16+amp")),
+        (
+            "torch_amp_small.json",
+            ("speed_ratios", "keras fp16+kmp / torch fp16+amp"),
+        ),
+    ],
+    "`kmp bench` (ResNet-9 / IMDB Transformer, small sizes): mixed_float16 "
+    "speed vs float32": [
+        (f"bench_cpu_{b}/bench.json", _bench(model))
+        for b in ("tensorflow", "jax")
+        for model in ("cifar10", "imdb")
+    ],
+    "test accuracy, float32 vs mixed_float16 vs mixed_bfloat16, on synthetic "
+    "data with 10% of its labels redrawn (which caps CIFAR-10 at the share "
+    "of labels left right, IMDB at about 95%)": [
+        ("parity_tensorflow.json", _runs("cifar10", "float32", "accuracy")),
+        *(
+            ("parity_imdb_tensorflow.json", _runs("imdb", p, "accuracy"))
+            for p in ("float32", "mixed_float16", "mixed_bfloat16")
+        ),
+        (
+            "parity_imdb_tensorflow.json",
+            _runs("imdb", "mixed_bfloat16+float8", "accuracy"),
+        ),
+        (
+            "parity_imdb_tensorflow.json",
+            _runs("imdb", "mixed_bfloat16+float8", "final_loss"),
+        ),
+        (
+            "parity_imdb_tensorflow.json",
+            _runs("imdb", "mixed_bfloat16", "final_loss"),
+        ),
+    ],
+    "in-fit rate, the example's feed / one resident batch (ResNet-9 width "
+    "16, batch 128; target >= 0.90)": [
+        (f"feed_{b}.json", ("median_ratio",)) for b in ("tensorflow", "jax")
+    ],
+    "`kmp.diagnose` time / two training steps, CIFAR-10 ResNet-9, batch "
+    "128, 2 batches (target < 10)": [
+        (f"doctor_cost_{b}.json", ("median_ratio",))
+        for b in ("tensorflow", "jax")
+    ],
+    "mixed vs float32 speed on CPU, 4-conv net": [
+        # The ranges' ends: the lowest and highest mixed speed per case.
+        ("policy_speed_jax_jit_true.json", ("speed_vs_float32", p))
+        for p in ("mixed_float16", "mixed_bfloat16")
+    ]
+    + [
+        ("policy_speed_tensorflow_jit_false.json", ("speed_vs_float32", p))
+        for p in ("mixed_bfloat16", "mixed_float16")
+    ],
+    "epoch time, pinned / unpinned transformer at d_model 1024 (target on a "
+    "GPU <= 1.03)": [
+        (
+            "h100_2026-11-22/pinning_cost_jax_h100.json",
+            ("ratios", "pinned/unpinned", "median"),
+        )
+    ],
+}
