@@ -1,6 +1,6 @@
 """Walking a model's layers (`kmp.model_layers`): every layer once,
 output layers through nested models, patterns, and a class swapped in
-place."""
+place (recording their policies: layer_policies_test.py)."""
 
 import re
 
@@ -75,48 +75,3 @@ def test_swap_class_keeps_the_layer_and_refuses_a_non_subclass():
         model_layers.swap_class(
             keras.layers.Dense(2), kmp.layers.Float32Softmax
         )
-
-
-def test_record_policies_puts_made_layers_in_their_maker_s_map():
-    float32 = keras.dtype_policies.DTypePolicy("float32")
-    inputs = keras.Input((4, 8))
-    attention = keras.layers.MultiHeadAttention(2, 4, name="attention")
-    dense = keras.layers.Dense(8, name="dense")
-    model = keras.Model(inputs, dense(attention(inputs, inputs)))
-    query = attention._query_dense
-    # A listed layer's own config keeps its policy: nothing to record.
-    assert model_layers.record_policies(model, {dense: float32}) == []
-    assert not isinstance(
-        dense.dtype_policy, keras.dtype_policies.DTypePolicyMap
-    )
-    # A projection is made by the attention's code: the attention's map.
-    assert model_layers.record_policies(model, {query: float32}) == []
-    policy = attention.dtype_policy
-    assert isinstance(policy, keras.dtype_policies.DTypePolicyMap)
-    assert policy[query.path].name == "float32"
-    assert policy["attention/key"].name == policy.default_policy.name
-    # Its softmax has no path for a map to name: returned, not recorded.
-    assert attention._softmax.path is None
-    assert model_layers.record_policies(
-        model, {attention._softmax: float32}
-    ) == [attention._softmax]
-
-
-def test_record_policies_returns_layers_of_a_user_s_own_maker():
-    class Block(keras.layers.Layer):
-        def __init__(self, **kwargs):
-            super().__init__(**kwargs)
-            self.inner = keras.layers.Dense(4)
-
-        def call(self, x):
-            return self.inner(x)
-
-    inputs = keras.Input((4,))
-    block = Block()
-    model = keras.Model(inputs, block(inputs))
-    float32 = keras.dtype_policies.DTypePolicy("float32")
-    # Recorded in the block's map, but its code does not pass it on.
-    assert model_layers.record_policies(model, {block.inner: float32}) == [
-        block.inner
-    ]
-    assert block.dtype_policy[block.inner.path].name == "float32"

@@ -12,7 +12,7 @@
     convert        `kmp.float8`: which layers of a model are eligible,
                    converted in place to Keras's own float8
 
-Imports from kmp: errors, islands, model_layers.
+Imports from kmp: errors, islands, layer_policies, model_layers.
 """
 
 from kmp.fp8.convert import float8

@@ -21,10 +21,10 @@ from kmp.errors import InputError
 from kmp.errors import InputTypeError
 from kmp.fp8 import float8_layers
 from kmp.fp8.matmuls import is_eligible_einsum
+from kmp.layer_policies import record_policies
 from kmp.model_layers import all_layers
 from kmp.model_layers import check_patterns
 from kmp.model_layers import matches
-from kmp.model_layers import record_policies
 from kmp_config.names import HALF_DTYPES
 
 _MATMULS = (keras.layers.Dense, keras.layers.EinsumDense)

@@ -6,7 +6,7 @@
     pin             `kmp.pin_float32`: outputs float32, inner softmaxes
                     and sigmoids float32 inside; what counts as sensitive
 
-Imports from kmp: errors, model_layers.
+Imports from kmp: errors, layer_policies, model_layers.
 """
 
 from kmp.islands.float32_layers import Float32Activation

@@ -20,11 +20,11 @@ import keras
 
 from kmp.errors import InputError
 from kmp.islands import float32_layers
+from kmp.layer_policies import record_policies
 from kmp.model_layers import all_layers
 from kmp.model_layers import check_patterns
 from kmp.model_layers import matches
 from kmp.model_layers import output_layers
-from kmp.model_layers import record_policies
 from kmp.model_layers import swap_class
 
 # Activations whose float16 results lose the information crossentropy and
