@@ -88,7 +88,7 @@ def main():
         steps=args.steps,
         synthetic_size=max(10_000, args.batch_size * args.steps),
     )
-    splits = cifar10.load_splits(config)
+    splits = cifar10.load_data(config)
     feed, _ = cifar10.make_datasets(splits, config)
     feeds = {"feed": feed, "resident": resident(feed)}
     clock = StepClock()

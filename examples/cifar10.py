@@ -49,7 +49,7 @@ import kmp
 from kmp import backend
 from kmp.app import data as kmp_data
 from kmp.app import recipes
-from kmp.app import scale_out
+from kmp.app.session import Session
 from kmp_config import configs
 
 MEAN = np.array([0.4914, 0.4822, 0.4465], "float32") * 255
@@ -67,6 +67,7 @@ STD = np.array([0.2470, 0.2435, 0.2616], "float32") * 255
 # that `kmp train` refuses a bad flag before TensorFlow loads.
 
 Config = configs.Cifar10Config
+TITLE = "cifar10 (ResNet-9)"
 
 
 # ## Data
@@ -77,7 +78,7 @@ Config = configs.Cifar10Config
 # flipped; all are normalized with CIFAR-10's channel statistics.
 
 
-def load_splits(config):
+def load_data(config):
     def synthetic():
         return kmp_data.synthetic_images(
             train_size=config.synthetic_size,
@@ -259,53 +260,63 @@ def compile_model(config, steps):
     return recipes.build_optimizer(model)  # traced once (see there)
 
 
+# `kmp bench`'s sizes (a CPU's, a GPU's); a convnet has no matmuls for
+# `kmp.float8` to speed up but its head, so no float8 variants.
+BENCH_SIZES = {
+    "small": {"width": 16, "batch_size": 64},
+    "full": {"width": 64, "batch_size": 512},
+}
+BENCH_FLOAT8 = False
+
+
+def bench_optimizer():
+    """For `kmp bench`: SGD at 0.01 with momentum (a constant rate: the
+    bench times steps, it schedules nothing)."""
+    return keras.optimizers.SGD(0.01, momentum=0.9)
+
+
+def bench_inputs(config, count):
+    """For `kmp bench`: the ResNet-9 at `--width`, pinned, and `count`
+    synthetic images, normalized as `make_datasets` does."""
+    (x, y), _ = kmp_data.synthetic_images(count, 1)
+    model = kmp.pin_float32(build_model(config.width))
+    return model, (x.astype("float32") - MEAN) / STD, y
+
+
 # ## Train
 #
-# The strategy decides where the replicas are. On TensorFlow, the model is
-# built and compiled in its scope and `kmp.distribute` makes `fit` work
-# under it (Keras alone cannot run MultiWorkerMirroredStrategy). On JAX,
-# `--distribution` sets keras.distribution instead: DataParallel, or
-# ModelParallel with `layout_map`.
+# `Session` does what every run does around the data, the model and
+# `fit` (processes, compile cache, seed, the dtype policy, the backup a
+# rerun resumes from, the results). The strategy decides where the
+# replicas are: on TensorFlow the model is built and compiled in its
+# scope, and `kmp.distribute` makes `fit` work under it (Keras alone
+# cannot run MultiWorkerMirroredStrategy); on JAX, `--distribution` sets
+# keras.distribution instead: DataParallel, or ModelParallel with
+# `layout_map`.
 
 
 def train(config: Config) -> dict:
     """Trains and evaluates; returns the results (also written as JSON)."""
-    config.check()
-    scale_out.start_processes(config)  # many JAX processes: join first
-    recipes.use_compile_cache(config)  # a rerun loads its compiled steps
-    keras.utils.set_random_seed(config.seed)
-    splits = load_splits(config)
-    strategy = scale_out.make_strategy(config.strategy)
-    scale_out.make_distribution(config, layout_map(config))  # JAX
-    train_data, test_data = make_datasets(splits, config)
-    steps = config.steps or recipes.split_size(splits.train) // (
-        config.batch_size
-    )
-    with kmp.policy_scope(config.policy) as policy:
-        # Loss-scale monitor, step times, and a backup: rerun the same
-        # command after an interruption and it resumes (a backup of
-        # other settings is refused here, before anything is built).
-        run = recipes.Run(config, splits, strategy, policy.name)
-        with scale_out.scope(strategy):
-            model = compile_model(config, steps)
-        scale_out.prepare(model, strategy)  # kmp.distribute under a strategy
-        args, kwargs = recipes.fit_data(train_data, config.batch_size)
+    with Session(config, "cifar10", layouts=layout_map(config)) as session:
+        splits = load_data(config)
+        train_data, test_data = make_datasets(splits, config)
+        session.start(splits)  # a rerun resumes from the backup
+        with session.scope():
+            model = compile_model(config, session.steps)
+        model = session.distribute(model)
         history = model.fit(
-            *args,
-            **kwargs,
-            validation_data=scale_out.process_share(
-                test_data, config.batch_size
-            ),
-            validation_steps=run.eval_steps,
+            **session.feed(train_data),
+            validation_data=session.validation(test_data),
+            validation_steps=session.eval_steps,
             epochs=config.epochs,
             steps_per_epoch=config.steps or None,
-            callbacks=run.callbacks,
+            callbacks=session.callbacks,
             verbose=config.verbose,
         )
         # The History of every epoch (those before an interruption too);
         # the test figures are the last epoch's validation.
-        results = run.results("resnet9", history, model)
-    run.save(model, results, "cifar10")
+        results = session.results(model, history, "resnet9")
+        session.save(model, results)
     return results
 
 
@@ -319,7 +330,7 @@ def train(config: Config) -> dict:
 
 def main(argv):
     del argv  # everything is in the flags
-    recipes.main("cifar10", "cifar10 (ResNet-9)", Config, train)
+    recipes.main("cifar10", TITLE, Config, train)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ import kmp
 from kmp import backend
 from kmp.app import data as kmp_data
 from kmp.app import recipes
-from kmp.app import scale_out
+from kmp.app.session import Session
 from kmp_config import configs
 
 # ## Configuration
@@ -53,6 +53,7 @@ from kmp_config import configs
 # the sizes not given are a 2-layer, 64-wide model on 128-byte sequences.
 
 Config = configs.LmConfig
+TITLE = "next byte of Python's sources (GPT-2)"
 VOCABULARY = 256  # bytes: no tokenizer to download
 
 
@@ -111,7 +112,7 @@ def windows(text, length):
     }, x[:, 1:].copy()
 
 
-def load_splits(config):
+def load_data(config):
     size = config.text_bytes + config.text_bytes // 10
     if config.data == "synthetic":
         text = synthetic_text(size, config.seed)
@@ -182,58 +183,46 @@ def compile_model(config, steps):
 
 
 # ## Train
+#
+# As for the other examples: `Session` around the data, the model and
+# `fit` (one device, or JAX's data parallelism: no strategy, no layout).
 
 
 def train(config: Config) -> dict:
     """Trains and evaluates; returns the results (also written as JSON),
     with tokens/s beside examples/s."""
-    config.check()
-    if config.strategy != "none":
-        raise kmp.InputError(
-            f"strategy={config.strategy}: the language-model example runs "
-            "on one device, or on JAX under --distribution=data."
-        )
-    scale_out.start_processes(config)  # many JAX processes: join first
-    recipes.use_compile_cache(config)
-    keras.utils.set_random_seed(config.seed)
-    scale_out.make_distribution(config)  # JAX: data only (no layout map)
-    splits = load_splits(config)
-    steps = config.steps or recipes.split_size(splits.train) // (
-        config.batch_size
-    )
-    with kmp.policy_scope(config.policy) as policy:
-        run = recipes.Run(config, splits, None, policy.name)  # + backup
-        model = compile_model(config, steps)
-        # This process's rows (all of them in a single process).
-        args, kwargs = recipes.fit_data(splits.train, config.batch_size)
+    with Session(config, "lm", strategies=False) as session:
+        splits = load_data(config)
+        session.start(splits)  # a rerun resumes from the backup
+        model = compile_model(config, session.steps)
+        train_data = session.feed(splits.train)
         history = model.fit(
-            *args,
-            **kwargs,
-            shuffle=False,  # shuffled in load_splits
-            validation_data=scale_out.process_share(
-                splits.test, config.batch_size
-            ),
-            validation_steps=run.eval_steps,
-            validation_batch_size=kwargs["batch_size"],
+            **train_data,
+            shuffle=False,  # shuffled in load_data
+            validation_data=session.validation(splits.test),
+            validation_steps=session.eval_steps,
+            validation_batch_size=train_data["batch_size"],
             epochs=config.epochs,
             steps_per_epoch=config.steps or None,
-            callbacks=run.callbacks,
+            callbacks=session.callbacks,
             verbose=config.verbose,
         )
         name = "gpt2_float8" if config.float8 else "gpt2"
-        results = run.results(name, history, model)
-    results["tokens_per_s"] = results["examples_per_s"] * config.sequence_length
-    results["float8_layers"] = sum(
-        getattr(layer, "quantization_mode", None) == "float8"
-        for layer in model._flatten_layers()
-    )
-    run.save(model, results, "lm")
+        results = session.results(model, history, name)
+        results["tokens_per_s"] = (
+            results["examples_per_s"] * config.sequence_length
+        )
+        results["float8_layers"] = sum(
+            getattr(layer, "quantization_mode", None) == "float8"
+            for layer in model._flatten_layers()
+        )
+        session.save(model, results)
     return results
 
 
 def main(argv):
     del argv  # everything is in the flags
-    recipes.main("lm", "next byte of Python's sources (GPT-2)", Config, train)
+    recipes.main("lm", TITLE, Config, train)
 
 
 if __name__ == "__main__":

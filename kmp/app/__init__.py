@@ -4,6 +4,11 @@ example trainers and `kmp bench` share.
     cli              runs a parsed command (the dispatch)
     _commands        info, demo, audit, train, bench
     _doctor_command  doctor
+    protocol         what an example declares, so the commands run it
+                     without knowing it
+    session          one run of an example: the engine under its
+                     `train` (processes, cache, seed, strategy, policy,
+                     backup, results, save)
     recipes          the examples' plumbing: CPU sizes, data for fit,
                      callbacks, the results record
     scale_out        where the replicas are: tf.distribute strategies,
@@ -27,7 +32,8 @@ the names every layer shares (configs, flags, policy names, `fail`) are
 the leaf's, `kmp_config`.
 
 The examples (`examples/`, installed as `kmp.examples`) belong here too:
-they import `recipes`, `scale_out` and `data`, and `cli` and `bench`
-import them. The application uses the library through its public API
-(`import kmp`); no module of the core or of a wing imports it.
+they import `session`, `recipes` and `data`; the commands reach them
+only through `protocol` (by name, never an import of an example). The
+application uses the library through its public API (`import kmp`); no
+module of the core or of a wing imports it.
 """

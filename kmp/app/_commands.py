@@ -177,17 +177,15 @@ def train(args) -> dict:
     """Runs examples/<name>.py's `train` on the config of its flags
     (parsed and checked by `kmp_cli`), with CPU sizes where no GPU is
     found for the sizes not given; prints the table and summary."""
-    import importlib
-
     import kmp
+    from kmp.app import protocol
     from kmp.app import recipes
 
     name = f"kmp train {args.example}"
-    script = getattr(type(args.config), "SCRIPT", args.example)
-    module = importlib.import_module(f"kmp.examples.{script}")
+    module = protocol.load_example(args.example)
     try:
         return recipes.run_and_report(
-            args.example, name, args.config, args.given, module.train
+            args.example, module.TITLE, args.config, args.given, module.train
         )
     except kmp.InputError as error:  # data, cluster, backup, cache
         fail(name, error)

@@ -61,14 +61,14 @@ def doctor(args):
 
 def _example_inputs(example, config):
     """The example's compiled model (under --policy) and training data."""
-    import importlib
-
     import keras
 
-    module = importlib.import_module(f"kmp.examples.{example}")
+    from kmp.app import protocol
+
+    module = protocol.load_example(example)
     config.check()  # a multi-worker run's cluster
     keras.utils.set_random_seed(config.seed)  # data order, augmentation
-    splits = module.load_splits(config)  # DataUnavailable: an InputError
+    splits = module.load_data(config)  # DataUnavailable: an InputError
     train_data, _ = module.make_datasets(splits, config)
     with kmp.policy_scope(config.policy):
         model = module.compile_model(config, steps=1)

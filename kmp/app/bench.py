@@ -24,6 +24,7 @@ or is not finite (training diverged), or the same loss to the last digit
 for every variant (the harness is not training what it times).
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -36,10 +37,11 @@ import keras
 
 import kmp
 from kmp import backend
-from kmp.app import data as kmp_data
 from kmp.app import flops
+from kmp.app import protocol
 from kmp.app import recipes
 from kmp.app import report
+from kmp_config import configs
 
 VARIANTS = {
     "float32": ("float32", None),
@@ -53,18 +55,17 @@ FLOAT8_VARIANTS = {
     "bf16+fp8": ("mixed_bfloat16", None),
     "fp16+kmp+fp8": ("mixed_float16", "kmp"),
 }
-# Sizes: "small" for a CPU, "full" for a GPU (the issue's targets: batch
-# >= 256 for the CIFAR net, d_model >= 512 for the IMDB transformer).
-SIZES = {
-    "small": {
-        "cifar10": {"width": 16, "batch_size": 64},
-        "imdb": {"d_model": 64, "batch_size": 32, "sequence_length": 128},
-    },
-    "full": {
-        "cifar10": {"width": 64, "batch_size": 512},
-        "imdb": {"d_model": 512, "batch_size": 64, "sequence_length": 256},
-    },
-}
+# Sizes: "small" for a CPU, "full" for a GPU, each example's own
+# (`BENCH_SIZES`, from its config's fields).
+
+
+def sizes(size, models) -> dict:
+    """`{example: its BENCH_SIZES[size]}` for each of `models`."""
+    return {
+        name: protocol.load_example(name).BENCH_SIZES[size] for name in models
+    }
+
+
 COLUMNS = (
     ("variant", "variant", "{}"),
     ("step_time_s", "step time (ms)", "{:.1f}", 1000.0),
@@ -110,14 +111,10 @@ def time_interleaved(runs, rounds, log=print, unit=None):
     return seconds
 
 
-def _optimizer(name, kind):
-    """SGD with momentum for the ResNet, Adam for the Transformer (SGD at
-    0.01 drove the d_model 512 encoder to one class: loss 7.3 in every
-    variant, measured on an H100, 2026-11-22)."""
-    if name == "cifar10":
-        inner = keras.optimizers.SGD(0.01, momentum=0.9)
-    else:
-        inner = keras.optimizers.Adam(1e-4)
+def _optimizer(module, kind):
+    """The example's bench optimizer (`bench_optimizer`), under kmp's
+    scaler, Keras's, or none."""
+    inner = module.bench_optimizer()
     if kind == "kmp":
         return kmp.LossScaleOptimizer(inner)
     if kind == "stock":
@@ -125,28 +122,13 @@ def _optimizer(name, kind):
     return inner
 
 
-def _model(name, sizes, batches):
+def _model(module, size, batches):
     """The example's model, pinned, and `batches` distinct synthetic
-    batches for it (as one array each for x and y)."""
-    size = sizes[name]
-    count = size["batch_size"] * batches
-    if name == "cifar10":
-        from kmp.examples import cifar10
-
-        model = cifar10.build_model(size["width"])
-        (x, y), _ = kmp_data.synthetic_images(count, 1)
-        x = (x.astype("float32") - cifar10.MEAN) / cifar10.STD
-    else:
-        from kmp.examples import imdb
-
-        config = imdb.Config(
-            d_model=size["d_model"],
-            heads=max(size["d_model"] // 64, 1),
-            sequence_length=size["sequence_length"],
-        )
-        model = imdb.build_model(config)
-        (x, y), _ = kmp_data.synthetic_text(count, 1, size["sequence_length"])
-    return kmp.pin_float32(model), x, y
+    batches for it (as one array each for x and y): its `bench_inputs`
+    at the sizes of `size` (its config's fields)."""
+    fields = {f.name for f in dataclasses.fields(module.Config)}
+    config = module.Config(**{k: v for k, v in size.items() if k in fields})
+    return module.bench_inputs(config, size["batch_size"] * batches)
 
 
 def _variant(name, variant, sizes, steps):
@@ -154,13 +136,14 @@ def _variant(name, variant, sizes, steps):
     for one epoch of `steps` distinct batches (returns the History)."""
     policy, scaler = {**VARIANTS, **FLOAT8_VARIANTS}[variant]
     batch = sizes[name]["batch_size"]
+    module = protocol.load_example(name)
     with kmp.policy_scope(policy):
         keras.utils.set_random_seed(0)
-        model, x, y = _model(name, sizes, steps)
+        model, x, y = _model(module, sizes[name], steps)
         if variant in FLOAT8_VARIANTS:
             kmp.float8(model)
         model.compile(
-            optimizer=_optimizer(name, scaler),
+            optimizer=_optimizer(module, scaler),
             loss="sparse_categorical_crossentropy",
             jit_compile="auto",
             auto_scale_loss=False,  # bf16/float32: no scaler at all
@@ -225,7 +208,7 @@ def bench_model(
     variant's peak memory on its own (`variant_memory`)."""
     batch = sizes[name]["batch_size"]
     variants = dict(VARIANTS)
-    if float8 and name != "cifar10":  # ResNet-9: convolutions, one head
+    if float8 and protocol.load_example(name).BENCH_FLOAT8:
         variants.update(FLOAT8_VARIANTS)
     runs, before = {}, {}
     for variant in variants:
@@ -275,7 +258,7 @@ def bench_model(
 
 
 def run(
-    models=("cifar10", "imdb"),
+    models=configs.CLASSIFIERS,
     size="auto",
     steps=10,
     rounds=5,
@@ -291,7 +274,13 @@ def run(
     results = []
     for name in models:
         results += bench_model(
-            name, SIZES[size], steps, rounds, log, memory=memory, float8=float8
+            name,
+            sizes(size, models),
+            steps,
+            rounds,
+            log,
+            memory=memory,
+            float8=float8,
         )
     for r in results:
         r["size"] = size

@@ -125,12 +125,12 @@ def test_train_runs_the_example_and_prints_the_table(tmp_path, capsys):
 @pytest.mark.slow
 @pytest.mark.backend_independent("torch")
 def test_bench_command_writes_markdown_and_json(tmp_path, monkeypatch, capsys):
-    from kmp.app import bench
+    from kmp.examples import imdb
 
     monkeypatch.setitem(
-        bench.SIZES,
+        imdb.BENCH_SIZES,
         "small",
-        {"imdb": {"d_model": 16, "batch_size": 4, "sequence_length": 8}},
+        {"d_model": 16, "batch_size": 4, "sequence_length": 8},
     )
     kmp_cli.main(
         [

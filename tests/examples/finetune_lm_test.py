@@ -28,7 +28,7 @@ def small(tmp_path, **overrides):
 
 def test_the_text_is_python_s_own_sources_cut_into_next_byte_pairs():
     config = small("unused")
-    splits = finetune_lm.load_splits(config)
+    splits = finetune_lm.load_data(config)
     x, y = splits.train
     assert splits.source == "python-stdlib"
     assert x["token_ids"].shape == y.shape == ((8_000 - 1) // 32, 32)

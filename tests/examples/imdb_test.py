@@ -154,6 +154,6 @@ def test_d_model_must_split_over_heads_and_is_refused_before_training(
     def loaded(*args):
         raise AssertionError("the data was loaded: checked too late")
 
-    monkeypatch.setattr(imdb, "load_splits", loaded)
+    monkeypatch.setattr(imdb, "load_data", loaded)
     with pytest.raises(kmp.InputError, match="d_model \\(16\\) must be"):
         imdb.train(small(tmp_path, heads=3))

@@ -1,0 +1,103 @@
+"""What an example declares, so that the commands run it without knowing
+it: `kmp train`, `kmp bench` and `kmp doctor` hold no per-example code.
+
+An example is one module in `examples/` (installed as `kmp.examples`),
+registered by its settings class in `kmp_config.configs.EXAMPLES` (name
+-> config class; the class's `SCRIPT` names the module where it is not
+the example's name). Every example declares:
+
+    Config                   its settings (`kmp_config.configs`): the flags
+    TITLE                    the title of its results table
+    train(config)            trains, evaluates, saves; returns the results
+                             (`kmp train`)
+
+and the examples `kmp bench` and `kmp doctor` take
+(`kmp_config.configs.CLASSIFIERS`) also:
+
+    load_data(config)               the splits (`kmp.app.data.Splits`)
+    make_datasets(splits, config)   `(train, test)` as `fit` takes them
+    compile_model(config, steps)    the compiled model, in the current
+                                    dtype policy
+    bench_inputs(config, count)     `(model, x, y)`: the model, pinned and
+                                    not compiled, and `count` synthetic
+                                    examples for it
+    bench_optimizer()               the optimizer `kmp bench` trains it
+                                    with (wrapped in each variant's scaler)
+    BENCH_SIZES                     `{"small": fields, "full": fields}`:
+                                    its config's sizes on a CPU, a GPU
+    BENCH_FLOAT8                    whether `kmp bench --float8` times
+                                    `kmp.float8` variants of it
+
+A new example is its module, its config class in `EXAMPLES` and its
+test file: `tests/app/protocol_test.py` holds every registered example
+to this list.
+"""
+
+import importlib
+import inspect
+
+from kmp_config import configs
+
+# Each name, and the number of arguments it takes (None: not a function).
+EVERY_EXAMPLE = {"Config": None, "TITLE": None, "train": 1}
+CLASSIFIERS = {
+    "load_data": 1,
+    "make_datasets": 2,
+    "compile_model": 2,
+    "bench_inputs": 2,
+    "bench_optimizer": 0,
+    "BENCH_SIZES": None,
+    "BENCH_FLOAT8": None,
+}
+
+
+def declared(name) -> dict:
+    """The names example `name` must declare, with their arities."""
+    if name in configs.CLASSIFIERS:
+        return {**EVERY_EXAMPLE, **CLASSIFIERS}
+    return dict(EVERY_EXAMPLE)
+
+
+def problems(name, module) -> list:
+    """What `module`, registered as example `name`, fails to declare."""
+    found = []
+    for attribute, arity in declared(name).items():
+        if not hasattr(module, attribute):
+            found.append(f"declares no {attribute}")
+            continue
+        value = getattr(module, attribute)
+        if arity is not None:
+            required = [
+                p
+                for p in inspect.signature(value).parameters.values()
+                if p.default is p.empty
+                and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+            ]
+            if len(required) != arity:
+                found.append(
+                    f"{attribute} takes {len(required)} argument(s), not "
+                    f"{arity}"
+                )
+    if getattr(module, "Config", None) is not configs.EXAMPLES.get(name):
+        found.append(f"its Config is not configs.EXAMPLES[{name!r}]")
+    return found
+
+
+def load_example(name):
+    """The module of example `name`, checked against the protocol.
+
+    Raises:
+        TypeError: naming what the module fails to declare (a defect of
+            the example, not of the user's input).
+    """
+    config_class = configs.EXAMPLES[name]
+    script = getattr(config_class, "SCRIPT", name)
+    module = importlib.import_module(f"kmp.examples.{script}")
+    found = problems(name, module)
+    if found:
+        raise TypeError(
+            f"examples/{script}.py, registered as {name!r}: "
+            + "; ".join(found)
+            + " (kmp.app.protocol lists what an example declares)."
+        )
+    return module
