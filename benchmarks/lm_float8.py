@@ -5,7 +5,7 @@ process: tokens/s, peak memory, losses.
     KERAS_BACKEND=jax python benchmarks/lm_float8.py --steps=100 -- \
         --hidden_dim=1024 --layers=16 --batch_size=16    # a GPU's size
 
-Runs `kmp train lm` (examples/finetune_lm.py) twice with the same flags,
+Runs `kmp train lm` (examples/lm.py) twice with the same flags,
 once with `--float8`, alternately `--rounds` times (the machine is shared:
 alternation spreads its noise over both), each run a fresh process so
 that its peak memory is its own. Flags after `--` go to both runs.

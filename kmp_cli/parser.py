@@ -126,7 +126,7 @@ def build() -> argparse.ArgumentParser:
         "train",
         help="train the CIFAR-10, IMDB or language-model example",
         description="Runs examples/cifar10.py, examples/imdb.py or "
-        "examples/finetune_lm.py (the same code), prints a results "
+        "examples/lm.py (the same code), prints a results "
         "table and writes results.json, results.png and the model to "
         "--output_dir.",
         epilog=TRAIN_EPILOG,

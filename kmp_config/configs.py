@@ -5,7 +5,7 @@
     Cifar10Config  examples/cifar10.py's `Config`: + width
     ImdbConfig     examples/imdb.py's `Config`: + model, d_model, heads,
                    layers, sequence_length, vocabulary_size, float8
-    LmConfig       examples/finetune_lm.py's `Config`: + hidden_dim,
+    LmConfig       examples/lm.py's `Config`: + hidden_dim,
                    heads, layers, sequence_length, text_bytes, float8
     EXAMPLES       an example's name -> its config class
     CLASSIFIERS    the examples `kmp bench` and `kmp doctor` take
@@ -292,7 +292,7 @@ class ImdbConfig(RunConfig):
 @dataclasses.dataclass
 class LmConfig(RunConfig):
     """A KerasHub GPT-2 causal LM from a config, on bytes of text
-    (examples/finetune_lm.py)."""
+    (examples/lm.py)."""
 
     policy: str = flag(
         "mixed_bfloat16",
@@ -335,7 +335,6 @@ class LmConfig(RunConfig):
         "sequence_length": 128,
         "text_bytes": 400_000,
     }
-    SCRIPT = "finetune_lm"  # examples/finetune_lm.py
 
     def problem(self) -> str | None:
         problem = super().problem()

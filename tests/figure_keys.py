@@ -524,7 +524,7 @@ _PART2 = {
             "`--distribution=data`, 4 virtual devices": _cold_run("data"),
         },
     },
-    ("Language model: bfloat16 vs `kmp.float8` (examples/finetune_lm.py)", 0): {
+    ("Language model: bfloat16 vs `kmp.float8` (examples/lm.py)", 0): {
         "cells": 1,
         "rows": {
             f"{label}, {variant}": _lm_row(backend, variant)

@@ -2,9 +2,9 @@
 it: `kmp train`, `kmp bench` and `kmp doctor` hold no per-example code.
 
 An example is one module in `examples/` (installed as `kmp.examples`),
-registered by its settings class in `kmp_config.configs.EXAMPLES` (name
--> config class; the class's `SCRIPT` names the module where it is not
-the example's name). Every example declares:
+named as the example and registered by its settings class in
+`kmp_config.configs.EXAMPLES` (name -> config class). Every example
+declares:
 
     Config                   its settings (`kmp_config.configs`): the flags
     TITLE                    the title of its results table
@@ -90,13 +90,15 @@ def load_example(name):
         TypeError: naming what the module fails to declare (a defect of
             the example, not of the user's input).
     """
-    config_class = configs.EXAMPLES[name]
-    script = getattr(config_class, "SCRIPT", name)
-    module = importlib.import_module(f"kmp.examples.{script}")
+    if name not in configs.EXAMPLES:
+        raise KeyError(
+            f"no example {name!r}; registered: {list(configs.EXAMPLES)}"
+        )
+    module = importlib.import_module(f"kmp.examples.{name}")
     found = problems(name, module)
     if found:
         raise TypeError(
-            f"examples/{script}.py, registered as {name!r}: "
+            f"examples/{name}.py: "
             + "; ".join(found)
             + " (kmp.app.protocol lists what an example declares)."
         )

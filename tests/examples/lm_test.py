@@ -1,4 +1,4 @@
-"""examples/finetune_lm.py (kmp.examples.finetune_lm): KerasHub's GPT-2
+"""examples/lm.py (kmp.examples.lm): KerasHub's GPT-2
 from a config, bfloat16 and float8, on bytes of Python's sources."""
 
 import keras
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import kmp
-from kmp.examples import finetune_lm
+from kmp.examples import lm
 
 
 def small(tmp_path, **overrides):
@@ -23,12 +23,12 @@ def small(tmp_path, **overrides):
         verbose=0,
     )
     settings.update(overrides)
-    return finetune_lm.Config(**settings)
+    return lm.Config(**settings)
 
 
 def test_the_text_is_python_s_own_sources_cut_into_next_byte_pairs():
     config = small("unused")
-    splits = finetune_lm.load_data(config)
+    splits = lm.load_data(config)
     x, y = splits.train
     assert splits.source == "python-stdlib"
     assert x["token_ids"].shape == y.shape == ((8_000 - 1) // 32, 32)
@@ -45,7 +45,7 @@ def test_the_text_is_python_s_own_sources_cut_into_next_byte_pairs():
 @pytest.mark.slow
 @pytest.mark.parametrize("float8", [False, True])
 def test_trains_saves_and_reloads_with_and_without_float8(float8, tmp_path):
-    results = finetune_lm.train(small(tmp_path, float8=float8))
+    results = lm.train(small(tmp_path, float8=float8))
     steps = results["step_losses"]
     assert len(steps) == 3 and np.all(np.isfinite(steps))
     assert results["policy"] == "mixed_bfloat16"
@@ -68,7 +68,7 @@ def test_trains_saves_and_reloads_with_and_without_float8(float8, tmp_path):
 
 
 def test_synthetic_text_is_learnable_counting_with_noise():
-    text = finetune_lm.synthetic_text(6_400, seed=0)
+    text = lm.synthetic_text(6_400, seed=0)
     steps = np.diff(text.astype(int).reshape(-1, 64), axis=1) % 256
     assert np.mean(np.isin(steps, (1, 2, 3))) > 0.85
 
@@ -86,7 +86,7 @@ def test_bad_settings_are_refused_before_anything_loads(
     overrides, phrase, tmp_path
 ):
     with pytest.raises(kmp.InputError, match=phrase):
-        finetune_lm.train(small(tmp_path, **overrides))
+        lm.train(small(tmp_path, **overrides))
 
 
 @pytest.mark.slow
@@ -98,9 +98,9 @@ def test_an_interrupted_run_resumes_from_its_backup(tmp_path, monkeypatch):
     with monkeypatch.context() as patch:
         interrupt_runs(patch, after_epochs=1)
         with pytest.raises(Interrupted):
-            finetune_lm.train(config)
+            lm.train(config)
     assert (tmp_path / "backup").exists()
-    results = finetune_lm.train(config)
+    results = lm.train(config)
     assert results["epochs"] == 2
     # Epoch 1's three steps from the first run, epoch 2's from the rerun.
     assert len(results["step_losses"]) == 6

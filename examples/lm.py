@@ -10,11 +10,13 @@ decoder blocks in Keras's float8: E4M3 forward, E5M2 gradients). Its
 results carry tokens/s and peak memory, so the same run without
 `--float8` beside it says what float8 bought; `benchmarks/lm_float8.py`
 runs the two, each in its own process, and writes the comparison.
+It trains from random weights, the config's: nothing is fine-tuned (the
+file was `finetune_lm.py` until the name said more than it did).
 
 Run (from the repository root, after `pip install -e ".[lm]"`):
 
-    python examples/finetune_lm.py --steps=50          # CPU sizes here
-    python examples/finetune_lm.py --steps=50 --float8
+    python examples/lm.py --steps=50          # CPU sizes here
+    python examples/lm.py --steps=50 --float8
     kmp train lm --float8                              # the same code
     kmp train lm --hidden_dim=1024 --layers=16 --float8  # an H100's size
 
