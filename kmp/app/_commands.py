@@ -185,7 +185,7 @@ def train(args) -> dict:
     module = protocol.load_example(args.example)
     try:
         return recipes.run_and_report(
-            args.example, module.TITLE, args.config, args.given, module.train
+            args.example, name, args.config, args.given, module.train
         )
     except kmp.InputError as error:  # data, cluster, backup, cache
         fail(name, error)

@@ -7,7 +7,6 @@ named as the example and registered by its settings class in
 declares:
 
     Config                   its settings (`kmp_config.configs`): the flags
-    TITLE                    the title of its results table
     train(config)            trains, evaluates, saves; returns the results
                              (`kmp train`)
 
@@ -39,7 +38,7 @@ import inspect
 from kmp_config import configs
 
 # Each name, and the number of arguments it takes (None: not a function).
-EVERY_EXAMPLE = {"Config": None, "TITLE": None, "train": 1}
+EVERY_EXAMPLE = {"Config": None, "train": 1}
 CLASSIFIERS = {
     "load_data": 1,
     "make_datasets": 2,

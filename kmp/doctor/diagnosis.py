@@ -142,7 +142,7 @@ class Diagnosis:
         pin: Paths of the layers to pin to float32.
         verdicts: Model-level verdicts, one sentence each.
         notes: What the diagnosis could not see, and other remarks.
-        environment: Versions and hardware it ran on
+        environment: When, and on which versions and hardware, it ran
             (`kmp.backend.environment()`).
         machine_policy, machine_reason: What `kmp.recommend_policy()`
             (`kmp.enable("auto")`) picks on that hardware, and why: speed,
