@@ -21,29 +21,16 @@ them a run always does the same things, in the same order, and
     results      the run's record; `save` writes it, the model and the
                  plot (chief only)
 
-Example (the shape of every example's `train`):
+Each example's `train` is the use: `examples/cifar10.py` reads
 
 ```python
-def train(config):
-    with Session(config, "cifar10", layouts=layout_map(config)) as session:
-        splits = load_data(config)
-        train_data, test_data = make_datasets(splits, config)
-        session.start(splits)
-        with session.scope():
-            model = compile_model(config, session.steps)
-        model = session.distribute(model)
-        history = model.fit(
-            **session.feed(train_data),
-            validation_data=session.validation(test_data),
-            validation_steps=session.eval_steps,
-            epochs=config.epochs,
-            steps_per_epoch=config.steps or None,
-            callbacks=session.callbacks,
-            verbose=config.verbose,
-        )
-        results = session.results(model, history, "resnet9")
-        session.save(model, results)
-    return results
+with Session(config, "cifar10", layouts=layout_map(config)) as session:
+    splits = load_data(config)
+    ...                                  # its datasets, then
+    session.start(splits)
+    with session.scope():
+        model = compile_model(config, session.steps)
+    history = session.distribute(model).fit(**session.feed(data), ...)
 ```
 """
 
