@@ -23,8 +23,6 @@ from functools import cache
 
 RESULTS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
-BACKEND_FILES = {"TensorFlow": "tensorflow", "JAX": "jax", "PyTorch": "torch"}
-
 
 @cache
 def load(name):
@@ -97,24 +95,21 @@ _BACKEND_NAMES = {
     "JAX": "jax",
     "torch (eager)": "torch",
 }
-_COMMON_RATIO = (
-    "ratio of epoch times",
-    "25th-75th percentile",
-    "ratio of fastest epochs",
-)
+# The two columns after the median in most ratio tables.
+_SPREAD = ("25th-75th percentile", "ratio of fastest epochs")
 
 
 def _bench_columns(variants):
-    """A row of the H100 bench table: per variant the examples/s and the
-    speed against float32 (`kmp bench`'s own fields), and the one memory
-    figure (float32's)."""
+    """A row of the H100 bench table: per variant (each its own column)
+    the examples/s and the speed against float32 (`kmp bench`'s own
+    fields), and the one memory figure (float32's)."""
     columns = {}
-    for column, variant in variants.items():
+    for variant in variants:
         row = ("results", {"variant": variant})
         paths = [(*row, "examples_per_s")]
         if variant != "float32":
             paths.append((*row, "speed_vs_float32"))
-        columns[column] = paths
+        columns[variant] = paths
     columns["memory (one figure)"] = [
         ("results", {"variant": "float32"}, "peak_memory_mib")
     ]
@@ -122,12 +117,7 @@ def _bench_columns(variants):
 
 
 _H100 = "h100_2026-11-22/"
-_H100_BENCH = {
-    "float32": "float32",
-    "fp16+kmp": "fp16+kmp",
-    "fp16+stock": "fp16+stock",
-    "bf16": "bf16",
-}
+_H100_BENCH = ("float32", "fp16+kmp", "fp16+stock", "bf16")
 _PROBE = {
     "float32 (TF32)": "float32",
     "fp16 + kmp scaler": "fp16+kmp",
@@ -169,9 +159,9 @@ _POLICY_SPEED = {
     "TensorFlow, no XLA": "policy_speed_tensorflow_jit_false.json",
     "JAX (XLA)": "policy_speed_jax_jit_true.json",
 }
-_PROCESSES = {"1 process": "1 process", "2 processes": "2 processes"}
+_PROCESSES = ("1 process", "2 processes")
 
-BENCHMARKS_KEYS = {
+_PART1 = {
     ("Loss-scale overhead: kmp vs the stock Keras scaler", 0): {
         "cells": 2,
         "rows": {
@@ -180,7 +170,7 @@ BENCHMARKS_KEYS = {
                 _ratio_columns(
                     pair,
                     "median of 25 per-round ratios",
-                    *_COMMON_RATIO[1:],
+                    *_SPREAD,
                 ),
             )
             for label, pair in _OVERHEAD.items()
@@ -197,7 +187,7 @@ BENCHMARKS_KEYS = {
                 _ratio_columns(
                     "pinned/unpinned",
                     "median of 15 per-round ratios",
-                    *_COMMON_RATIO[1:],
+                    *_SPREAD,
                 ),
             )
             for backend in ("TensorFlow", "JAX")
@@ -211,7 +201,7 @@ BENCHMARKS_KEYS = {
                 _ratio_columns(
                     "pinned/unpinned",
                     "median of 8 per-round ratios",
-                    *_COMMON_RATIO[1:],
+                    *_SPREAD,
                 ),
             )
         },
@@ -244,7 +234,7 @@ BENCHMARKS_KEYS = {
                 _ratio_columns(
                     "kmp/stock",
                     "median of 15 per-round ratios",
-                    *_COMMON_RATIO[1:],
+                    *_SPREAD,
                 ),
             )
         }
@@ -554,7 +544,7 @@ _PART2 = {
         },
     },
 }
-BENCHMARKS_KEYS.update(_PART2)
+BENCHMARKS_KEYS = {**_PART1, **_PART2}
 
 
 def _runs(example, policy, field):
