@@ -40,6 +40,15 @@ from hypothesis import settings  # noqa: E402
 
 from kmp import backend  # noqa: E402
 
+# The suite runs as two processes (pyproject: `-n 2`). torch's eager ops
+# start a thread per core in each, and two processes of 2 threads on 2
+# cores fight (the torch suite took 326 s so, 220 s as one process): one
+# thread each.
+if os.environ.get("PYTEST_XDIST_WORKER") and backend.name() == "torch":
+    import torch
+
+    torch.set_num_threads(1)
+
 # Correctness tests compare float32 results exactly; TF32 would round them.
 backend.disable_tf32()
 
