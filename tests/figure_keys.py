@@ -14,10 +14,13 @@ check none. A path is a tuple of JSON keys, list indices and dicts (in
 a list, the item with those fields: `{"variant": "bf16"}`), or a
 function of the file's JSON for a figure that is derived (said where).
 A column not listed holds no figures (a label such as "yes").
+A `.txt` file (what a command printed: `steps.txt`, a run's summary) is
+read as text, by a function path (`wall_seconds`, `printed`).
 """
 
 import json
 import pathlib
+import re
 import statistics
 from functools import cache
 
@@ -26,7 +29,8 @@ RESULTS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
 @cache
 def load(name):
-    return json.loads((RESULTS / name).read_text())
+    text = (RESULTS / name).read_text()
+    return text if name.endswith(".txt") else json.loads(text)
 
 
 def resolve(name, path):
@@ -59,6 +63,19 @@ def lowest_of(*path):
 def highest_of(*path):
     """A derived figure: the largest value of the list at `path`."""
     return lambda data: max(_at(data, path))
+
+
+def wall_seconds(step):
+    """A figure of a `steps.txt` (`benchmarks/gpu_session.sh`): `step`'s
+    wall time in seconds."""
+    pattern = rf"(?m)^{re.escape(step)} rc=0 wall_s=([\d.]+)$"
+    return lambda text: float(re.search(pattern, text)[1])
+
+
+def printed(label):
+    """A figure of a printed `kmp train` summary: its table's `label` row."""
+    pattern = rf"│ {re.escape(label)} +│ +([\d.]+) │"
+    return lambda text: float(re.search(pattern, text)[1])
 
 
 def _at(data, path):
@@ -419,18 +436,29 @@ def _lm_row(backend, variant):
     )
 
 
-def _bench_table(backend, model):
-    name = f"bench_cpu_{backend}/bench.json"
+def _share_of_peak(at):
+    """A derived figure: a bench row's TFLOP/s over the device's peak."""
+    return lambda data: (
+        _at(data, (*at, "tflops_achieved")) / _at(data, (*at, "tflops_peak"))
+    )
+
+
+def _bench_table(name, model, peak=False):
+    """A `kmp bench` table as `bench.md` writes it; `peak`: its TFLOP/s
+    cells read "113 (23% of 494)" (a device whose peak kmp knows)."""
     rows = {}
     for variant in ("float32", "fp16+kmp", "fp16+stock", "bf16"):
         at = ("results", {"model": model, "variant": variant})
+        tflops = [(*at, "tflops_achieved")]
+        if peak:
+            tflops += [_share_of_peak(at), (*at, "tflops_peak")]
         rows[variant] = (
             name,
             {
                 "step time (ms)": [(*at, "step_time_s")],  # seconds, x1000
                 "examples/s": [(*at, "examples_per_s")],
                 "speed vs float32": [(*at, "speed_vs_float32")],
-                "TFLOP/s": [(*at, "tflops_achieved")],
+                "TFLOP/s": tflops,
                 "peak memory (MiB)": [(*at, "peak_memory_mib")],
                 "loss before": [(*at, "loss_before")],
                 "loss after": [(*at, "loss")],
@@ -468,6 +496,40 @@ def _doctor_row(name):
 
 
 _BENCH = "`kmp bench`: float32 vs mixed precision on the example models"
+_H100_25 = "h100_2026-11-25/"
+_ON_H100_25 = "On an H100 (Keras JAX backend, 2026-11-25)"
+_FLOAT8 = "Float8: `kmp.float8` vs bfloat16 vs Keras's float8"
+_FLOAT8_VARIANTS = (
+    "bf16",
+    "bf16+kmp.float8",
+    "bf16+keras.float8",
+    "fp16+kmp.float8",
+)
+_TRAIN_COLUMNS = {  # in-fit column: (results.json field, summary row)
+    "examples/s": ("examples_per_s", "examples/s"),
+    "step time (ms)": ("step_time_s", "step time (ms)"),
+    "peak memory (MiB)": ("peak_memory_mib", "peak memory (MiB)"),
+    "final loss": ("final_loss", "final loss"),
+    "test accuracy": ("accuracy", "accuracy"),
+    "loss scale": ("loss_scale", "loss scale"),
+    "skipped steps": ("skipped_steps", "skipped steps"),
+}
+
+
+def _float8_row(model, variant):
+    at = ("runs", {"model": model, "variant": variant})
+    return (
+        _H100_25 + "float8_speed_jax.json",
+        {
+            "step (ms)": [(*at, "step_time_s")],  # seconds, x1000
+            "speed vs bf16": [(*at, "speed_vs_bf16")],
+            "TFLOP/s": [(*at, "tflops")],
+            "loss before": [(*at, "loss_before")],
+            "loss after": [(*at, "loss_after")],
+        },
+    )
+
+
 _PARITY = [
     ("cifar10", "float32"),
     ("cifar10", "mixed_float16"),
@@ -479,6 +541,44 @@ _PARITY = [
 ]
 
 _PART2 = {
+    # The 2026-11-25 H100 section (before the 2026-11-22 one in the doc).
+    (_ON_H100_25, 0): {
+        "rows": {
+            f"{cache} compile cache": (
+                _H100_25 + "steps.txt",
+                {
+                    "wall time, process start to exit (s)": [
+                        wall_seconds(f"train_cifar10_{cache}")
+                    ]
+                },
+            )
+            for cache in ("cold", "warm")
+        }
+    },
+    (_ON_H100_25, 1): {
+        "rows": {
+            "cold compile cache": (
+                _H100_25 + "train_cifar10_cold_results.json",
+                {c: [(field,)] for c, (field, _) in _TRAIN_COLUMNS.items()},
+            ),
+            # Its results.json did not come back from the device; what it
+            # printed did.
+            "warm compile cache": (
+                _H100_25 + "train_cifar10_warm_summary.txt",
+                {c: [printed(row)] for c, (_, row) in _TRAIN_COLUMNS.items()},
+            ),
+        }
+    },
+    (_ON_H100_25, 2): _bench_table(_H100_25 + "bench.json", "cifar10", True),
+    (_ON_H100_25, 3): _bench_table(_H100_25 + "bench.json", "imdb", True),
+    (_FLOAT8, 0): {
+        "cells": 2,
+        "rows": {
+            (model, variant): _float8_row(model, variant)
+            for model in ("stack", "transformer")
+            for variant in _FLOAT8_VARIANTS
+        },
+    },
     ("Does the input feed starve the step?", 0): {
         "cells": 1,
         "rows": {
@@ -522,10 +622,10 @@ _PART2 = {
             for variant in ("bfloat16", "float8")
         },
     },
-    (_BENCH, 0): _bench_table("tensorflow", "cifar10"),
-    (_BENCH, 1): _bench_table("tensorflow", "imdb"),
-    (_BENCH, 2): _bench_table("jax", "cifar10"),
-    (_BENCH, 3): _bench_table("jax", "imdb"),
+    (_BENCH, 0): _bench_table("bench_cpu_tensorflow/bench.json", "cifar10"),
+    (_BENCH, 1): _bench_table("bench_cpu_tensorflow/bench.json", "imdb"),
+    (_BENCH, 2): _bench_table("bench_cpu_jax/bench.json", "cifar10"),
+    (_BENCH, 3): _bench_table("bench_cpu_jax/bench.json", "imdb"),
     ("Accuracy parity: float32 vs mixed precision", 0): {
         "cells": 3,
         "rows": {
@@ -644,5 +744,28 @@ README_KEYS = {
             "h100_2026-11-22/pinning_cost_jax_h100.json",
             ("ratios", "pinned/unpinned", "median"),
         )
+    ],
+    "`kmp.float8` speed vs bfloat16, a stack of 4 Dense layers of 8192 x "
+    "8192 / the IMDB Transformer at d_model 2048 (issue 15's targets: >= "
+    "1.5x / >= 1.3x)": [
+        (
+            _H100_25 + "float8_speed_jax.json",
+            ("runs", {"model": model, "variant": variant}, "speed_vs_bf16"),
+        )
+        for variant in ("bf16+kmp.float8", "bf16+keras.float8")
+        for model in ("stack", "transformer")
+    ],
+    "the main job, `kmp train cifar10 --data=synthetic --epochs=6` "
+    "(mixed_float16, ResNet-9 width 64, batch 512): wall time with a cold / "
+    "warm compile cache, and the in-fit rate": [
+        (_H100_25 + "steps.txt", wall_seconds("train_cifar10_cold")),
+        (_H100_25 + "steps.txt", wall_seconds("train_cifar10_warm")),
+        (_H100_25 + "train_cifar10_cold_results.json", ("examples_per_s",)),
+    ],
+    "`kmp bench --size full` (ResNet-9 width 64, batch 512 / IMDB "
+    "Transformer d_model 512, batch 64): speed vs float32 (TF32)": [
+        (_H100_25 + "bench.json", _bench(model, variant=variant))
+        for variant in ("fp16+kmp", "bf16")
+        for model in ("cifar10", "imdb")
     ],
 }
