@@ -48,7 +48,9 @@ import numpy as np
 import kmp
 from kmp import backend
 from kmp.app import data as kmp_data
+from kmp.app import device_data
 from kmp.app import recipes
+from kmp.app.feeding import Feeding
 from kmp.app.session import Session
 from kmp_config import configs
 
@@ -91,51 +93,40 @@ def load_data(config):
     )
 
 
+def normalize(images):
+    """float32 images with CIFAR-10's channel means and deviations."""
+    return (images.astype("float32") - MEAN) / STD
+
+
 def make_datasets(splits, config):
     """Full batches for `fit`: training drops its last partial batch and
-    validation pads its own with zero-weight rows (`recipes`), so each
+    validation pads its own with zero-weight rows (`Feeding`), so each
     step compiles once.
 
     On JAX the uint8 images go to the device once and every batch is
-    gathered, normalized and augmented there (`kmp.app.device_data`);
-    on TensorFlow a `tf.data` pipeline prepares batches on the host while
-    the step runs; with neither (PyTorch without TensorFlow), NumPy
-    arrays without augmentation."""
-    eval_steps = recipes.evaluation_steps(config, splits)
-    if recipes.feeds_device(config):
-        from kmp.app import device_data
-
-        (x, y), (x_test, y_test) = map(
-            kmp_data.as_arrays, (splits.train, splits.test)
+    gathered, normalized and augmented there; on TensorFlow a `tf.data`
+    pipeline prepares batches on the host while the step runs; with
+    neither (PyTorch without TensorFlow), NumPy arrays without
+    augmentation."""
+    feeding = Feeding(config, splits)
+    if feeding.kind == "device":
+        crop_and_flip = device_data.crop_and_flip(padding=4)
+        train = feeding.on_device(
+            splits.train,
+            training=True,
+            transform=lambda images, key: crop_and_flip(normalize(images), key),
         )
-        augment = device_data.crop_and_flip(padding=4)
-        train = device_data.DeviceBatches(
-            x,
-            y,
-            config.batch_size,
-            shuffle=True,
-            transform=device_data.normalized(MEAN, STD, then=augment),
-            repeat=bool(config.steps),  # steps * epochs may exceed a pass
-            seed=config.seed,
-        )
-        test = device_data.DeviceBatches(
-            x_test,
-            y_test,
-            config.batch_size,
-            transform=device_data.normalized(MEAN, STD),
-            steps=eval_steps,
+        test = feeding.on_device(
+            splits.test, transform=lambda images, key: normalize(images)
         )
         return train, test
-    if not kmp_data.has_tensorflow():
+    if feeding.kind == "arrays":
         x, y = splits.train
-        test = recipes.padded_arrays(splits.test, config.batch_size, eval_steps)
-        return ((x.astype("float32") - MEAN) / STD, y), (
-            (test[0].astype("float32") - MEAN) / STD,
-            *test[1:],
-        )
+        x_test, y_test, weights = feeding.padded(splits.test)
+        return (normalize(x), y), (normalize(x_test), y_test, weights)
     import tensorflow as tf
 
-    def normalize(image, label):
+    def normalize_example(image, label):  # tf.data maps one (image, label)
         return (tf.cast(image, tf.float32) - MEAN) / STD, label
 
     def augment(image, label):
@@ -154,19 +145,17 @@ def make_datasets(splits, config):
     train = (
         as_dataset(splits.train)
         .shuffle(10_000, seed=config.seed)
-        .map(normalize, num_parallel_calls=tf.data.AUTOTUNE)
+        .map(normalize_example, num_parallel_calls=tf.data.AUTOTUNE)
         .map(augment, num_parallel_calls=tf.data.AUTOTUNE)
         .batch(config.batch_size, drop_remainder=True)
         .prefetch(tf.data.AUTOTUNE)
     )
     if config.steps:
         train = train.repeat()  # steps * epochs may exceed one pass
-    test = recipes.padded_evaluation(
+    test = feeding.padded(
         as_dataset(splits.test).map(
-            normalize, num_parallel_calls=tf.data.AUTOTUNE
-        ),
-        config.batch_size,
-        eval_steps,
+            normalize_example, num_parallel_calls=tf.data.AUTOTUNE
+        )
     )
     return train, test.prefetch(tf.data.AUTOTUNE)
 
@@ -257,7 +246,13 @@ def compile_model(config, steps):
             keras.metrics.SparseCategoricalAccuracy(name="accuracy")
         ],
     )
-    return recipes.build_optimizer(model)  # traced once (see there)
+    # Built now, not in the first trace of the train step (Keras on
+    # TensorFlow builds it there, and a first trace that creates variables
+    # is traced again): the step is traced once; on JAX the slots' first
+    # values come from one compiled program.
+    with backend.initialized_together():
+        model.optimizer.build(model.trainable_variables)
+    return model
 
 
 # `kmp bench`'s sizes (a CPU's, a GPU's); a convnet has no matmuls for
@@ -280,7 +275,7 @@ def bench_inputs(config, count):
     synthetic images, normalized as `make_datasets` does."""
     (x, y), _ = kmp_data.synthetic_images(count, 1)
     model = kmp.pin_float32(build_model(config.width))
-    return model, (x.astype("float32") - MEAN) / STD, y
+    return model, normalize(x), y
 
 
 # ## Train

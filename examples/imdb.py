@@ -47,6 +47,7 @@ import kmp
 from kmp import backend
 from kmp.app import data as kmp_data
 from kmp.app import recipes
+from kmp.app.feeding import Feeding
 from kmp.app.session import Session
 from kmp_config import configs
 
@@ -95,29 +96,17 @@ def make_datasets(splits, config):
     once): on device on JAX when the reviews are arrays (synthetic), else
     `tf.data` pipelines when TensorFlow is installed, else NumPy
     arrays."""
-    eval_steps = recipes.evaluation_steps(config, splits)
-    arrays = isinstance(splits.train, tuple)
-    if recipes.feeds_device(config) and arrays:
-        from kmp.app import device_data
-
-        train = device_data.DeviceBatches(
-            *splits.train,
-            config.batch_size,
-            shuffle=True,
-            repeat=bool(config.steps),  # steps * epochs may exceed a pass
-            seed=config.seed,
-        )
-        test = device_data.DeviceBatches(
-            *splits.test, config.batch_size, steps=eval_steps
-        )
-        return train, test
-    if not kmp_data.has_tensorflow():
-        test = recipes.padded_arrays(splits.test, config.batch_size, eval_steps)
-        return splits.train, test
+    feeding = Feeding(config, splits)
+    tokenize = splits.source == "tfds"  # strings, for tf.data below
+    if feeding.kind == "device" and not tokenize:
+        train = feeding.on_device(splits.train, training=True)
+        return train, feeding.on_device(splits.test)
+    if feeding.kind == "arrays":
+        return splits.train, feeding.padded(splits.test)
     import tensorflow as tf
 
     train, test = splits.train, splits.test
-    if splits.source == "tfds":
+    if tokenize:
         vectorize = keras.layers.TextVectorization(
             max_tokens=config.vocabulary_size,
             output_sequence_length=config.sequence_length,
@@ -140,7 +129,7 @@ def make_datasets(splits, config):
     )
     if config.steps:
         train = train.repeat()  # steps * epochs may exceed one pass
-    test = recipes.padded_evaluation(test, config.batch_size, eval_steps)
+    test = feeding.padded(test)
     return train.prefetch(tf.data.AUTOTUNE), test.cache().prefetch(
         tf.data.AUTOTUNE
     )
@@ -252,7 +241,11 @@ def compile_model(config, steps):
             keras.metrics.SparseCategoricalAccuracy(name="accuracy")
         ],
     )
-    return recipes.build_optimizer(model)  # traced once (see there)
+    # Built now, not in the first trace of the train step: traced once
+    # (examples/cifar10.py says why).
+    with backend.initialized_together():
+        model.optimizer.build(model.trainable_variables)
+    return model
 
 
 # `kmp bench`'s sizes (a CPU's, a GPU's: d_model >= 512), and its float8

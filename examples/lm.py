@@ -181,7 +181,11 @@ def compile_model(config, steps):
             keras.metrics.SparseCategoricalAccuracy(name="accuracy")
         ],
     )
-    return recipes.build_optimizer(model)
+    # Built now, not in the first trace of the train step: traced once
+    # (examples/cifar10.py says why).
+    with backend.initialized_together():
+        model.optimizer.build(model.trainable_variables)
+    return model
 
 
 # ## Train

@@ -9,6 +9,8 @@ example trainers and `kmp bench` share.
     session          one run of an example: the engine under its
                      `train` (processes, cache, seed, strategy, policy,
                      backup, results, save)
+    feeding          how an example's splits reach fit on this backend:
+                     on the device, tf.data or arrays, in full batches
     recipes          the examples' plumbing: CPU sizes, data for fit,
                      callbacks, the results record
     scale_out        where the replicas are: tf.distribute strategies,
@@ -32,7 +34,8 @@ the names every layer shares (configs, flags, policy names, `fail`) are
 the leaf's, `kmp_config`.
 
 The examples (`examples/`, installed as `kmp.examples`) belong here too:
-they import `session`, `recipes` and `data`; the commands reach them
+they import `session`, `feeding`, `data`, `device_data` and `recipes`
+(at most 6 names in all: `tests/app/protocol_test.py`); the commands reach them
 only through `protocol` (by name, never an import of an example). The
 application uses the library through its public API (`import kmp`); no
 module of the core or of a wing imports it.

@@ -195,16 +195,3 @@ def crop_and_flip(padding=4):
         return jnp.where(flip, cropped[:, :, ::-1], cropped)
 
     return transform
-
-
-def normalized(mean, std, then=None):
-    """A `transform` that makes float32 `(x - mean) / std`, then applies
-    `then` (e.g. `crop_and_flip()`) if given."""
-    mean = np.asarray(mean, "float32")
-    std = np.asarray(std, "float32")
-
-    def transform(images, key):
-        images = (images.astype("float32") - mean) / std
-        return images if then is None else then(images, key)
-
-    return transform

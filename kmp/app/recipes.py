@@ -64,21 +64,6 @@ def use_compile_cache(config) -> str | None:
     return kmp.enable_compile_cache(config.compile_cache)
 
 
-def build_optimizer(model):
-    """Creates the optimizer's variables now, after `compile`.
-
-    Keras on TensorFlow without a strategy builds the optimizer inside
-    the first trace of the train step; a `tf.function` whose first trace
-    creates variables is traced a second time. Built here, the train
-    step is traced once (JAX builds it before tracing anyway). On JAX
-    the slots' first values come from one compiled program
-    (`kmp.backend.initialized_together`), not one per shape.
-    """
-    with backend.initialized_together():
-        model.optimizer.build(model.trainable_variables)
-    return model
-
-
 def split_size(split) -> int:
     """Examples in a split: an `(x, y)` pair or a sized `tf.data`."""
     if isinstance(split, tuple):

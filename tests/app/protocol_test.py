@@ -1,6 +1,7 @@
 """What an example declares (`kmp.app.protocol`): every registered
 example declares it, and the commands reach examples through it alone."""
 
+import ast
 import pathlib
 import types
 
@@ -12,6 +13,7 @@ from kmp_config import configs
 pytestmark = pytest.mark.backend_independent
 
 APP = pathlib.Path(protocol.__file__).parent
+EXAMPLES = APP.parents[1] / "examples"
 
 
 @pytest.mark.parametrize("name", sorted(configs.EXAMPLES))
@@ -45,3 +47,39 @@ def test_the_commands_name_no_example():
         for name in configs.EXAMPLES:
             assert f'"{name}"' not in text, (source, name)
         assert "kmp.examples" not in text, source
+
+
+def _app_names(path):
+    """The names of kmp.app an example uses: `module.name` through an
+    imported module of kmp.app, and each name imported from one."""
+    tree = ast.parse(path.read_text())
+    modules, names = {}, set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                if node.module == "kmp.app":
+                    modules[alias.asname or alias.name] = alias.name
+                elif node.module.startswith("kmp.app."):
+                    names.add(f"{node.module[8:]}.{alias.name}")
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in modules
+        ):
+            names.add(f"{modules[node.value.id]}.{node.attr}")
+    return names
+
+
+@pytest.mark.parametrize("name", sorted(configs.EXAMPLES))
+def test_an_example_teaches_with_at_most_six_names_of_the_app(name):
+    # An example reads like a keras-io tutorial: its own data, model and
+    # fit; the app does the run around them (the Session) and the
+    # backend's feed, in a handful of names.
+    used = _app_names(EXAMPLES / f"{name}.py")
+    assert 0 < len(used) <= 6, sorted(used)
+
+
+def test_the_names_of_the_app_are_counted():
+    used = _app_names(EXAMPLES / "cifar10.py")
+    assert {"session.Session", "feeding.Feeding", "data.load"} <= used

@@ -1,0 +1,87 @@
+"""`kmp.app.feeding.Feeding`: which of the three feeds a run gets, and
+that each gives `fit` full batches, validation cut at `eval_steps` and
+padded with rows of weight 0."""
+
+import keras
+import numpy as np
+import pytest
+from util import jax_only
+
+from kmp.app import data as kmp_data
+from kmp.app import feeding as feeding_module
+from kmp.app.feeding import Feeding
+from kmp_config import configs
+
+
+def _splits(train=40, test=10):
+    rng = np.random.default_rng(0)
+
+    def split(size):
+        return rng.random((size, 3)).astype("float32"), np.arange(size) % 2
+
+    return kmp_data.Splits(split(train), split(test), "synthetic", "test")
+
+
+def _config(**fields):
+    return configs.ImdbConfig(batch_size=4, **fields)
+
+
+def test_the_kind_follows_the_backend_and_the_distribution():
+    expected = {"jax": "device", "tensorflow": "tf.data", "torch": "tf.data"}
+    backend = keras.backend.backend()
+    assert Feeding(_config(), _splits()).kind == expected[backend]
+    if backend == "jax":  # Keras shards host batches under a distribution
+        config = _config(distribution="data")
+        assert Feeding(config, _splits()).kind == "tf.data"
+
+
+def test_without_tensorflow_the_feed_is_arrays(monkeypatch):
+    monkeypatch.setattr(kmp_data, "has_tensorflow", lambda: False)
+    monkeypatch.setattr(feeding_module.recipes, "feeds_device", lambda c: 0)
+    feeding = Feeding(_config(), _splits())
+    assert feeding.kind == "arrays"
+    x, y, weights = feeding.padded(_splits().test)
+    # 10 rows in batches of 4: 12 rows, the last 2 weighing 0 and the
+    # real ones 12/10, so that the loss is the mean over the real rows.
+    assert len(x) == len(y) == len(weights) == 12
+    assert weights.tolist() == pytest.approx([1.2] * 10 + [0, 0])
+    with pytest.raises(ValueError, match="Branch on Feeding.kind"):
+        feeding.on_device(_splits().train)
+
+
+def test_steps_cut_validation_to_the_same_share():
+    # --steps=5 of the 10 batches of training: half of validation's 3.
+    feeding = Feeding(_config(steps=5), _splits())
+    assert feeding.eval_steps == 2
+    assert Feeding(_config(eval_steps=1), _splits()).eval_steps == 1
+    assert Feeding(_config(), _splits()).eval_steps is None
+
+
+@pytest.mark.skipif(
+    not kmp_data.has_tensorflow(), reason="tf.data needs TensorFlow"
+)
+def test_a_tf_data_split_is_padded_to_full_weighted_batches():
+    import tensorflow as tf
+
+    feeding = Feeding(_config(eval_steps=2), _splits())
+    batches = list(
+        feeding.padded(tf.data.Dataset.from_tensor_slices(_splits().test))
+    )
+    assert [len(x) for x, _, _ in batches] == [4, 4]  # cut at eval_steps
+    assert all(set(w.numpy()) == {1.0} for _, _, w in batches)
+
+
+@jax_only
+def test_on_device_training_is_full_shuffled_batches_and_validation_padded():
+    feeding = Feeding(_config(seed=3), _splits(train=42))
+    train = feeding.on_device(_splits(train=42).train, training=True)
+    assert len(train) == 10  # 42 rows: the partial batch is dropped
+    x, y = train[0]
+    assert x.shape == (4, 3) and y.shape == (4,)
+    test = feeding.on_device(
+        _splits().test, transform=lambda rows, key: rows * 0 + 1
+    )
+    assert len(test) == 3
+    x, y, weights = test[2]
+    assert np.asarray(x).tolist() == [[1.0] * 3] * 4  # the transform ran
+    assert weights.tolist() == pytest.approx([1.2, 1.2, 0, 0])
