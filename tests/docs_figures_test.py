@@ -1,18 +1,22 @@
 """The figures in the docs' tables are the values of their own keys in
 committed results files.
 
-Every number in a table of BENCHMARKS.md, and in the `figure` column of
-README's Results table, must be the value at its own key of a results
-file that a command in the repository wrote (JSON under
-`benchmarks/results/`, or the text it printed: a `.txt` file there),
-one that its section (or README row) names:
+Every number in a table of BENCHMARKS.md, in a table of a guide under
+docs/ whose section names a results file, in the `figure` column of
+README's Results table, and in the guides' sentences that `PROSE_KEYS`
+lists, must be the value at its own key of a results file that a
+command in the repository wrote (JSON under `benchmarks/results/`, or
+the text it printed: a `.txt` file there), one that its section (or
+README row, or page) names:
 `tests/figure_keys.py` holds, per table, each row's file and each
 cell's keys, and a figure is checked against that key's value alone. So
 a figure moved by 10 %, or two cells swapped, fails (a test below tries
-both on every table). A BENCHMARKS.md table's files are those its
-section names (a path `benchmarks/results/x.json`, a bare `x.json`, a
-glob `feed_*.json`, or braces `doctor_cost_{tensorflow,jax}.json`); a
-README row's those in its `results` column (`same`: the row above's).
+both on every table, and the first on every keyed sentence). A table's
+files are those its section names (a path `benchmarks/results/x.json`,
+a bare `x.json`, a glob `feed_*.json`, or braces
+`doctor_cost_{tensorflow,jax}.json`); a README row's those in its
+`results` column (`same`: the row above's); a sentence's those its page
+names.
 The digests (`README.md` files under benchmarks/results/) are notes
 written by hand, not results.
 
@@ -42,6 +46,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 BENCHMARKS = (ROOT / "BENCHMARKS.md").read_text()
 README = (ROOT / "README.md").read_text()
+# The guides (the MkDocs site's pages), by their path: "docs/float8.md".
+PAGES = {
+    str(path.relative_to(ROOT)): path.read_text()
+    for path in sorted((ROOT / "docs").glob("*.md"))
+}
 
 # A number not inside a word (fp16, ResNet-9) nor a version (2.21.0),
 # with its sign, a `k` for thousands, and an `x` or `%` after it.
@@ -166,14 +175,35 @@ def _derived_missing(where, header, rows):
 BENCHMARKS_TABLES = list(tables(BENCHMARKS))
 
 
+def _numbered(found):
+    """`(heading, k, table)`: each table with its heading and its place
+    (from 0) among the tables under that heading."""
+    seen = {}
+    for table in found:
+        heading = table[0].removeprefix("## ").removeprefix("# ")
+        seen[heading] = seen.get(heading, -1) + 1
+        yield heading, seen[heading], table
+
+
 def keyed_tables():
     """`((heading, k), table)` for every BENCHMARKS.md table: the k-th
-    table under its `## heading`, the key of `figure_keys.BENCHMARKS_KEYS`."""
-    seen = {}
-    for table in BENCHMARKS_TABLES:
-        heading = table[0].removeprefix("## ")
-        seen[heading] = seen.get(heading, -1) + 1
-        yield (heading, seen[heading]), table
+    table under its `## heading`, the key of `figure_keys.BENCHMARKS_KEYS`;
+    then `((page, heading, k), table)` for every table of a guide whose
+    section names a results file, the key of `figure_keys.DOCS_KEYS`."""
+    for heading, k, table in _numbered(BENCHMARKS_TABLES):
+        yield (heading, k), table
+    for page, text in PAGES.items():
+        for heading, k, table in _numbered(tables(text)):
+            if named_results(table[1]):
+                yield (page, heading, k), table
+
+
+def _keys(table_id):
+    import figure_keys
+
+    if len(table_id) == 3:
+        return figure_keys.DOCS_KEYS.get(table_id)
+    return figure_keys.BENCHMARKS_KEYS.get(table_id)
 
 
 def keyed_problems(where, header, rows, keys, files, skip=()):
@@ -227,21 +257,15 @@ def keyed_problems(where, header, rows, keys, files, skip=()):
     "table_id, table", list(keyed_tables()), ids=lambda x: str(x)[:60]
 )
 def test_every_benchmarks_figure_is_the_value_of_its_own_key(table_id, table):
-    import figure_keys
-
+    # BENCHMARKS.md's tables, and the guides' (docs/*.md) with results.
     heading, section, header, rows = table
     files = named_results(section)
     assert files, f"{heading}: the section names no results file"
-    assert table_id in figure_keys.BENCHMARKS_KEYS, f"no keys for {table_id}"
-    where = f"BENCHMARKS.md, {heading}"
-    missing = keyed_problems(
-        where,
-        header,
-        rows,
-        figure_keys.BENCHMARKS_KEYS[table_id],
-        files,
-        skip=(DERIVED,),
-    )
+    keys = _keys(table_id)
+    assert keys is not None, f"no keys for {table_id}"
+    doc = table_id[0] if len(table_id) == 3 else "BENCHMARKS.md"
+    where = f"{doc}, {heading}"
+    missing = keyed_problems(where, header, rows, keys, files, skip=(DERIVED,))
     if DERIVED in header:
         missing += _derived_missing(where, header, rows)
     assert not missing, "\n".join(missing)
@@ -252,6 +276,9 @@ def test_no_keys_for_a_table_that_is_gone():
 
     tables_now = {table_id for table_id, _ in keyed_tables()}
     assert set(figure_keys.BENCHMARKS_KEYS) <= tables_now
+    assert set(figure_keys.DOCS_KEYS) <= tables_now
+    for page, _ in figure_keys.PROSE_KEYS:
+        assert page in PAGES, f"PROSE_KEYS: no page {page}"
 
 
 def _readme_results():
@@ -297,6 +324,58 @@ def test_every_readme_results_figure_is_the_value_of_its_own_key():
     assert not problems, "\n".join(problems)
 
 
+def _folded(text):
+    return " ".join(text.split())
+
+
+def _masked(text):
+    return re.sub(r"\d", "9", text)
+
+
+def prose_problems(pages, keys):
+    """Lines naming each figure of a keyed sentence of a guide
+    (`figure_keys.PROSE_KEYS`) that is not the value of its own key, a
+    passage not found, and a file its page does not name. `pages`: page
+    -> text."""
+    import figure_keys
+
+    problems = []
+    for (page, passage), pairs in keys.items():
+        text, passage = _folded(pages[page]), _folded(passage)
+        at = _masked(text).find(_masked(passage))
+        if at < 0:
+            problems.append(f"{page}: no passage {passage!r}")
+            continue
+        written = text[at : at + len(passage)]
+        found = figures(written)
+        named = {str(f.relative_to(RESULTS)) for f in named_results(text)}
+        if len(found) != len(pairs):
+            problems.append(
+                f"{page}, {written!r}: {len(found)} figure(s), "
+                f"{len(pairs)} key(s)"
+            )
+            continue
+        for fig, (name, path) in zip(found, pairs):
+            value = figure_keys.resolve(name, path)
+            ms = _says_ms(written)
+            if name not in named or not fig.matches([float(value)], ms):
+                problems.append(
+                    f"{page}, {written!r}: {fig.text} is not {name} {path}"
+                    f" = {value!r}" + ("" if name in named else " (not named)")
+                )
+    return problems
+
+
+def test_every_keyed_figure_of_the_guides_prose_is_its_key_s_value():
+    # Figures that moved from README's prose to the guides: each is still
+    # the value at its key of the results file its page names.
+    import figure_keys
+
+    assert figure_keys.PROSE_KEYS
+    problems = prose_problems(PAGES, figure_keys.PROSE_KEYS)
+    assert not problems, "\n".join(problems)
+
+
 def _perturbed(text, factor):
     """The cell with its one number's digits times `factor`, at the same
     rounding, its sign, exponent and unit kept (`1.042` -> `1.146`,
@@ -316,7 +395,7 @@ def test_a_figure_changed_by_ten_percent_or_two_cells_swapped_fail():
 
     tried = 0
     for table_id, (heading, section, header, rows) in keyed_tables():
-        keys = figure_keys.BENCHMARKS_KEYS[table_id]
+        keys = _keys(table_id)
         files = named_results(section)
         width = keys.get("cells", 1)
         for i, row in enumerate(rows):
@@ -347,6 +426,21 @@ def test_a_figure_changed_by_ten_percent_or_two_cells_swapped_fail():
                 assert keyed_problems(
                     heading, header, swapped, keys, files, (DERIVED,)
                 ), (heading, row[0], header[a], header[b])
+    # The guides' keyed sentences: each figure moved by 10 %.
+    for (page, passage), pairs in figure_keys.PROSE_KEYS.items():
+        text = _folded(PAGES[page])
+        at = _masked(text).index(_masked(_folded(passage)))
+        written = text[at : at + len(_folded(passage))]
+        for match in NUMBER.finditer(written):
+            start = at + match.start()
+            changed = _perturbed(text[start:], 1.1)
+            if changed == text[start:]:
+                continue
+            tried += 1
+            page_text = text[:start] + changed
+            assert prose_problems(
+                {page: page_text}, {(page, passage): pairs}
+            ), (page, passage, match.group(0))
     assert tried > 200
 
 
@@ -364,7 +458,7 @@ def test_the_parser_finds_every_table_and_figure():
     assert all(figures(row[header.index("figure")]) for row in rows)
 
 
-@pytest.mark.parametrize("doc", ["BENCHMARKS.md", "README.md"])
+@pytest.mark.parametrize("doc", ["BENCHMARKS.md", "README.md", *PAGES])
 def test_every_results_path_in_the_docs_exists(doc):
     text = (ROOT / doc).read_text()
     paths = [
@@ -418,10 +512,12 @@ def test_digests_are_not_results():
 
 
 def test_defect_table_names_tests_and_reproductions_that_exist():
-    # README's "Why not Keras's own mixed_float16?": each row names the
-    # tests that run stock Keras, or a BUILD_NOTES defect for the rows
-    # shown by a reproduction only.
-    (table,) = [t for t in tables(README) if t[0].startswith("## Why not")]
+    # The defect table, "Why not Keras's own mixed_float16?" (a guide's
+    # since README links to it): each row names the tests that run stock
+    # Keras, or a BUILD_NOTES defect for the rows shown by a reproduction
+    # only.
+    defects = PAGES["docs/defects.md"]
+    (table,) = [t for t in tables(defects) if t[0].startswith("## Why not")]
     _, _, header, rows = table
     shown_by = header.index("stock Keras side shown by")
     defined = {

@@ -2,8 +2,10 @@
 its row and the key of each of its cells (`docs_figures_test.py`).
 
 `BENCHMARKS_KEYS[(heading, k)]` holds the keys of the k-th table (from
-0) under the `## heading` of BENCHMARKS.md, `README_KEYS` those of
-README's Results table. A table's keys:
+0) under the `## heading` of BENCHMARKS.md, `DOCS_KEYS[(page, heading,
+k)]` those of a table of a page under docs/ (`page` as `docs/x.md`),
+`README_KEYS` those of README's Results table, and `PROSE_KEYS` those
+of the figures a guide gives in a sentence. A table's keys:
 `{"cells": n, "rows": {row: (file, {column: [path, ...]})}}`.
 `row` is the row's first cell, or with `cells` = n > 1 the tuple of its
 first n cells, exactly as written; `file` a path under
@@ -767,5 +769,48 @@ README_KEYS = {
         (_H100_25 + "bench.json", _bench(model, variant=variant))
         for variant in ("fp16+kmp", "bf16")
         for model in ("cifar10", "imdb")
+    ],
+}
+
+
+def _f8(model, variant):
+    """A `float8_speed.py` run's speed against bfloat16."""
+    return ("runs", {"model": model, "variant": variant}, "speed_vs_bf16")
+
+
+# The guides' tables (docs/*.md) that give figures of a results file: none
+# today (the defect, model-zoo and API tables hold no measured figure);
+# one that names a results file in its section must have its keys here.
+DOCS_KEYS = {}
+
+# Figures a guide gives in a sentence: `(page, passage)` -> the
+# `(file, path)` of each of the passage's figures, in order. The passage
+# is written as on the page, whitespace aside; the test finds it with
+# its digits masked, so a changed figure is read and checked, not missed.
+PROSE_KEYS = {
+    ("docs/float8.md", "0.90x on a stack of"): [
+        (_H100_25 + "float8_speed_jax.json", _f8("stack", "bf16+kmp.float8"))
+    ],
+    ("docs/float8.md", "(bfloat16: 25.1 ms a step)"): [
+        (
+            _H100_25 + "float8_speed_jax.json",
+            ("runs", {"model": "stack", "variant": "bf16"}, "step_time_s"),
+        )
+    ],
+    ("docs/float8.md", "and 0.93x on the IMDB Transformer"): [
+        (
+            _H100_25 + "float8_speed_jax.json",
+            _f8("transformer", "bf16+kmp.float8"),
+        )
+    ],
+    ("docs/float8.md", '`model.quantize("float8")` 0.96x and 0.93x.'): [
+        (_H100_25 + "float8_speed_jax.json", _f8(model, "bf16+keras.float8"))
+        for model in ("stack", "transformer")
+    ],
+    ("docs/doctor.md", "Cost: 2.2x the time of two training steps"): [
+        ("doctor_cost_tensorflow.json", ("median_ratio",))
+    ],
+    ("docs/doctor.md", "TensorFlow, 3.8x on JAX"): [
+        ("doctor_cost_jax.json", ("median_ratio",))
     ],
 }

@@ -1,8 +1,9 @@
-"""The README's shown outputs are what the code prints.
+"""The shown outputs of README.md and the doctor's guide (docs/doctor.md)
+are what the code prints.
 
 Numbers differ between runs, so lines are compared with every digit
 masked (`0.4656` and `1.2247` match, `0` and `0.0000e+00` do not), or,
-for the doctor's tables, the recorded run is checked against the README
+for the doctor's tables, the recorded run is checked against the guide
 exactly and a fresh run against the recorded one in its structure.
 """
 
@@ -23,12 +24,14 @@ pytestmark = pytest.mark.backend_independent
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+DOCTOR_GUIDE = (ROOT / "docs" / "doctor.md").read_text()
 RECORDED = ROOT / "docs" / "doctor_cifar10" / "doctor.txt"
 
 
-def _blocks(after):
-    """The ``` blocks of the README section that starts at `after`."""
-    section = README[README.index(after) :]
+def _blocks(after, doc=README):
+    """The ``` blocks of the section of `doc` (a page's text) that starts
+    at `after`."""
+    section = doc[doc.index(after) :]
     return re.findall(r"```[a-z]*\n(.*?)```", section, re.S)
 
 
@@ -66,7 +69,7 @@ def test_quickstart_epoch_lines_are_what_fit_prints():
 
 
 def test_doctor_sample_is_cut_from_the_recorded_run():
-    block = _blocks("Real output, `kmp doctor cifar10")[0]
+    block = _blocks("Real output, `kmp doctor cifar10", DOCTOR_GUIDE)[0]
     recorded = {line.strip() for line in RECORDED.read_text().splitlines()}
     missing = [
         line
@@ -77,7 +80,9 @@ def test_doctor_sample_is_cut_from_the_recorded_run():
 
 
 def test_doctor_summary_sample_is_what_the_doctor_prints():
-    block = _blocks("A half-precision layer gets *pin to float32*")[0]
+    block = _blocks(
+        "A half-precision layer gets *pin to float32*", DOCTOR_GUIDE
+    )[0]
     model = overflow_model()
     x = np.random.default_rng(0).uniform(1.7, 2.0, (32, 4)).astype("float32")
     report = kmp.diagnose(
@@ -115,7 +120,7 @@ def _structure(text):
 def test_the_doctor_still_prints_the_recorded_structure(tmp_path, capsys):
     import kmp_cli
 
-    # The README's command (cifar10, synthetic, the example's defaults),
+    # The guide's command (cifar10, synthetic, the example's defaults),
     # on one batch of 32 instead of two of 128 and at width 8 instead of
     # 64: the structure compared (layers, dtypes, verdicts; numbers
     # masked) came out the same at widths 8 and 16 as recorded at 64,
