@@ -228,6 +228,9 @@ class Run:
             # scale overflowed at its floor (None: the run went on).
             "stopped": self.monitor.stop_reason,
             "parameters": model.count_params(),
+            # Exact, from the variables' shapes and dtypes: float32
+            # masters and the optimizer's slots and scalars.
+            "state_bytes": backend.state_bytes(model),
             "history": logs,
             "step_losses": self.backup.steps(history, "loss"),
             "config": dataclasses.asdict(config),

@@ -8,6 +8,8 @@ Keras API; what cannot be branches here, each function once, on
     settings     process-wide: the persistent XLA cache, TF32
     initialization  new variables' values from one compiled program (JAX)
     machine      devices, versions, the environment record, peak memory
+    memory       bytes of weights and optimizer state; a compiled train
+                 step's buffers before it runs (XLA's analysis, JAX)
     steps        a train step's extra logs, gradients by intermediate
                  tensors, what compiles a step, crossentropy's logits,
                  code that runs once inside a trace, code no compiler
@@ -49,6 +51,9 @@ from kmp.backend.machine import framework_versions
 from kmp.backend.machine import host_cpu
 from kmp.backend.machine import list_devices
 from kmp.backend.machine import peak_memory
+from kmp.backend.memory import state_bytes
+from kmp.backend.memory import train_step_memory
+from kmp.backend.memory import variable_bytes
 from kmp.backend.scaler_ops import cond
 from kmp.backend.scaler_ops import fused_unscale
 from kmp.backend.scaler_ops import held_by_the_step
@@ -91,9 +96,12 @@ __all__ = [
     "processes",
     "runtime_started",
     "step_compiler",
+    "state_bytes",
     "sum_over_replicas",
     "taped_gradients",
     "tf32_enabled",
+    "train_step_memory",
     "uncompiled",
     "use_compile_cache",
+    "variable_bytes",
 ]

@@ -68,6 +68,11 @@ def test_trains_on_synthetic_data_with_float16_and_writes_results(tmp_path):
         assert json.load(f)["accuracy"] == results["accuracy"]
     assert "(SYNTHETIC data)" in recipes.summary("cifar10", results)
     assert results["peak_memory_mib"] > 0
+    # float32 masters under mixed_float16: 4 bytes per parameter; SGD
+    # with momentum: one float32 slot per trainable weight, and scalars.
+    state = results["state_bytes"]
+    assert state["weights"] == 4 * results["parameters"]
+    assert state["weights"] / 2 < state["optimizer_state"] < state["weights"]
     # The global policy is the caller's again.
     assert keras.config.dtype_policy().name == "float32"
 
