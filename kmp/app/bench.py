@@ -154,6 +154,7 @@ def _variant(name, variant, sizes, steps):
             x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False
         )
 
+    run.inputs = (x, y)  # for the step's memory analysis
     return model, run
 
 
@@ -205,14 +206,17 @@ def bench_model(
 ) -> list[dict]:
     """Benchmarks the four variants on one example model (six with
     `float8`, on a model with matmul layers); with `memory`, also each
-    variant's peak memory on its own (`variant_memory`)."""
+    variant's peak memory on its own (`variant_memory`) and, on JAX, its
+    compiled step's buffers from XLA (`kmp.backend.train_step_memory`).
+    Every row has the bytes of its weights and optimizer state."""
     batch = sizes[name]["batch_size"]
     variants = dict(VARIANTS)
     if float8 and protocol.load_example(name).BENCH_FLOAT8:
         variants.update(FLOAT8_VARIANTS)
-    runs, before = {}, {}
+    runs, before, models = {}, {}, {}
     for variant in variants:
         model, runs[variant] = _variant(name, variant, sizes, steps)
+        models[variant] = model
         # Warm-up: compiles; its loss is the "before" figure.
         before[variant] = float(runs[variant]().history["loss"][-1])
     per_example = flops.training_flops(model)
@@ -233,8 +237,13 @@ def bench_model(
             shared_memory,
             (shared_what + ", after compiling all variants (not per variant)"),
         )
+        step_memory = None
         if memory:
             memory_mib, memory_what = variant_memory(name, variant, sizes)
+            # JAX: the compiled step's buffers, from XLA (None elsewhere).
+            step_memory = backend.train_step_memory(
+                models[variant], *runs[variant].inputs, batch
+            )
         row = {
             "model": name,
             "variant": variant,
@@ -246,6 +255,9 @@ def bench_model(
             "flops_per_example": per_example,
             "peak_memory_mib": memory_mib,
             "peak_memory_note": memory_what,
+            # Exact, from the variables: what a variant keeps between steps.
+            "state_bytes": backend.state_bytes(models[variant]),
+            "train_step_memory": step_memory,
             "loss_before": before[variant],
             "loss": float(last[variant].history["loss"][-1]),
             "epoch_seconds": seconds[variant],

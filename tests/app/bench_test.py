@@ -3,6 +3,7 @@
 import math
 
 import pytest
+from util import jax_only
 
 from kmp.app import bench
 
@@ -34,6 +35,13 @@ def test_each_variant_is_timed_against_float32():
         )
         assert r["tflops_peak"] is None  # a CPU: no known peak
         assert "not per variant" in r["peak_memory_note"]
+    # Every variant keeps float32 variables (mixed precision's masters);
+    # a scaler adds its few scalars to the optimizer's state.
+    weights = {r["state_bytes"]["weights"] for r in results}
+    assert len(weights) == 1 and weights.pop() > 0
+    state = {r["variant"]: r["state_bytes"]["optimizer_state"] for r in results}
+    assert state["bf16"] == state["float32"] < state["fp16+kmp"]
+    assert all(r["train_step_memory"] is None for r in results)  # no memory
     # kmp's and Keras's scalers apply the same updates with defaults.
     assert by_variant["fp16+kmp"]["loss"] == by_variant["fp16+stock"]["loss"]
     assert sum(line.startswith("round ") for line in lines) == 2
@@ -120,3 +128,14 @@ def test_a_variants_memory_is_measured_in_a_process_of_its_own():
     mib, what = bench.variant_memory("cifar10", "bf16", TINY, steps=1)
     assert mib > 0, what
     assert what.endswith("this variant alone")
+
+
+@jax_only
+def test_a_variant_s_compiled_step_is_measured_before_it_runs():
+    from kmp import backend
+
+    model, run = bench._variant("cifar10", "fp16+kmp", TINY, steps=1)
+    small = backend.train_step_memory(model, *run.inputs, 4)
+    large = backend.train_step_memory(model, *run.inputs, 64)
+    assert 0 < small["footprint"] < large["footprint"]
+    assert small["alias"] >= sum(backend.state_bytes(model).values())
