@@ -2,8 +2,8 @@
 imports (top-level and inside functions) and hold them to the layering
 that BUILD_NOTES.md draws.
 
-    kmp/*.py, kmp/backend/, kmp/scaling/, kmp/islands/, kmp/fp8/,
-    kmp/auditing/         the core: imports no wing, no application;
+    kmp/*.py, kmp/backend/, kmp/memory/, kmp/scaling/, kmp/islands/,
+    kmp/fp8/, kmp/auditing/  the core: imports no wing, no application;
                           its parts import each other without a cycle
     kmp/doctor/, kmp/distributed/
                           the wings: the core and themselves
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.backend_independent
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "kmp"
-CORE_PACKAGES = ("backend", "scaling", "islands", "fp8", "auditing")
+CORE_PACKAGES = ("backend", "memory", "scaling", "islands", "fp8", "auditing")
 WINGS = ("doctor", "distributed")
 LIBRARY_PACKAGES = CORE_PACKAGES + WINGS
 APPLICATION = ("kmp.app", "kmp.examples")

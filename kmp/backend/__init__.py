@@ -10,6 +10,8 @@ Keras API; what cannot be branches here, each function once, on
     machine      devices, versions, the environment record, peak memory
     memory       bytes of weights and optimizer state; a compiled train
                  step's buffers before it runs (XLA's analysis, JAX)
+    optimizer_updates  variables read as float32 or as stored, inside an
+                 optimizer's update; the replica path; torch's no_grad
     steps        a train step's extra logs, gradients by intermediate
                  tensors, what compiles a step, crossentropy's logits,
                  code that runs once inside a trace, code no compiler
@@ -54,6 +56,10 @@ from kmp.backend.machine import peak_memory
 from kmp.backend.memory import state_bytes
 from kmp.backend.memory import train_step_memory
 from kmp.backend.memory import variable_bytes
+from kmp.backend.optimizer_updates import float32_reads
+from kmp.backend.optimizer_updates import outside_autograd
+from kmp.backend.optimizer_updates import stored_reads
+from kmp.backend.optimizer_updates import updates_per_replica
 from kmp.backend.scaler_ops import cond
 from kmp.backend.scaler_ops import fused_unscale
 from kmp.backend.scaler_ops import held_by_the_step
@@ -79,6 +85,7 @@ __all__ = [
     "mesh",
     "environment",
     "framework_versions",
+    "float32_reads",
     "fused_unscale",
     "gather_over_processes",
     "held_by_the_step",
@@ -91,17 +98,20 @@ __all__ = [
     "max_over_replicas",
     "name",
     "out_of_trace",
+    "outside_autograd",
     "own_values",
     "peak_memory",
     "processes",
     "runtime_started",
     "step_compiler",
+    "stored_reads",
     "state_bytes",
     "sum_over_replicas",
     "taped_gradients",
     "tf32_enabled",
     "train_step_memory",
     "uncompiled",
+    "updates_per_replica",
     "use_compile_cache",
     "variable_bytes",
 ]

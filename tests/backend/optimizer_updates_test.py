@@ -1,0 +1,31 @@
+"""`kmp.backend.optimizer_updates`: how an optimizer's update reads a
+16-bit variable (as float32, or as stored) and writes it."""
+
+import keras
+import numpy as np
+
+from kmp import backend
+
+
+def test_a_bfloat16_variable_reads_as_float32_and_is_written_rounded():
+    variable = keras.Variable(np.ones(3), dtype="bfloat16")
+    with backend.float32_reads():
+        assert str(keras.ops.convert_to_tensor(variable).dtype).endswith(
+            "float32"
+        )
+        # The write goes through the stored variable, rounded to nearest:
+        # 1 + 2^-10 is below half a bfloat16 ulp at 1 (2^-8).
+        with backend.stored_reads(), backend.outside_autograd():
+            variable.assign(np.full(3, 1 + 2**-10, "float32"))
+    assert str(variable.dtype) == "bfloat16"
+    values = keras.ops.convert_to_numpy(keras.ops.cast(variable, "float32"))
+    assert values.tolist() == [1.0, 1.0, 1.0]
+    with backend.float32_reads(), backend.stored_reads():
+        variable.assign(np.full(3, 1.5, "float32"))  # written, not a copy
+    assert keras.ops.convert_to_numpy(
+        keras.ops.cast(variable, "float32")
+    ).tolist() == [1.5] * 3
+
+
+def test_only_tensorflow_updates_through_its_replicas():
+    assert backend.updates_per_replica() == (backend.name() == "tensorflow")

@@ -1,0 +1,147 @@
+"""16-bit optimizer state (`kmp.wrap(..., state_dtype="bfloat16")`): the
+slots are stored in bfloat16, the update computed in float32; the run
+stays close to float32 state; a `.keras` file keeps the mode, in this
+process and a fresh one; defaults unchanged."""
+
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+from util import JIT_COMPILE
+
+import kmp
+from kmp import backend
+from kmp.memory import optimizer_state
+
+OPTIMIZERS = {
+    "Adam": lambda: keras.optimizers.Adam(1e-2),
+    "AdamW": lambda: keras.optimizers.AdamW(1e-2, weight_decay=0.1),
+    "SGD": lambda: keras.optimizers.SGD(1e-1, momentum=0.9),
+    "Lion": lambda: keras.optimizers.Lion(1e-3),
+}
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    return rng.random((64, 8), "float32"), rng.random((64, 4), "float32")
+
+
+def _model():
+    keras.utils.set_random_seed(1)
+    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+
+
+def _trained(optimizer, steps=4):
+    model = _model()
+    model.compile(optimizer, "mse", jit_compile=JIT_COMPILE[0])
+    x, y = _data()
+    model.fit(x, y, batch_size=16, epochs=1, steps_per_epoch=steps, verbose=0)
+    return model
+
+
+def _slot_dtypes(optimizer):
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    return {
+        str(v.dtype)
+        for v in inner.variables
+        if tuple(v.shape) in ((8, 4), (4,))  # the slots of the weights
+    }
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_slots_are_bfloat16_and_the_run_follows_float32_state(name):
+    reference = _trained(OPTIMIZERS[name]())
+    optimizer = kmp.wrap(OPTIMIZERS[name](), state_dtype="bfloat16")
+    model = _trained(optimizer)
+    assert type(optimizer).__name__ == f"LowPrecision{name}"
+    assert _slot_dtypes(optimizer) == {"bfloat16"}
+    assert _slot_dtypes(reference.optimizer) == {"float32"}
+    assert {str(w.dtype) for w in model.weights} == {"float32"}
+    # Four steps: the weights moved as float32 state moved them, to
+    # bfloat16's rounding of the slots (2^-8 relative).
+    start = _model().get_weights()[0]
+    moved = np.abs(reference.get_weights()[0] - start).max()
+    apart = np.abs(model.get_weights()[0] - reference.get_weights()[0]).max()
+    assert moved > 0.003 and apart < 0.02 * moved, (moved, apart)
+
+
+def test_the_state_takes_half_the_bytes_and_an_average_stays_float32():
+    parameters = 8 * 4 + 4
+    plain = _trained(keras.optimizers.Adam(1e-2, use_ema=True))
+    half = _trained(
+        kmp.wrap(
+            keras.optimizers.Adam(1e-2, use_ema=True), state_dtype="bfloat16"
+        )
+    )
+    saved = (
+        backend.state_bytes(plain)["optimizer_state"]
+        - backend.state_bytes(half)["optimizer_state"]
+    )
+    assert saved == 2 * 2 * parameters  # two slots, 4 -> 2 bytes each
+    averages = [v for v in half.optimizer.variables if "average" in v.path]
+    assert averages and {str(v.dtype) for v in averages} == {"float32"}
+
+
+def test_under_kmp_s_scaler_the_file_keeps_the_mode_and_resumes(tmp_path):
+    kmp.enable("mixed_float16")
+    model = _trained(
+        kmp.wrap(keras.optimizers.AdamW(1e-2), state_dtype="bfloat16")
+    )
+    assert isinstance(model.optimizer, kmp.LossScaleOptimizer)
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    loaded = kmp.load_model(path)
+    inner = loaded.optimizer.inner_optimizer
+    assert type(inner).__name__ == "LowPrecisionAdamW"
+    assert optimizer_state.state_dtype_of(inner) == "bfloat16"
+    assert _slot_dtypes(loaded.optimizer) == {"bfloat16"}
+    for a, b in zip(model.optimizer.variables, loaded.optimizer.variables):
+        np.testing.assert_array_equal(
+            keras.ops.convert_to_numpy(keras.ops.cast(a, "float32")),
+            keras.ops.convert_to_numpy(keras.ops.cast(b, "float32")),
+        )
+    x, y = _data()
+    loaded.fit(x, y, batch_size=16, epochs=1, steps_per_epoch=2, verbose=0)
+    assert int(inner.iterations) == 6
+
+
+@pytest.mark.slow
+def test_a_fresh_process_loads_the_file(tmp_path):
+    path = str(tmp_path / "m.keras")
+    _trained(
+        kmp.wrap(keras.optimizers.Adam(1e-2), state_dtype="bfloat16")
+    ).save(path)
+    code = (
+        "import sys, keras, kmp\n"
+        "m = keras.saving.load_model(sys.argv[1])\n"
+        "print(type(m.optimizer).__name__, sorted({str(v.dtype) for v in "
+        "m.optimizer.variables}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, path],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-500:]
+    assert "LowPrecisionAdam" in done.stdout and "bfloat16" in done.stdout
+
+
+def test_defaults_and_float32_leave_the_optimizer_as_it_was():
+    for state_dtype in (None, "float32"):
+        optimizer = keras.optimizers.Adam()
+        kind = type(optimizer)
+        assert kmp.wrap(optimizer, state_dtype=state_dtype) is optimizer
+        assert type(optimizer) is kind
+
+
+def test_bad_requests_are_one_clear_error():
+    with pytest.raises(kmp.InputError, match="float16's range"):
+        kmp.wrap(keras.optimizers.Adam(), state_dtype="float16")
+    built = _trained(keras.optimizers.Adam()).optimizer
+    with pytest.raises(kmp.InputError, match="is built"):
+        kmp.wrap(built, state_dtype="bfloat16")
