@@ -22,9 +22,10 @@ def test_a_bfloat16_variable_reads_as_float32_and_is_written_rounded():
     assert values.tolist() == [1.0, 1.0, 1.0]
     with backend.float32_reads(), backend.stored_reads():
         variable.assign(np.full(3, 1.5, "float32"))  # written, not a copy
-    assert keras.ops.convert_to_numpy(
-        keras.ops.cast(variable, "float32")
-    ).tolist() == [1.5] * 3
+    assert (
+        keras.ops.convert_to_numpy(keras.ops.cast(variable, "float32")).tolist()
+        == [1.5] * 3
+    )
 
 
 def test_only_tensorflow_updates_through_its_replicas():
