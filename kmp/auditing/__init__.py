@@ -7,8 +7,8 @@
     float8_checks       float8 layers where they cannot be fast
     audit               `kmp.audit`, `kmp.Finding`, `kmp.AuditReport`
 
-Imports from kmp: backend, errors, fp8, islands, model_layers, policy,
-scaling.
+Imports from kmp: backend, errors, fp8, islands, memory, model_layers,
+policy, scaling.
 """
 
 from kmp.auditing.audit import AuditReport

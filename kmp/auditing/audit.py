@@ -110,6 +110,7 @@ def audit(model, optimizer=None, verbose: bool = True) -> AuditReport:
     model_checks.check_inner_softmaxes(half, outputs, findings)
     optimizer_checks.check_scaling(half, optimizer, findings)
     optimizer_checks.check_saving(model, optimizer, findings)
+    optimizer_checks.check_memory(optimizer, findings)
     optimizer_checks.check_train_step(model, optimizer, findings)
     model_checks.check_tensor_core_dims(half, findings)
     model_checks.check_loss(model, outputs, findings)

@@ -12,6 +12,7 @@ import re
 
 import keras
 
+from kmp.memory import state_dtype_of
 from kmp.scaling import LossScaleOptimizer
 from kmp.scaling import scaled_losses
 
@@ -62,6 +63,41 @@ def check_scaling(half, optimizer, findings):
                 "The optimizer scales the loss but no layer computes in "
                 "float16 (bfloat16 and float32 need no loss scaling).",
                 "Use kmp.wrap(optimizer), which scales only under float16.",
+            )
+        )
+
+
+def check_memory(optimizer, findings):
+    """Which memory mode the optimizer is in, and float16 state (whose
+    range underflows Adam's second moment of small gradients)."""
+    if optimizer is None:
+        return
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    state_dtype = state_dtype_of(inner)
+    if state_dtype:
+        findings.append(
+            (
+                "info",
+                "optimizer",
+                f"{type(inner).__name__} stores its slots in {state_dtype} "
+                "and computes its update in float32 (kmp.wrap(..., "
+                f"state_dtype={state_dtype!r})); weights stay float32.",
+                "None needed: half the bytes of float32 state.",
+            )
+        )
+    float16 = [v.path for v in inner.variables if v.dtype == "float16"]
+    if float16:
+        findings.append(
+            (
+                "warning",
+                "optimizer",
+                f"{len(float16)} optimizer variable(s), e.g. {float16[0]!r}, "
+                "are float16: a second moment of gradients below ~1e-4 "
+                "underflows to 0 (float16's smallest normal is 6e-5), and "
+                "Adam's step divides by its square root.",
+                "Keep float32 variables (a mixed policy), or store the "
+                "state in bfloat16: kmp.wrap(optimizer, "
+                "state_dtype='bfloat16').",
             )
         )
 

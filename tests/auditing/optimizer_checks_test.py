@@ -138,3 +138,19 @@ def test_a_train_step_found_unscaled_at_run_time_is_said_so():
     with kmp.policy_scope("mixed_float16"):
         model.fit(x, x[:, :1], verbose=0)
     assert has(quiet_audit(model), "found at its first step", "warning")
+
+
+def test_the_memory_mode_is_named_and_float16_state_is_a_warning():
+    kmp.enable("mixed_float16")
+    optimizer = kmp.wrap(keras.optimizers.Adam(), state_dtype="bfloat16")
+    model = compiled_for_audit(small_mlp(out="float32"), optimizer=optimizer)
+    model.optimizer.build(model.trainable_variables)
+    assert has(quiet_audit(model), "stores its slots in bfloat16", "info")
+    assert not has(quiet_audit(model), "are float16")
+    # A float16 policy makes float16 variables, and Keras's slots follow.
+    keras.config.set_dtype_policy("float16")  # restored by conftest
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+    model.compile(optimizer="adam", loss="mse", auto_scale_loss=False)
+    model.optimizer.build(model.trainable_variables)
+    assert has(quiet_audit(model), "are float16", "warning")
+    assert not has(quiet_audit(model), "stores its slots")
