@@ -289,7 +289,6 @@ def _readme_results():
 def readme_problems(rows, header, keys):
     """Lines naming each figure of README's Results table that is not the
     value of its own key, and rows without keys."""
-    import figure_keys
 
     figure, results = header.index("figure"), header.index("results")
     problems, files = [], []
@@ -305,14 +304,24 @@ def readme_problems(rows, header, keys):
                 f"figure(s), {len(pairs or [])} key(s)"
             )
             continue
-        for fig, (name, path) in zip(found, pairs):
-            value = figure_keys.resolve(name, path)
-            if name not in named or not fig.matches([float(value)]):
-                problems.append(
-                    f"README.md, Results, {row[0][:50]!r}: {fig.text} is "
-                    f"not {name} {path} = {value!r}"
-                    + ("" if name in named else " (file not named)")
-                )
+        where = f"README.md, Results, {row[0][:50]!r}"
+        problems += _value_problems(where, found, pairs, named)
+    return problems
+
+
+def _value_problems(where, found, pairs, named, milliseconds=False):
+    """Each figure in `found` that is not the value at its key in
+    `pairs` ((results file, path) each), or whose file `named` lacks."""
+    import figure_keys
+
+    problems = []
+    for fig, (name, path) in zip(found, pairs):
+        value = figure_keys.resolve(name, path)
+        if name not in named or not fig.matches([float(value)], milliseconds):
+            problems.append(
+                f"{where}: {fig.text} is not {name} {path} = {value!r}"
+                + ("" if name in named else " (file not named)")
+            )
     return problems
 
 
@@ -337,7 +346,6 @@ def prose_problems(pages, keys):
     (`figure_keys.PROSE_KEYS`) that is not the value of its own key, a
     passage not found, and a file its page does not name. `pages`: page
     -> text."""
-    import figure_keys
 
     problems = []
     for (page, passage), pairs in keys.items():
@@ -355,14 +363,9 @@ def prose_problems(pages, keys):
                 f"{len(pairs)} key(s)"
             )
             continue
-        for fig, (name, path) in zip(found, pairs):
-            value = figure_keys.resolve(name, path)
-            ms = _says_ms(written)
-            if name not in named or not fig.matches([float(value)], ms):
-                problems.append(
-                    f"{page}, {written!r}: {fig.text} is not {name} {path}"
-                    f" = {value!r}" + ("" if name in named else " (not named)")
-                )
+        problems += _value_problems(
+            f"{page}, {written!r}", found, pairs, named, _says_ms(written)
+        )
     return problems
 
 
