@@ -200,10 +200,12 @@ def with_state_dtype(optimizer, state_dtype):
             "moment; bfloat16 has float32's range)."
         )
     stock = _stock_class(type(optimizer))
-    if stock is None:
+    if stock is None or not type(optimizer).__module__.startswith("keras."):
+        # A subclass of the user's own would lose its methods to the
+        # stock class's, and its file could not be loaded elsewhere.
         raise InputError(
-            f"state_dtype needs a Keras optimizer; got "
-            f"{type(optimizer).__name__}."
+            f"state_dtype needs one of Keras's own optimizers "
+            f"(keras.optimizers.Adam, ...); got {type(optimizer).__name__}."
         )
     if optimizer.built:
         raise InputError(

@@ -142,6 +142,12 @@ def test_defaults_and_float32_leave_the_optimizer_as_it_was():
 def test_bad_requests_are_one_clear_error():
     with pytest.raises(kmp.InputError, match="float16's range"):
         kmp.wrap(keras.optimizers.Adam(), state_dtype="float16")
+
+    class OwnAdam(keras.optimizers.Adam):
+        pass
+
+    with pytest.raises(kmp.InputError, match="Keras's own optimizers"):
+        kmp.wrap(OwnAdam(), state_dtype="bfloat16")
     built = _trained(keras.optimizers.Adam()).optimizer
     with pytest.raises(kmp.InputError, match="is built"):
         kmp.wrap(built, state_dtype="bfloat16")
