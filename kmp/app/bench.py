@@ -132,8 +132,9 @@ def _model(module, size, batches):
 
 
 def _variant(name, variant, sizes, steps):
-    """The compiled model of one variant and a function that trains it
-    for one epoch of `steps` distinct batches (returns the History)."""
+    """The compiled model of one variant, a function that trains it for
+    one epoch of `steps` distinct batches (returns the History), and
+    those batches' `(x, y)`."""
     policy, scaler = {**VARIANTS, **FLOAT8_VARIANTS}[variant]
     batch = sizes[name]["batch_size"]
     module = protocol.load_example(name)
@@ -154,8 +155,7 @@ def _variant(name, variant, sizes, steps):
             x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False
         )
 
-    run.inputs = (x, y)  # for the step's memory analysis
-    return model, run
+    return model, run, (x, y)
 
 
 def variant_memory(name, variant, sizes, steps=2) -> tuple[float, str]:
@@ -213,9 +213,11 @@ def bench_model(
     variants = dict(VARIANTS)
     if float8 and protocol.load_example(name).BENCH_FLOAT8:
         variants.update(FLOAT8_VARIANTS)
-    runs, before, models = {}, {}, {}
+    runs, before, models, inputs = {}, {}, {}, {}
     for variant in variants:
-        model, runs[variant] = _variant(name, variant, sizes, steps)
+        model, runs[variant], inputs[variant] = _variant(
+            name, variant, sizes, steps
+        )
         models[variant] = model
         # Warm-up: compiles; its loss is the "before" figure.
         before[variant] = float(runs[variant]().history["loss"][-1])
@@ -242,7 +244,7 @@ def bench_model(
             memory_mib, memory_what = variant_memory(name, variant, sizes)
             # JAX: the compiled step's buffers, from XLA (None elsewhere).
             step_memory = backend.train_step_memory(
-                models[variant], *runs[variant].inputs, batch
+                models[variant], *inputs[variant], batch
             )
         row = {
             "model": name,
@@ -313,7 +315,7 @@ def markdown(results) -> str:
 
 def _measure_one(spec, steps):
     """The `variant_memory` process: train one variant, print its peak."""
-    _, run = _variant(spec["name"], spec["variant"], spec["sizes"], steps)
+    _, run, _ = _variant(spec["name"], spec["variant"], spec["sizes"], steps)
     run()
     mib, what = report.peak_memory_mib()
     print("MEMORY " + json.dumps({"mib": mib, "what": what}))

@@ -21,6 +21,7 @@ device feed is for one process's own devices without one.
 import keras
 
 from kmp.app import data as kmp_data
+from kmp.app import device_data
 from kmp.app import recipes
 
 
@@ -48,7 +49,7 @@ class Feeding:
     """
 
     def __init__(self, config, splits):
-        self.config, self.splits = config, splits
+        self.config = config
         self.eval_steps = recipes.evaluation_steps(config, splits)
         if recipes.feeds_device(config):
             self.kind = "device"
@@ -63,8 +64,6 @@ class Feeding:
         under `--steps` when `training`, else validation's padded
         batches. `transform(x, key)` runs on the device per batch
         (`kmp.app.device_data.DeviceBatches`)."""
-        from kmp.app import device_data  # imports JAX
-
         if self.kind != "device":
             raise ValueError(
                 f"on_device() feeds JAX without a distribution; this run "

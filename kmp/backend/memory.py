@@ -13,7 +13,10 @@ buffers: there, what a step took is measured after it ran
 """
 
 import math
+import time
 
+import keras
+import ml_dtypes
 import numpy as np
 
 from kmp.backend._current import name
@@ -78,8 +81,6 @@ def train_step_memory(model, x, y, batch_size) -> dict | None:
     """
     if name() != "jax":
         return None
-    import time
-
     import jax
 
     def batch(tree):
@@ -128,12 +129,7 @@ def train_step_memory(model, x, y, batch_size) -> dict | None:
 
 
 def _numpy_dtype(dtype):
-    """A NumPy dtype for a Keras, JAX or NumPy dtype (bfloat16 and the
-    float8 formats through ml_dtypes)."""
-    import ml_dtypes  # noqa: F401  (registers bfloat16, float8 with NumPy)
-
-    text = str(dtype).replace("torch.", "")
-    try:
-        return np.dtype(text)
-    except TypeError:
-        return np.dtype(getattr(ml_dtypes, text))
+    """A NumPy dtype for a Keras, JAX, torch or NumPy dtype (bfloat16 and
+    the float8 formats are ml_dtypes' types)."""
+    standard = keras.backend.standardize_dtype(dtype)
+    return np.dtype(getattr(ml_dtypes, standard, standard))

@@ -134,8 +134,8 @@ def test_a_variants_memory_is_measured_in_a_process_of_its_own():
 def test_a_variant_s_compiled_step_is_measured_before_it_runs():
     from kmp import backend
 
-    model, run = bench._variant("cifar10", "fp16+kmp", TINY, steps=1)
-    small = backend.train_step_memory(model, *run.inputs, 4)
-    large = backend.train_step_memory(model, *run.inputs, 64)
+    model, _, inputs = bench._variant("cifar10", "fp16+kmp", TINY, steps=1)
+    small = backend.train_step_memory(model, *inputs, 4)
+    large = backend.train_step_memory(model, *inputs, 64)
     assert 0 < small["footprint"] < large["footprint"]
     assert small["alias"] >= sum(backend.state_bytes(model).values())
