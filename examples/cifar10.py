@@ -9,6 +9,9 @@ Run (from the repository root, after `pip install -e .`):
     python examples/cifar10.py --epochs=10              # policy "auto"
     python examples/cifar10.py --policy=float32 --steps=50 --epochs=2
     python examples/cifar10.py --data=synthetic         # no download
+    python examples/cifar10.py --policy=mixed_bfloat16 \
+        --master_weights=bfloat16 --optimizer_states=bfloat16 --remat
+                                    # the memory modes (docs/memory.md)
 
 Before a long run, `kmp doctor cifar10` (same flags) shows which layers
 float16 hurts and the loss scales that keep the gradients in range
@@ -224,6 +227,11 @@ def compile_model(config, steps):
     with backend.initialized_together():
         model = build_model(config.width)
     model = kmp.pin_float32(model)
+    if config.remat:
+        # Each ReLU and pooling recomputed from its input in the backward
+        # pass. Not BatchNormalization: recomputed on TensorFlow and torch,
+        # it would update its moving statistics twice a step.
+        kmp.rematerialize(model, (keras.layers.ReLU, keras.layers.MaxPooling2D))
     peak = config.learning_rate * config.batch_size / 512
     schedule = keras.optimizers.schedules.CosineDecay(
         peak / 10,
@@ -231,10 +239,14 @@ def compile_model(config, steps):
         warmup_target=peak,
         warmup_steps=max(config.epochs * steps // 5, 1),
     )
+    # --optimizer_states / --master_weights: the memory modes (under
+    # bfloat16 masters, wrap rounds each update stochastically, --seed's).
     optimizer = kmp.wrap(
         keras.optimizers.SGD(
             schedule, momentum=0.9, nesterov=True, weight_decay=5e-4
-        )
+        ),
+        state_dtype=config.optimizer_states,
+        seed=config.seed,
     )
     model.compile(
         optimizer=optimizer,

@@ -232,7 +232,11 @@ def compile_model(config, steps):
         warmup_target=config.learning_rate,
         warmup_steps=max(config.epochs * steps // 10, 1),
     )
-    optimizer = kmp.wrap(keras.optimizers.AdamW(schedule, weight_decay=0.01))
+    optimizer = kmp.wrap(
+        keras.optimizers.AdamW(schedule, weight_decay=0.01),
+        state_dtype=config.optimizer_states,  # and seed: examples/lm.py
+        seed=config.seed,
+    )
     model.compile(
         optimizer=optimizer,
         loss="sparse_categorical_crossentropy",

@@ -19,6 +19,8 @@ Run (from the repository root, after `pip install -e ".[lm]"`):
     python examples/lm.py --steps=50 --float8
     kmp train lm --float8                              # the same code
     kmp train lm --hidden_dim=1024 --layers=16 --float8  # an H100's size
+    kmp train lm --optimizer_states=bfloat16 --master_weights=bfloat16 --remat
+                                     # half the bytes of weights and state
 
 A rerun resumes an interrupted run from --output_dir, as the other
 examples do; the model is written as lm.keras (`kmp.load_model` reads it
@@ -50,7 +52,7 @@ from kmp_config import configs
 # ## Configuration
 #
 # The flags every example takes, and this model's: hidden_dim, heads,
-# layers, sequence_length, text_bytes, float8. The policy defaults to
+# layers, sequence_length, text_bytes, float8, remat. The policy defaults to
 # mixed_bfloat16 (float8 needs a mixed policy). Where no GPU is found,
 # the sizes not given are a 2-layer, 64-wide model on 128-byte sequences.
 
@@ -168,14 +170,28 @@ def compile_model(config, steps):
     model = kmp.pin_float32(build_model(config))
     if config.float8:
         kmp.float8(model)
+    if config.remat:
+        # Each decoder block keeps only its input for the backward pass
+        # and recomputes the rest there, under the policy.
+        import keras_hub
+
+        kmp.rematerialize(model, keras_hub.layers.TransformerDecoder)
     schedule = keras.optimizers.schedules.CosineDecay(
         0.0,
         decay_steps=max(config.epochs * steps, 1),
         warmup_target=config.learning_rate,
         warmup_steps=max(config.epochs * steps // 10, 1),
     )
+    # Memory: --optimizer_states=bfloat16 stores AdamW's moments in
+    # bfloat16; --master_weights=bfloat16 the weights too (Session enables
+    # it), each update rounded stochastically under --seed.
+    optimizer = kmp.wrap(
+        keras.optimizers.AdamW(schedule, weight_decay=0.1),
+        state_dtype=config.optimizer_states,
+        seed=config.seed,
+    )
     model.compile(
-        optimizer=kmp.wrap(keras.optimizers.AdamW(schedule, weight_decay=0.1)),
+        optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         weighted_metrics=[
             keras.metrics.SparseCategoricalAccuracy(name="accuracy")
@@ -224,6 +240,14 @@ def train(config: Config) -> dict:
         )
         session.save(model, results)
     return results
+
+
+def bench_inputs(config, count):
+    """The model, pinned and not compiled, and `count` synthetic
+    sequences: what `--batch_size=max` compiles its step for."""
+    text = synthetic_text(count * config.sequence_length + 1, config.seed)
+    x, y = windows(text, config.sequence_length)
+    return kmp.pin_float32(build_model(config)), x, y
 
 
 def main(argv):

@@ -40,6 +40,7 @@ from kmp.errors import InputError
 from kmp.errors import InputTypeError
 from kmp.fp8 import float8
 from kmp.islands import pin_float32
+from kmp.memory import rematerialize
 from kmp.policy import Recommendation
 from kmp.policy import disable
 from kmp.policy import enable
@@ -75,5 +76,6 @@ __all__ = [
     "pin_float32",
     "policy_scope",
     "recommend_policy",
+    "rematerialize",
     "wrap",
 ]

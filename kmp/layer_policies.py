@@ -1,6 +1,7 @@
 """A converted or pinned layer's policy, kept by a `.keras` file: the
 policy of a layer that another layer makes in its own code goes into
-its maker's `DTypePolicyMap` (`record_policies`).
+its maker's `DTypePolicyMap` (`record_policies`); and the policy of a
+float32 island over bfloat16 master weights (`float32_policy`).
 
 `kmp.pin_float32` and `kmp.float8` change layers' policies in place; a
 layer a Functional or Sequential config lists saves its own, the others
@@ -8,6 +9,63 @@ need this (KerasHub's way to save quantized layers).
 """
 
 import keras
+
+_OVER = "float32_over_"
+
+
+@keras.saving.register_keras_serializable("kmp")
+class Float32Compute(keras.DTypePolicy):
+    """Computes in float32 over variables of another dtype.
+
+    Keras's policies compute in their variables' dtype or in a narrower
+    one (`"mixed_bfloat16"`); none computes in float32 over bfloat16
+    variables, which a float32 island (`kmp.pin_float32`) needs under
+    bfloat16 master weights: with Keras's `"float32"` a `.keras` file
+    would reload the island's weights (a language model's tied
+    embedding: its largest tensor) in float32. The name says both:
+    `"float32_over_bfloat16"`.
+
+    Args:
+        name: `"float32_over_" + variable dtype`.
+    """
+
+    def __init__(self, name=_OVER + "bfloat16"):
+        super().__init__(name)
+
+    def _parse_name(self, name):
+        if isinstance(name, str) and name.startswith(_OVER):
+            variable = keras.backend.standardize_dtype(name[len(_OVER) :])
+            return "float32", variable
+        return super()._parse_name(name)
+
+
+def float32_policy(layer) -> keras.DTypePolicy:
+    """The policy that makes `layer` compute in float32 and keeps its
+    variables' dtype: Keras's `"float32"` over float32 variables,
+    `Float32Compute` over bfloat16 master weights."""
+    variable_dtype = layer.dtype_policy.variable_dtype
+    if variable_dtype in ("float32", None) or "float" not in variable_dtype:
+        return keras.DTypePolicy("float32")
+    return Float32Compute(_OVER + variable_dtype)
+
+
+def pin_to_float32(layer):
+    """Makes `layer` compute in float32, its variables' dtype kept
+    (`float32_policy`), so that a `.keras` file reloads it so.
+
+    When it loads a layer's own config, Keras turns a policy back into
+    its name, and `DTypePolicy("float32_over_bfloat16")` is no Keras
+    policy; a `DTypePolicyMap` it keeps as it is. So a `Float32Compute`
+    goes in as the default of a map of its own (the layer finds no path
+    of its own in it, and takes the default); inside another layer's map
+    (`record_policies`) it goes as it is.
+    """
+    policy = float32_policy(layer)
+    own = layer.dtype_policy
+    mapped = isinstance(own, keras.dtype_policies.DTypePolicyMap)
+    if isinstance(policy, Float32Compute) and not mapped:
+        policy = keras.dtype_policies.DTypePolicyMap(default_policy=policy)
+    layer.dtype_policy = policy
 
 
 def record_policies(model, policies) -> list:

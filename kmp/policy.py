@@ -15,6 +15,7 @@ import keras
 
 from kmp import backend
 from kmp.errors import InputError
+from kmp_config.names import MASTER_WEIGHTS
 from kmp_config.names import POLICIES
 
 logger = logging.getLogger("kmp")
@@ -169,7 +170,9 @@ def _resolve(policy) -> str:
     return recommended.policy
 
 
-def enable(policy="mixed_float16") -> keras.DTypePolicy:
+def enable(
+    policy="mixed_float16", master_weights="float32"
+) -> keras.DTypePolicy:
     """Sets Keras's global dtype policy for mixed-precision training.
 
     Layers created afterwards compute in the policy's `compute_dtype` and
@@ -178,10 +181,22 @@ def enable(policy="mixed_float16") -> keras.DTypePolicy:
     scaled. On hardware where mixed precision is slower (CPU, pre-Volta
     GPUs), a warning says so, once.
 
+    `master_weights="bfloat16"` (with `"mixed_bfloat16"`) stores the
+    variables in bfloat16 too: Keras's `"bfloat16"` policy, 2 bytes per
+    weight instead of 4. Compile with `kmp.wrap(optimizer)`, which then
+    rounds each update stochastically: rounded to nearest, an update
+    under half a bfloat16 step (2**-9 of the weight) is lost and
+    training stalls. Float32 islands (`kmp.pin_float32`) still compute
+    in float32.
+
     Args:
         policy: `"mixed_float16"`, `"mixed_bfloat16"`, `"float32"`, `"auto"`
             (the result of `kmp.recommend_policy()`, whose reason is logged
-            once), or a `keras.DTypePolicy` with one of those names.
+            once), or a `keras.DTypePolicy` with one of those names (or
+            `"bfloat16"`, as `enable` returns it in the bfloat16-masters
+            mode).
+        master_weights: `"float32"` (Keras's mixed policies) or
+            `"bfloat16"` (only with a policy that computes in bfloat16).
 
     Returns:
         The previous global `keras.DTypePolicy`; pass it back to `enable`
@@ -196,7 +211,22 @@ def enable(policy="mixed_float16") -> keras.DTypePolicy:
     kmp.enable(previous)
     ```
     """
+    if isinstance(policy, keras.DTypePolicy) and policy.name == "bfloat16":
+        policy, master_weights = "mixed_bfloat16", "bfloat16"
+    if master_weights not in MASTER_WEIGHTS:
+        raise InputError(
+            f"master_weights={master_weights!r} is not supported; use one "
+            f"of {MASTER_WEIGHTS}."
+        )
     name = _resolve(policy)
+    if master_weights == "bfloat16":
+        if name != "mixed_bfloat16":
+            raise InputError(
+                f"master_weights='bfloat16' needs a policy that computes in "
+                f"bfloat16; the policy is {name!r} (from {policy!r}). Use "
+                "kmp.enable('mixed_bfloat16', master_weights='bfloat16')."
+            )
+        name = "bfloat16"  # Keras's: bfloat16 compute and variables
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(name)
     return previous
@@ -208,7 +238,7 @@ def disable() -> keras.DTypePolicy:
 
 
 @contextlib.contextmanager
-def policy_scope(policy="mixed_float16"):
+def policy_scope(policy="mixed_float16", master_weights="float32"):
     """Context manager: `kmp.enable(policy)` inside, the old policy after.
 
     The previous global policy is restored on exit, also when the block
@@ -216,6 +246,7 @@ def policy_scope(policy="mixed_float16"):
 
     Args:
         policy: As for `kmp.enable`.
+        master_weights: As for `kmp.enable`.
 
     Yields:
         The global `keras.DTypePolicy` now in force.
@@ -227,7 +258,7 @@ def policy_scope(policy="mixed_float16"):
         model = build_model()
     ```
     """
-    previous = enable(policy)
+    previous = enable(policy, master_weights)
     try:
         yield keras.config.dtype_policy()
     finally:

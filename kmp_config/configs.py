@@ -48,7 +48,7 @@ def _tf_config() -> str:
     return os.environ.get("TF_CONFIG", "").strip()
 
 
-def flag(default, help, choices=None, lower_bound=None):
+def flag(default, help, choices=None, lower_bound=None, words=None):
     """A config field that is also a command-line flag.
 
     Args:
@@ -56,9 +56,31 @@ def flag(default, help, choices=None, lower_bound=None):
         help: The flag's help text.
         choices: The values allowed, or `None` for any.
         lower_bound: The smallest number allowed, or `None`.
+        words: For a number: words it also takes, each standing for a
+            value below `lower_bound` (`{"max": 0}`), or `None`.
     """
-    metadata = {"help": help, "choices": choices, "lower_bound": lower_bound}
+    metadata = {
+        "help": help,
+        "choices": choices,
+        "lower_bound": lower_bound,
+        "words": words or {},
+    }
     return dataclasses.field(default=default, metadata=metadata)
+
+
+# `--batch_size=max`: the config holds 0, which no batch can be.
+MAX_BATCH = 0
+
+
+def batch_flag(default, help):
+    """The batch size: a number, or `max` (the largest that fits)."""
+    return flag(
+        default,
+        help + " max: the largest whose compiled train step fits "
+        "--memory_limit, found before training (JAX).",
+        lower_bound=1,
+        words={"max": MAX_BATCH},
+    )
 
 
 @dataclasses.dataclass
@@ -69,7 +91,13 @@ class RunConfig:
         "auto", "Dtype policy; auto picks by hardware.", names.POLICIES
     )
     epochs: int = flag(10, "Epochs.", lower_bound=1)
-    batch_size: int = flag(64, "Global batch (all replicas).", lower_bound=1)
+    batch_size: int = batch_flag(64, "Global batch (all replicas).")
+    memory_limit: int = flag(
+        0,
+        "Bytes a train step may take, for --batch_size=max (0: the "
+        "device's memory).",
+        lower_bound=0,
+    )
     steps: int = flag(
         0,
         "Steps per epoch; 0 means all. Also bounds validation (the same "
@@ -123,6 +151,19 @@ class RunConfig:
         "and for one that stops answering, before the others end.",
     )
     learning_rate: float = flag(1e-3, "Peak learning rate.")
+    optimizer_states: str = flag(
+        "float32",
+        "The dtype of the optimizer's slots (Adam's moments, SGD's "
+        "momentum); bfloat16 halves them, the update still in float32.",
+        names.STATE_DTYPES,
+    )
+    master_weights: str = flag(
+        "float32",
+        "The dtype trainable weights are stored in; bfloat16 (with "
+        "--policy=mixed_bfloat16) halves them, each update rounded "
+        "stochastically under --seed.",
+        names.MASTER_WEIGHTS,
+    )
     synthetic_size: int = flag(25_000, SYNTHETIC_SIZE_HELP, lower_bound=1)
     verbose: int = flag(1, "fit's verbosity (0, 1, 2).", lower_bound=0)
     compile_cache: str = flag(
@@ -167,7 +208,8 @@ class RunConfig:
                     f"{field.name} must be one of {', '.join(choices)}; "
                     f"got {value!r}."
                 )
-            if low is not None and value < low:
+            words = field.metadata.get("words") or {}
+            if low is not None and value < low and value not in words.values():
                 return f"{field.name} must be >= {low}, got {value}."
         if not self.learning_rate > 0:
             return f"learning_rate must be > 0, got {self.learning_rate}."
@@ -192,6 +234,17 @@ class RunConfig:
             )
         if not self.process_timeout > 0:
             return f"process_timeout must be > 0, got {self.process_timeout}."
+        if self.master_weights == "bfloat16":
+            if self.policy not in ("auto", "mixed_bfloat16"):
+                return (
+                    "--master_weights=bfloat16 computes in bfloat16: use "
+                    f"--policy=mixed_bfloat16, not {self.policy}."
+                )
+            if getattr(self, "float8", False):
+                return (
+                    "--master_weights=bfloat16 with --float8 is not "
+                    "supported: drop one of them."
+                )
         return None
 
     def check(self):
@@ -241,7 +294,7 @@ class RunConfig:
 class Cifar10Config(RunConfig):
     """ResNet-9 on CIFAR-10 (examples/cifar10.py)."""
 
-    batch_size: int = flag(512, "Global batch.", lower_bound=1)
+    batch_size: int = batch_flag(512, "Global batch.")
     output_dir: str = flag("runs/cifar10", OUTPUT_DIR_HELP)
     learning_rate: float = flag(
         0.2, "Peak learning rate at batch 512 (scaled with the batch)."
@@ -250,6 +303,11 @@ class Cifar10Config(RunConfig):
         64, "Channels of the first block (64: ResNet-9).", lower_bound=8
     )
     synthetic_size: int = flag(50_000, SYNTHETIC_SIZE_HELP, lower_bound=1)
+    remat: bool = flag(
+        False,
+        "Recompute each ReLU and pooling in the backward pass instead of "
+        "keeping its output (kmp.rematerialize): less memory, more compute.",
+    )
 
     # Batch 512 at width 64 is a GPU's size: on a 2-core CPU, 10 steps
     # took 380-900 s. A step's work goes with width^2 x batch: a 64th.
@@ -300,7 +358,7 @@ class LmConfig(RunConfig):
         names.POLICIES,
     )
     epochs: int = flag(2, "Epochs.", lower_bound=1)
-    batch_size: int = flag(32, "Global batch of sequences.", lower_bound=1)
+    batch_size: int = batch_flag(32, "Global batch of sequences.")
     output_dir: str = flag("runs/lm", OUTPUT_DIR_HELP)
     learning_rate: float = flag(6e-4, "Peak learning rate (AdamW).")
     data: str = flag(
@@ -324,6 +382,11 @@ class LmConfig(RunConfig):
         False,
         "Every Dense and attention projection in float8 (kmp.float8): "
         "fast on H100/H200 tensor cores, slow on a CPU.",
+    )
+    remat: bool = flag(
+        False,
+        "Recompute each decoder block in the backward pass, keeping only "
+        "its input (kmp.rematerialize): less memory, more compute.",
     )
 
     # A 2-core CPU's size: about a second a step (BENCHMARKS.md).

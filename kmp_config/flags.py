@@ -43,6 +43,14 @@ def define_flags(config_class, flag_values=None):
             flags.DEFINE_boolean(
                 name, field.default, help_text, flag_values=where
             )
+        elif meta.get("words"):
+            flags.DEFINE(
+                _NumberOrWords(meta["words"], meta.get("lower_bound")),
+                name,
+                field.default,
+                help_text,
+                flag_values=where,
+            )
         elif field.type in (int, "int", float, "float"):
             define = (
                 flags.DEFINE_integer
@@ -60,6 +68,24 @@ def define_flags(config_class, flag_values=None):
             flags.DEFINE_string(
                 name, field.default, help_text, flag_values=where
             )
+
+
+class _NumberOrWords(flags.IntegerParser):
+    """An integer flag that also takes words (`--batch_size=max`)."""
+
+    def __init__(self, words, lower_bound):
+        super().__init__(lower_bound=lower_bound)
+        self.words = words
+
+    def parse(self, argument):
+        if isinstance(argument, str) and argument in self.words:
+            return self.words[argument]
+        if argument in self.words.values():
+            return argument  # the default, already parsed
+        return super().parse(argument)
+
+    def flag_type(self):
+        return f"int or {' or '.join(self.words)}"
 
 
 def config_from_flags(config_class, flag_values):

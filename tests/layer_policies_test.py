@@ -1,8 +1,11 @@
 """kmp.layer_policies: a made layer's policy recorded in its maker's
-`DTypePolicyMap`, and the layers whose policy a file may not keep."""
+`DTypePolicyMap`, the layers whose policy a file may not keep, and a
+float32 island over bfloat16 master weights."""
 
 import keras
+import numpy as np
 
+import kmp
 from kmp import layer_policies
 
 
@@ -49,3 +52,34 @@ def test_record_policies_returns_layers_of_a_user_s_own_maker():
         block.inner
     ]
     assert block.dtype_policy[block.inner.path].name == "float32"
+
+
+def test_a_float32_island_over_bfloat16_masters_keeps_them_in_its_file(
+    tmp_path,
+):
+    kmp.enable("mixed_bfloat16", master_weights="bfloat16")
+    inputs = keras.Input((8,))
+    hidden = keras.layers.Dense(8)(inputs)
+    model = kmp.pin_float32(
+        keras.Model(inputs, keras.layers.Dense(2, name="head")(hidden))
+    )
+    head = model.get_layer("head")
+    assert isinstance(
+        head.dtype_policy.default_policy, layer_policies.Float32Compute
+    )
+    assert (head.compute_dtype, head.variable_dtype) == ("float32", "bfloat16")
+    assert str(head.kernel.dtype) == "bfloat16"
+    assert (
+        keras.backend.standardize_dtype(model(np.ones((2, 8), "float32")).dtype)
+        == "float32"
+    )
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path).get_layer("head")
+    assert loaded.compute_dtype == "float32"
+    assert str(loaded.kernel.dtype) == "bfloat16"
+    # Under float32 masters an island is Keras's own "float32", as before.
+    kmp.enable("mixed_bfloat16")
+    plain = keras.layers.Dense(2)
+    plain.build((None, 8))
+    assert type(layer_policies.float32_policy(plain)) is keras.DTypePolicy

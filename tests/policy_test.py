@@ -123,3 +123,22 @@ def test_recommend_policy_on_this_machine_returns_choice_and_reason():
     assert policy in ("float32", "mixed_float16", "mixed_bfloat16")
     if all(d.platform == "cpu" for d in backend.list_devices()):
         assert policy == "float32" and "CPU" in reason
+
+
+def test_bfloat16_master_weights_need_bfloat16_compute_and_restore():
+    with pytest.raises(kmp.InputError, match="computes in bfloat16"):
+        kmp.enable("mixed_float16", master_weights="bfloat16")
+    with pytest.raises(kmp.InputError, match="master_weights='float16'"):
+        kmp.enable("mixed_bfloat16", master_weights="float16")
+    previous = kmp.enable("mixed_bfloat16", master_weights="bfloat16")
+    policy = keras.config.dtype_policy()
+    assert (policy.compute_dtype, policy.variable_dtype) == ("bfloat16",) * 2
+    kmp.enable(previous)
+    back = kmp.enable(policy)  # what enable returned restores the mode
+    assert keras.config.dtype_policy().variable_dtype == "bfloat16"
+    kmp.enable(back)
+    # Under float32 masters the default rounding changes nothing.
+    kmp.enable("mixed_bfloat16")
+    optimizer = keras.optimizers.Adam()
+    kind = type(optimizer)
+    assert kmp.wrap(optimizer) is optimizer and type(optimizer) is kind

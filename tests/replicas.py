@@ -7,6 +7,7 @@
     python tests/replicas.py distribute_stock
     python tests/replicas.py float8_fit
     python tests/replicas.py keras_float8 kmp|stock
+    python tests/replicas.py bfloat16_masters
     python tests/replicas.py all     # every scenario the tests read
 
 A helper for tests/replicas_test.py: logical devices must be set before
@@ -229,7 +230,36 @@ def distribute_stock():
     }
 
 
-# What `all` runs, in order; the last two set the global policy.
+def bfloat16_masters():
+    """bfloat16 weights rounded stochastically (decayed in float32) and
+    bfloat16 AdamW state, under MirroredStrategy and Keras's fit."""
+    kmp.enable("mixed_bfloat16", master_weights="bfloat16")
+    x, y = classification_data()
+    with STRATEGY.scope():
+        model = mlp()
+        optimizer = kmp.wrap(
+            keras.optimizers.AdamW(1e-2, weight_decay=0.05),
+            state_dtype="bfloat16",
+        )
+        model.compile(
+            optimizer=optimizer, loss="sparse_categorical_crossentropy"
+        )
+    history = model.fit(x, y, batch_size=32, epochs=3, verbose=0)
+    return {
+        "history": history.history,
+        "optimizer": type(optimizer).__name__,
+        "dtypes": sorted({str(w.dtype) for w in model.trainable_weights}),
+        "weights": [
+            [  # numpy has no bfloat16: the values as float32
+                np.asarray(keras.ops.cast(v, "float32")).tolist()
+                for v in STRATEGY.experimental_local_results(w.value)
+            ]
+            for w in model.trainable_weights
+        ],
+    }
+
+
+# What `all` runs, in order; the last three set the global policy.
 ALL = {
     "one_inf kmp 0": lambda: one_inf("kmp", 0),
     "one_inf kmp 1": lambda: one_inf("kmp", 1),
@@ -242,6 +272,7 @@ ALL = {
     "float8_fit": float8_fit,
     "keras_float8 kmp": lambda: keras_float8("kmp"),
     "keras_float8 stock": lambda: keras_float8("stock"),
+    "bfloat16_masters": bfloat16_masters,
 }
 
 if __name__ == "__main__":
@@ -262,6 +293,8 @@ if __name__ == "__main__":
         out = distribute_stock()
     elif scenario == "keras_float8":
         out = keras_float8(sys.argv[2])
+    elif scenario == "bfloat16_masters":
+        out = bfloat16_masters()
     else:
         raise SystemExit(f"unknown scenario {scenario!r}")
     print("RESULT " + json.dumps(out))

@@ -100,6 +100,19 @@ def test_fit_keeps_replicas_identical_and_learns(replicas):
 
 
 @tf_only
+def test_bfloat16_masters_round_alike_on_every_replica(replicas):
+    # Stochastic rounding hashes (seed, step, variable, element): each
+    # replica draws the same bits, so the replicas stay one model.
+    out = replicas["bfloat16_masters"]
+    assert out["optimizer"] == "LowPrecisionAdamW"
+    assert out["dtypes"] == ["bfloat16"]
+    loss = out["history"]["loss"]
+    assert loss[-1] < 0.8 * loss[0]
+    for replicas_weights in out["weights"]:
+        assert replicas_weights[0] == replicas_weights[1]
+
+
+@tf_only
 def test_float8_layers_train_alike_on_every_replica(replicas):
     out = replicas["float8_fit"]
     assert out["modes"][0] == "float8"  # Keras's float8, by kmp.float8

@@ -16,6 +16,7 @@ import keras
 import numpy as np
 import pytest
 from keras import ops
+from util import DropoutBlock
 from util import classification_data
 from util import mlp
 from util import probability_model
@@ -243,3 +244,39 @@ def test_stock_remat_recomputes_outside_the_policy_on_tensorflow_and_torch():
         model.fit(x, y, batch_size=8, verbose=0)
     assert type(raised.value).__name__ in ("TypeError", "CheckpointError")
     assert ("float16", "float32") in _DtypeRecordingDense.seen
+
+
+def _dropout_block_fit(remat_mode):
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8,))
+    with keras.RematScope(mode=remat_mode):
+        block = DropoutBlock()
+    model = keras.Model(inputs, block(inputs))
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    x = np.linspace(-1, 1, 128, dtype="float32").reshape(16, 8)
+    model.fit(x, x[:, :1], batch_size=8, epochs=2, verbose=0, shuffle=False)
+    return [ops.convert_to_numpy(w) for w in model.weights]
+
+
+def test_stock_remat_fails_or_recomputes_another_dropout_mask():
+    # BUILD_NOTES defect 30: a block with dropout made under
+    # `keras.RematScope`. TensorFlow refuses it (`recompute_grad` takes no
+    # keyword arguments in a graph, and Keras passes `training=` as
+    # one); JAX traces `training` and the layer's `if training:` fails
+    # on the tracer; torch trains, but recomputes the dropout mask from
+    # the seed its forward pass advanced (and the moving statistics
+    # twice): the weights differ from the same run without remat,
+    # silently. kmp.rematerialize runs all three as without remat
+    # (tests/memory/remat_test.py).
+    if backend.name() == "tensorflow":
+        with pytest.raises(ValueError, match="keywords arguments"):
+            _dropout_block_fit("full")
+        return
+    if backend.name() == "jax":
+        with pytest.raises(Exception, match="DropoutBlock.call"):
+            _dropout_block_fit("full")
+        return
+    plain = _dropout_block_fit(None)
+    recomputed = _dropout_block_fit("full")
+    apart = max(float(np.abs(a - b).max()) for a, b in zip(plain, recomputed))
+    assert apart > 1e-3

@@ -373,3 +373,19 @@ def saved_under_keras_s_scaler(path, steps=2):
     finally:
         keras.config.set_dtype_policy("float32")
     return int(model.optimizer.iterations)
+
+
+class DropoutBlock(keras.layers.Layer):
+    """Dense, dropout, batch normalization, Dense: state written in the
+    call (the dropout's seed, the moving statistics)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.first = keras.layers.Dense(16, activation="relu")
+        self.dropout = keras.layers.Dropout(0.5, seed=1)
+        self.norm = keras.layers.BatchNormalization(momentum=0.5)
+        self.second = keras.layers.Dense(1)
+
+    def call(self, inputs, training=None):
+        x = self.dropout(self.first(inputs), training=training)
+        return self.second(self.norm(x, training=training))

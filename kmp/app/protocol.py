@@ -9,17 +9,18 @@ declares:
     Config                   its settings (`kmp_config.configs`): the flags
     train(config)            trains, evaluates, saves; returns the results
                              (`kmp train`)
+    compile_model(config, steps)    the compiled model, in the current
+                                    dtype policy (`--batch_size=max`
+                                    compiles its step at each batch tried)
+    bench_inputs(config, count)     `(model, x, y)`: the model, pinned and
+                                    not compiled, and `count` synthetic
+                                    examples for it
 
 and the examples `kmp bench` and `kmp doctor` take
 (`kmp_config.configs.CLASSIFIERS`) also:
 
     load_data(config)               the splits (`kmp.app.data.Splits`)
     make_datasets(splits, config)   `(train, test)` as `fit` takes them
-    compile_model(config, steps)    the compiled model, in the current
-                                    dtype policy
-    bench_inputs(config, count)     `(model, x, y)`: the model, pinned and
-                                    not compiled, and `count` synthetic
-                                    examples for it
     bench_optimizer()               the optimizer `kmp bench` trains it
                                     with (wrapped in each variant's scaler)
     BENCH_SIZES                     `{"small": fields, "full": fields}`:
@@ -38,12 +39,15 @@ import inspect
 from kmp_config import configs
 
 # Each name, and the number of arguments it takes (None: not a function).
-EVERY_EXAMPLE = {"Config": None, "train": 1}
+EVERY_EXAMPLE = {
+    "Config": None,
+    "train": 1,
+    "compile_model": 2,
+    "bench_inputs": 2,
+}
 CLASSIFIERS = {
     "load_data": 1,
     "make_datasets": 2,
-    "compile_model": 2,
-    "bench_inputs": 2,
     "bench_optimizer": 0,
     "BENCH_SIZES": None,
     "BENCH_FLOAT8": None,

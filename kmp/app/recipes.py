@@ -22,6 +22,7 @@ import numpy as np
 import kmp
 from kmp import backend
 from kmp.app import backup as kmp_backup
+from kmp.app import batch_search
 from kmp.app import device_data
 from kmp.app import report
 from kmp.app import scale_out
@@ -285,11 +286,22 @@ def run_and_report(name, title, config, given, train):
     config, note = device_sized(config, given)
     if note:
         print(note)
+    config, search = batch_search.run_config(name, config)
     results = train(config)
+    if search:
+        results["batch_search"] = search
+        _rewrite_results(config, results)
     note = "memory: " + results["peak_memory_note"]
     report.show([results], title, note=note)
     print(summary(name, results))
     return results
+
+
+def _rewrite_results(config, results):
+    """results.json again, with what the run learned before training."""
+    if kmp.is_chief():
+        with open(os.path.join(config.output_dir, "results.json"), "w") as f:
+            json.dump(results, f, indent=2)
 
 
 def main(name, title, config_class, train):

@@ -73,7 +73,7 @@ class Session:
         keras.utils.set_random_seed(config.seed)
         self.strategy = scale_out.make_strategy(config.strategy)
         scale_out.make_distribution(config, self.layouts)  # JAX
-        self._policy = kmp.policy_scope(config.policy)
+        self._policy = kmp.policy_scope(config.policy, config.master_weights)
         self.policy = self._policy.__enter__().name
         return self
 

@@ -72,6 +72,9 @@ def audit(model, optimizer=None, verbose: bool = True) -> AuditReport:
       a scaler Keras added at compile time, which saving loses; a
       `train_step` of the model's own class under a loss scaler, with
       whether it scales its loss and what kmp does where it does not;
+    - the memory modes: bfloat16 master weights (a warning when their
+      updates round to nearest), 16-bit or float16 optimizer state, and
+      rematerialized layers (a warning for `keras.RematScope` alone);
     - Dense, convolution, Embedding and MultiHeadAttention sizes that are
       not multiples of 8 (tensor cores), with the padded size;
     - `binary_crossentropy` on float16 sigmoid probabilities;
@@ -110,7 +113,7 @@ def audit(model, optimizer=None, verbose: bool = True) -> AuditReport:
     model_checks.check_inner_softmaxes(half, outputs, findings)
     optimizer_checks.check_scaling(half, optimizer, findings)
     optimizer_checks.check_saving(model, optimizer, findings)
-    optimizer_checks.check_memory(optimizer, findings)
+    optimizer_checks.check_memory(model, optimizer, findings)
     optimizer_checks.check_train_step(model, optimizer, findings)
     model_checks.check_tensor_core_dims(half, findings)
     model_checks.check_loss(model, outputs, findings)

@@ -12,6 +12,9 @@ import re
 
 import keras
 
+from kmp.memory import recomputes_in_policy
+from kmp.memory import rematerialized_layers
+from kmp.memory import rounding_of
 from kmp.memory import state_dtype_of
 from kmp.scaling import LossScaleOptimizer
 from kmp.scaling import scaled_losses
@@ -67,22 +70,59 @@ def check_scaling(half, optimizer, findings):
         )
 
 
-def check_memory(optimizer, findings):
-    """Which memory mode the optimizer is in, and float16 state (whose
-    range underflows Adam's second moment of small gradients)."""
+def check_memory(model, optimizer, findings):
+    """Which memory mode the model and optimizer are in: bfloat16 master
+    weights (a warning unless rounded stochastically: updates under half
+    a step vanish), 16-bit state, and float16 state (whose range
+    underflows Adam's second moment of small gradients)."""
+    bfloat16 = [
+        v.path
+        for v in model.trainable_variables
+        if keras.backend.standardize_dtype(v.dtype) == "bfloat16"
+    ]
+    _check_remat(model, findings)
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    if bfloat16 and optimizer is not None:
+        if rounding_of(inner) == "stochastic":
+            findings.append(
+                (
+                    "info",
+                    "model",
+                    f"{len(bfloat16)} trainable variable(s) are bfloat16 "
+                    f"master weights, which {type(inner).__name__} writes "
+                    "by stochastic rounding (seed "
+                    f"{inner._rounding_seed}).",
+                    "None needed: 2 bytes per weight instead of 4.",
+                )
+            )
+        else:
+            findings.append(
+                (
+                    "warning",
+                    "model",
+                    f"{len(bfloat16)} trainable variable(s), e.g. "
+                    f"{bfloat16[0]!r}, are bfloat16 and the optimizer "
+                    "rounds their updates to nearest: an update under half "
+                    "a bfloat16 step (2**-9 of the weight) is lost, so "
+                    "training stalls as its updates get small.",
+                    "Compile with kmp.wrap(optimizer) under kmp.enable("
+                    "'mixed_bfloat16', master_weights='bfloat16'), which "
+                    "rounds stochastically (or pass rounding='stochastic').",
+                )
+            )
     if optimizer is None:
         return
-    inner = getattr(optimizer, "inner_optimizer", optimizer)
     state_dtype = state_dtype_of(inner)
     if state_dtype:
+        weights = "bfloat16" if bfloat16 else "float32"
         findings.append(
             (
                 "info",
                 "optimizer",
                 f"{type(inner).__name__} stores its slots in {state_dtype} "
                 "and computes its update in float32 (kmp.wrap(..., "
-                f"state_dtype={state_dtype!r})); weights stay float32.",
-                "None needed: half the bytes of float32 state.",
+                f"state_dtype={state_dtype!r})); weights are {weights}.",
+                "None needed: fewer bytes than Keras's state.",
             )
         )
     float16 = [v.path for v in inner.variables if v.dtype == "float16"]
@@ -98,6 +138,37 @@ def check_memory(optimizer, findings):
                 "Keep float32 variables (a mixed policy), or store the "
                 "state in bfloat16: kmp.wrap(optimizer, "
                 "state_dtype='bfloat16').",
+            )
+        )
+
+
+def _check_remat(model, findings):
+    """Rematerialized layers, and those Keras's `RematScope` made that
+    `kmp.rematerialize` did not fix (BUILD_NOTES defects 29 and 30)."""
+    layers = rematerialized_layers(model)
+    stock = [layer for layer in layers if not recomputes_in_policy(layer)]
+    if stock:
+        findings.append(
+            (
+                "warning",
+                stock[0].path or stock[0].name,
+                f"{len(stock)} layer(s) made under keras.RematScope are "
+                "recomputed by Keras alone: under a mixed policy the "
+                "recomputation reads float32 variables (TensorFlow and "
+                "torch fail), TensorFlow refuses keyword arguments "
+                "(training=...), JAX a layer's `if training:`, and torch "
+                "recomputes dropout with another mask (wrong gradients).",
+                "kmp.rematerialize(model) after building it.",
+            )
+        )
+    elif layers:
+        findings.append(
+            (
+                "info",
+                "model",
+                f"{len(layers)} layer(s) are recomputed in the backward "
+                "pass (kmp.rematerialize): less memory, more compute.",
+                "None needed.",
             )
         )
 

@@ -9,9 +9,12 @@ Keras API; what cannot be branches here, each function once, on
     initialization  new variables' values from one compiled program (JAX)
     machine      devices, versions, the environment record, peak memory
     memory       bytes of weights and optimizer state; a compiled train
-                 step's buffers before it runs (XLA's analysis, JAX)
-    optimizer_updates  variables read as float32 or as stored, inside an
-                 optimizer's update; the replica path; torch's no_grad
+                 step's buffers before it runs (XLA's analysis, JAX); the
+                 device's memory
+    optimizer_updates  variables read as float32, as stored, or as a
+                 layer's call read them; the replica path; torch's no_grad
+    recompute    the state a rematerialized call writes, the same in its
+                 recomputation (dropout's seeds, moving statistics)
     steps        a train step's extra logs, gradients by intermediate
                  tensors, what compiles a step, crossentropy's logits,
                  code that runs once inside a trace, code no compiler
@@ -53,13 +56,17 @@ from kmp.backend.machine import framework_versions
 from kmp.backend.machine import host_cpu
 from kmp.backend.machine import list_devices
 from kmp.backend.machine import peak_memory
+from kmp.backend.memory import device_memory_limit
 from kmp.backend.memory import state_bytes
 from kmp.backend.memory import train_step_memory
 from kmp.backend.memory import variable_bytes
 from kmp.backend.optimizer_updates import float32_reads
 from kmp.backend.optimizer_updates import outside_autograd
+from kmp.backend.optimizer_updates import reads_in_force
+from kmp.backend.optimizer_updates import stored_dtype
 from kmp.backend.optimizer_updates import stored_reads
 from kmp.backend.optimizer_updates import updates_per_replica
+from kmp.backend.recompute import RecomputedState
 from kmp.backend.scaler_ops import cond
 from kmp.backend.scaler_ops import fused_unscale
 from kmp.backend.scaler_ops import held_by_the_step
@@ -76,10 +83,12 @@ from kmp.backend.steps import uncompiled
 
 __all__ = [
     "Device",
+    "RecomputedState",
     "add_train_step_logs",
     "all_replicas_agree",
     "cond",
     "crossentropy_reads_logits",
+    "device_memory_limit",
     "disable_tf32",
     "distribution_name",
     "mesh",
@@ -104,6 +113,8 @@ __all__ = [
     "processes",
     "runtime_started",
     "step_compiler",
+    "reads_in_force",
+    "stored_dtype",
     "stored_reads",
     "state_bytes",
     "sum_over_replicas",

@@ -6,6 +6,8 @@
     train_step_memory  the compiled train step's buffers, from XLA's
                        memory analysis of the step lowered on shapes
                        alone (JAX): nothing is allocated, nothing runs
+    device_memory_limit  the bytes a step may take: the first device's
+                       limit (JAX's accelerators), else the host's memory
 
 TensorFlow and torch compile nothing ahead of a step that reports its
 buffers: there, what a step took is measured after it ran
@@ -13,6 +15,7 @@ buffers: there, what a step took is measured after it ran
 """
 
 import math
+import os
 import time
 
 import keras
@@ -126,6 +129,21 @@ def train_step_memory(model, x, y, batch_size) -> dict | None:
     )
     sizes["seconds"] = time.perf_counter() - start
     return sizes
+
+
+def device_memory_limit() -> tuple:
+    """`(bytes, source)`: what the first device's allocator may hand out
+    (JAX's `memory_stats()["bytes_limit"]` on a GPU or TPU), else the
+    host's physical memory (a CPU's step lives there)."""
+    if name() == "jax":
+        import jax
+
+        device = jax.devices()[0]
+        stats = device.memory_stats() or {}
+        if stats.get("bytes_limit"):
+            return int(stats["bytes_limit"]), f"{device.device_kind} limit"
+    pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return int(pages), "host memory"
 
 
 def _numpy_dtype(dtype):

@@ -1,10 +1,15 @@
-"""How an optimizer's update reads and writes variables whose storage is
-narrower than its arithmetic (`kmp.memory`'s 16-bit optimizer state).
+"""How variables read: as float32, as stored, or in the dtype a layer's
+call set (Keras's autocast), for `kmp.memory`'s 16-bit optimizer state,
+whose storage is narrower than its arithmetic, and its
+rematerialization, which must recompute in the layer's dtype.
 
     float32_reads       a scope in which every float variable reads as
                         float32 (Keras's `AutocastScope`)
     stored_reads        a scope in which variables read as stored: where
                         a write must reach the variable itself
+    stored_dtype        the dtype a variable is stored in, in any scope
+    reads_in_force      the scope in force now: entered again later, a
+                        recomputation reads variables as the call did
     updates_per_replica whether the backend's optimizer applies each
                         variable's update through `tf.distribute`
                         (TensorFlow: `_distributed_tf_update_step`)
@@ -20,7 +25,9 @@ write is lost), and TensorFlow's optimizer keys a variable by
 
 import contextlib
 
+from keras.backend import standardize_dtype
 from keras.src.backend.common.variables import AutocastScope
+from keras.src.backend.common.variables import get_autocast_scope
 
 from kmp.backend._current import name
 
@@ -33,6 +40,19 @@ def float32_reads():
 def stored_reads():
     """Variables read as stored (no autocast) inside this scope."""
     return AutocastScope(None)
+
+
+def reads_in_force():
+    """A scope that makes variables read as they read now (a layer's
+    `__call__` sets Keras's autocast dtype for its own call only)."""
+    scope = get_autocast_scope()
+    return AutocastScope(scope.dtype if scope is not None else None)
+
+
+def stored_dtype(variable) -> str:
+    """The dtype `variable` is stored in (its `dtype` is the scope's)."""
+    with stored_reads():
+        return standardize_dtype(variable.value.dtype)
 
 
 def updates_per_replica() -> bool:

@@ -20,6 +20,8 @@ import keras
 
 from kmp.errors import InputError
 from kmp.islands import float32_layers
+from kmp.layer_policies import float32_policy
+from kmp.layer_policies import pin_to_float32
 from kmp.layer_policies import record_policies
 from kmp.model_layers import all_layers
 from kmp.model_layers import check_patterns
@@ -60,8 +62,11 @@ def pin_float32(
     float32.
 
     Call it after building the model under `kmp.enable(...)` and before
-    `compile`; it changes the model in place and returns it. Variables stay
-    float32 and everything not listed below keeps its policy.
+    `compile`; it changes the model in place and returns it. Variables keep
+    their dtype (float32, or bfloat16 master weights: then a layer pinned
+    to float32 gets `Float32Compute`, float32 compute over bfloat16
+    variables, which a `.keras` file keeps), and everything not listed
+    below keeps its policy.
 
     - Each layer that produces a model output gets `dtype_policy="float32"`
       (KerasHub idiom (a)): every output is float32, and an output softmax
@@ -115,12 +120,12 @@ def pin_float32(
     output_ids = {id(layer) for layer in outputs}
     pinned = [*outputs]  # what a .keras file must keep in float32
     for layer in outputs:
-        layer.dtype_policy = "float32"
+        pin_to_float32(layer)
     for layer in layers:
         if id(layer) in output_ids:
             continue
         if also and matches(layer, also):
-            layer.dtype_policy = "float32"
+            pin_to_float32(layer)
             pinned.append(layer)
             continue
         island = _ISLAND_CLASSES.get(type(layer))
@@ -137,8 +142,9 @@ def pin_float32(
         # A pinned layer that another layer's code makes is rebuilt
         # unpinned on load, unless its policy is in that layer's config:
         # there it computes in float32 and returns float32 (idiom (a)).
-        float32 = keras.dtype_policies.DTypePolicy("float32")
-        record_policies(model, dict.fromkeys(pinned, float32))
+        record_policies(
+            model, {layer: float32_policy(layer) for layer in pinned}
+        )
     return model
 
 

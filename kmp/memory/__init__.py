@@ -1,9 +1,14 @@
 """Memory, the other half of mixed precision: the same model in fewer
 bytes.
 
-    optimizer_state  16-bit optimizer state: an optimizer's slots stored
-                     in bfloat16, its update computed in float32
-                     (`kmp.wrap(..., state_dtype="bfloat16")`)
+    optimizer_state  16-bit optimizer state (an optimizer's slots stored
+                     in bfloat16, its update computed in float32) and
+                     16-bit master weights written by stochastic rounding
+                     (`kmp.wrap(..., state_dtype=..., rounding=...)`)
+    rounding         stochastic rounding to bfloat16: unbiased, the same
+                     bits on every backend, no random state
+    remat            `kmp.rematerialize`: layers recomputed in the
+                     backward pass, under their dtype policy
 
 What a model holds (bytes of weights and state, a compiled step's
 buffers) is measured in `kmp.backend.memory`.
@@ -11,8 +16,24 @@ buffers) is measured in `kmp.backend.memory`.
 Imports from kmp: backend, errors.
 """
 
+from kmp.memory.optimizer_state import ROUNDINGS
 from kmp.memory.optimizer_state import STATE_DTYPES
+from kmp.memory.optimizer_state import low_precision
+from kmp.memory.optimizer_state import rounding_of
 from kmp.memory.optimizer_state import state_dtype_of
-from kmp.memory.optimizer_state import with_state_dtype
+from kmp.memory.remat import recomputes_in_policy
+from kmp.memory.remat import rematerialize
+from kmp.memory.remat import rematerialized_layers
+from kmp.memory.rounding import stochastic_round
 
-__all__ = ["STATE_DTYPES", "state_dtype_of", "with_state_dtype"]
+__all__ = [
+    "ROUNDINGS",
+    "STATE_DTYPES",
+    "low_precision",
+    "recomputes_in_policy",
+    "rematerialize",
+    "rematerialized_layers",
+    "rounding_of",
+    "state_dtype_of",
+    "stochastic_round",
+]

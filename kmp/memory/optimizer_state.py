@@ -25,6 +25,12 @@ registered for saving) that:
 
 The float32 arithmetic and one rounding per step are what keep the run
 close to float32 state (`tests/memory/optimizer_state_test.py`).
+
+The same class writes bfloat16 weights (`kmp.enable("mixed_bfloat16",
+master_weights="bfloat16")`): with `rounding="stochastic"` each weight's
+new value is rounded stochastically (`kmp.memory.rounding`), so updates
+smaller than half a bfloat16 step still move it on average; weight decay
+on those weights is computed in float32 and rounded the same way.
 """
 
 import keras
@@ -32,8 +38,10 @@ from keras import ops
 
 from kmp import backend
 from kmp.errors import InputError
+from kmp.memory.rounding import stochastic_round
 
 STATE_DTYPES = ("float32", "bfloat16")
+ROUNDINGS = ("stochastic", "nearest")
 # Slots Keras makes from a weight that stand for weights themselves.
 _KEPT_FLOAT32 = ("average", "gradient_accumulator")
 
@@ -41,7 +49,9 @@ _KEPT_FLOAT32 = ("average", "gradient_accumulator")
 class _LowPrecisionState:
     """The mixin placed before a Keras optimizer's class (module doc)."""
 
-    _state_dtype = None
+    _state_dtype = None  # None: each slot in its variable's dtype
+    _rounding = "nearest"  # of bfloat16 weights: "stochastic" or "nearest"
+    _rounding_seed = 0
     _making_slot = False
 
     def add_variable_from_reference(
@@ -69,7 +79,7 @@ class _LowPrecisionState:
         layout=None,
         name=None,
     ):
-        if self._making_slot:
+        if self._making_slot and self._state_dtype:
             dtype = self._state_dtype
         return super().add_variable(
             shape,
@@ -88,7 +98,7 @@ class _LowPrecisionState:
             )
         with backend.outside_autograd(), backend.float32_reads():
             for grad, variable in zip(grads, trainable_variables):
-                self.update_step(grad, variable, learning_rate)
+                self._update_variable(grad, variable, learning_rate)
 
     def _distributed_tf_update_step(
         self, distribution, grads_and_vars, learning_rate
@@ -100,18 +110,55 @@ class _LowPrecisionState:
                 self._get_variable_index(variable)
             ]
             with backend.float32_reads():
-                self.update_step(grad, keras_variable, learning_rate)
+                self._update_variable(grad, keras_variable, learning_rate)
 
         for grad, variable in grads_and_vars:
             distribution.extended.update(
                 variable, update, args=(grad, learning_rate), group=False
             )
 
+    def _update_variable(self, grad, variable, learning_rate):
+        """Weight decay (for weights rounded stochastically), then the
+        stock update; every variable reads as float32 here."""
+        if (
+            self.weight_decay is not None
+            and self._use_weight_decay(variable)
+            and self._stochastic_index(variable) is not None
+        ):
+            value = ops.cast(variable, "float32")
+            rate = ops.multiply(
+                ops.cast(learning_rate, "float32"),
+                ops.cast(self.weight_decay, "float32"),
+            )
+            self.assign(variable, ops.subtract(value, value * rate))
+        self.update_step(grad, variable, learning_rate)
+
+    def _apply_weight_decay(self, variables):
+        # In bfloat16, `w - w * wd * lr` rounds back to `w` (the decay is
+        # far below half a step): those weights decay in `_update_variable`.
+        rest = [v for v in variables if self._stochastic_index(v) is None]
+        if rest:  # torch's `_foreach_mul_` refuses an empty list
+            super()._apply_weight_decay(rest)
+
+    def _stochastic_index(self, variable):
+        """The index of a bfloat16 weight this optimizer rounds
+        stochastically, or None (a slot, a float32 weight, or nearest)."""
+        if self._rounding != "stochastic":
+            return None
+        if backend.stored_dtype(variable) != "bfloat16":
+            return None
+        return self._trainable_variables_indices.get(self._var_key(variable))
+
     def _var_key(self, variable):
         with backend.stored_reads():  # TensorFlow keys by the stored value
             return super()._var_key(variable)
 
     def assign(self, variable, value):
+        index = self._stochastic_index(variable)
+        if index is not None:
+            value = stochastic_round(
+                value, self._rounding_seed, self.iterations, index
+            )
         with backend.stored_reads():  # the write reaches the variable
             variable.assign(value)  # rounded once to its dtype
 
@@ -124,14 +171,24 @@ class _LowPrecisionState:
         )
 
     def get_config(self):
-        return {**super().get_config(), "state_dtype": self._state_dtype}
+        return {
+            **super().get_config(),
+            "state_dtype": self._state_dtype,
+            "rounding": self._rounding,
+            "rounding_seed": self._rounding_seed,
+        }
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
         config = dict(config)
-        state_dtype = config.pop("state_dtype", "bfloat16")
+        modes = {
+            "_state_dtype": config.pop("state_dtype", "bfloat16"),
+            "_rounding": config.pop("rounding", "nearest"),
+            "_rounding_seed": config.pop("rounding_seed", 0),
+        }
         optimizer = super().from_config(config, custom_objects=custom_objects)
-        object.__setattr__(optimizer, "_state_dtype", state_dtype)
+        for name, value in modes.items():
+            object.__setattr__(optimizer, name, value)
         return optimizer
 
 
@@ -166,53 +223,95 @@ for _name in ("Adam", "AdamW", "SGD", "Lion", "RMSprop", "Adamax", "Nadam"):
 
 
 def state_dtype_of(optimizer) -> str | None:
-    """The state dtype `with_state_dtype` set, or None (Keras's own)."""
+    """The state dtype `low_precision` set, or None (Keras's own: each
+    slot in the dtype of its variable)."""
     return getattr(optimizer, "_state_dtype", None)
 
 
-def with_state_dtype(optimizer, state_dtype):
-    """Stores `optimizer`'s slots in `state_dtype`; returns the optimizer.
+def rounding_of(optimizer) -> str | None:
+    """How `optimizer` rounds writes to bfloat16 weights: "stochastic",
+    "nearest", or None for an optimizer `low_precision` did not change
+    (Keras's own: to nearest, after each operation)."""
+    if not isinstance(optimizer, _LowPrecisionState):
+        return None
+    return optimizer._rounding
+
+
+def low_precision(optimizer, state_dtype=None, rounding=None, seed=0):
+    """Stores `optimizer`'s slots in `state_dtype` and rounds its writes
+    to bfloat16 weights as `rounding` says; returns the optimizer.
+
+    The optimizer is changed in place, and only where a request differs
+    from what Keras does: float32 weights and state with no stochastic
+    rounding leave it as it was (the same class, the same bits).
 
     Args:
         optimizer: A Keras optimizer, not built yet (its slots are made
             when it is built).
         state_dtype: `"bfloat16"` (slots stored in bfloat16, the update
-            in float32), or `"float32"` / None (the optimizer unchanged:
-            Keras's slots, in the dtype of their variables).
+            in float32), `"float32"` (float32 slots, also for bfloat16
+            weights), or None: Keras's slots, in the dtype of their
+            variables.
+        rounding: How a new value of a bfloat16 weight is rounded:
+            `"stochastic"` (unbiased: small updates still move it on
+            average) or `"nearest"` (Keras's rounding: an update under
+            half a bfloat16 step is lost). None: stochastic when the
+            global dtype policy keeps its variables in bfloat16
+            (`kmp.enable(..., master_weights="bfloat16")`), else nearest.
+        seed: An int: which stochastic roundings a run draws (the same
+            seed rounds the same way on every backend).
 
     Raises:
         kmp.InputError: another dtype (float16's range cannot hold Adam's
-            second moment of small gradients: it underflows to 0), a built
-            optimizer, or one that is not a Keras optimizer.
+            second moment of small gradients: it underflows to 0) or
+            rounding, a built optimizer, or one that is not a Keras
+            optimizer.
 
     Example:
 
     ```python
-    optimizer = with_state_dtype(keras.optimizers.AdamW(1e-3), "bfloat16")
+    optimizer = low_precision(keras.optimizers.AdamW(1e-3), "bfloat16")
     ```
     """
-    if state_dtype in (None, "float32"):
-        return optimizer
-    if state_dtype not in STATE_DTYPES:
+    if state_dtype not in (None, *STATE_DTYPES):
         raise InputError(
             f"state_dtype={state_dtype!r} is not supported; use one of "
-            f"{STATE_DTYPES} (float16's range underflows Adam's second "
-            "moment; bfloat16 has float32's range)."
+            f"{STATE_DTYPES} or None (float16's range underflows Adam's "
+            "second moment; bfloat16 has float32's range)."
         )
+    if rounding not in (None, *ROUNDINGS):
+        raise InputError(
+            f"rounding={rounding!r} is not supported; use one of "
+            f"{ROUNDINGS} or None (stochastic for bfloat16 master weights)."
+        )
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise InputError(f"seed must be an int, got {seed!r}.")
+    masters = keras.config.dtype_policy().variable_dtype
+    if rounding is None:
+        rounding = "stochastic" if masters == "bfloat16" else "nearest"
+    if (
+        state_dtype != "bfloat16"
+        and rounding != "stochastic"
+        and (state_dtype is None or masters == state_dtype)
+    ):
+        return optimizer  # what Keras does already
     stock = _stock_class(type(optimizer))
     if stock is None or not type(optimizer).__module__.startswith("keras."):
         # A subclass of the user's own would lose its methods to the
         # stock class's, and its file could not be loaded elsewhere.
         raise InputError(
-            f"state_dtype needs one of Keras's own optimizers "
-            f"(keras.optimizers.Adam, ...); got {type(optimizer).__name__}."
+            "16-bit state or stochastic rounding needs one of Keras's own "
+            f"optimizers (keras.optimizers.Adam, ...); got "
+            f"{type(optimizer).__name__}."
         )
     if optimizer.built:
         raise InputError(
             f"{type(optimizer).__name__} is built: its slots exist. Pass "
-            "state_dtype before compile (kmp.wrap(optimizer, "
+            "state_dtype and rounding before compile (kmp.wrap(optimizer, "
             "state_dtype=...)), or for a new optimizer."
         )
     optimizer.__class__ = _low_precision_class(stock)
     object.__setattr__(optimizer, "_state_dtype", state_dtype)
+    object.__setattr__(optimizer, "_rounding", rounding)
+    object.__setattr__(optimizer, "_rounding_seed", seed)
     return optimizer

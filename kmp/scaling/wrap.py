@@ -16,7 +16,7 @@ from keras import ops
 
 from kmp.errors import InputError
 from kmp.errors import InputTypeError
-from kmp.memory import with_state_dtype
+from kmp.memory import low_precision
 from kmp.scaling.loss_scale_optimizer import LossScaleOptimizer
 from kmp.scaling.scale_rule import check_rule
 
@@ -97,7 +97,7 @@ def _check_wrap_kwargs(kwargs):
 
 
 def wrap(
-    optimizer="adam", state_dtype=None, **kwargs
+    optimizer="adam", state_dtype=None, rounding=None, seed=0, **kwargs
 ) -> keras.optimizers.Optimizer:
     """Wraps an optimizer in `kmp.LossScaleOptimizer` when float16 needs it.
 
@@ -116,8 +116,15 @@ def wrap(
             `dynamic_growth_steps`.
         state_dtype: `"bfloat16"` stores the (inner) optimizer's slots
             in bfloat16, its update computed in float32: Adam's state in
-            4 bytes per parameter instead of 8 (`kmp.memory`). None or
-            `"float32"`: Keras's slots, unchanged.
+            4 bytes per parameter instead of 8 (`kmp.memory`).
+            `"float32"`: float32 slots (also for bfloat16 weights). None:
+            Keras's slots, in the dtype of their variables.
+        rounding: How the new value of a bfloat16 weight is rounded:
+            `"stochastic"` (small updates still move it on average),
+            `"nearest"` (Keras's), or None: stochastic when the global
+            policy keeps its weights in bfloat16 (`kmp.enable(
+            "mixed_bfloat16", master_weights="bfloat16")`).
+        seed: An int, which stochastic roundings the run draws.
         **kwargs: Passed to `kmp.LossScaleOptimizer` when one is made;
             ignored when no scaling is needed, so the same call works in
             every mode.
@@ -141,9 +148,9 @@ def wrap(
         )
     _check_wrap_kwargs(kwargs)
     if isinstance(optimizer, (LossScaleOptimizer, _StockLossScaleOptimizer)):
-        with_state_dtype(optimizer.inner_optimizer, state_dtype)
+        low_precision(optimizer.inner_optimizer, state_dtype, rounding, seed)
     else:
-        with_state_dtype(optimizer, state_dtype)
+        low_precision(optimizer, state_dtype, rounding, seed)
     if keras.config.dtype_policy().compute_dtype != "float16":
         return optimizer
     if isinstance(optimizer, LossScaleOptimizer):

@@ -154,3 +154,30 @@ def test_the_memory_mode_is_named_and_float16_state_is_a_warning():
     model.optimizer.build(model.trainable_variables)
     assert has(quiet_audit(model), "are float16", "warning")
     assert not has(quiet_audit(model), "stores its slots")
+
+
+def _bfloat16_masters_model(optimizer):
+    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(8)])
+    return compiled_for_audit(model, optimizer=optimizer, loss="mse")
+
+
+def test_bfloat16_masters_rounded_to_nearest_are_a_warning():
+    kmp.enable("mixed_bfloat16", master_weights="bfloat16")
+    stochastic = _bfloat16_masters_model(kmp.wrap("adam", seed=7))
+    assert has(quiet_audit(stochastic), "stochastic rounding (seed 7)", "info")
+    assert not has(quiet_audit(stochastic), "to nearest")
+    for optimizer in (kmp.wrap("adam", rounding="nearest"), "adam"):
+        nearest = _bfloat16_masters_model(optimizer)
+        assert has(quiet_audit(nearest), "updates to nearest", "warning")
+        assert not has(quiet_audit(nearest), "stochastic rounding")
+
+
+def test_remat_is_named_and_keras_s_alone_is_a_warning():
+    kmp.enable("mixed_float16")
+    with keras.RematScope(mode="full"):
+        stock = keras.Sequential([keras.Input((16,)), keras.layers.Dense(8)])
+    stock = compiled_for_audit(stock, loss="mse")
+    assert has(quiet_audit(stock), "recomputed by Keras alone", "warning")
+    kmp.rematerialize(stock)
+    assert has(quiet_audit(stock), "recomputed in the backward pass", "info")
+    assert not has(quiet_audit(stock), "by Keras alone")

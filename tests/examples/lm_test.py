@@ -67,6 +67,28 @@ def test_trains_saves_and_reloads_with_and_without_float8(float8, tmp_path):
     assert not [f for f in report if "softmax" in f.problem.lower()], report
 
 
+def test_the_memory_modes_halve_weights_and_state_and_still_learn(tmp_path):
+    plain = lm.train(small(tmp_path / "float32"))
+    half = lm.train(
+        small(
+            tmp_path / "bfloat16",
+            master_weights="bfloat16",
+            optimizer_states="bfloat16",
+            remat=True,
+        )
+    )
+    assert half["policy"] == "bfloat16"  # Keras's: bfloat16 variables
+    assert half["state_bytes"]["weights"] * 2 == plain["state_bytes"]["weights"]
+    total = sum(half["state_bytes"].values()) / sum(
+        plain["state_bytes"].values()
+    )
+    assert 0.5 <= total < 0.5001  # the optimizer's scalars stay as they are
+    assert np.all(np.isfinite(half["step_losses"]))
+    model = kmp.load_model(str(tmp_path / "bfloat16" / "lm.keras"))
+    assert {str(w.dtype) for w in model.trainable_weights} == {"bfloat16"}
+    assert kmp.memory.rounding_of(model.optimizer) == "stochastic"
+
+
 def test_synthetic_text_is_learnable_counting_with_noise():
     text = lm.synthetic_text(6_400, seed=0)
     steps = np.diff(text.astype(int).reshape(-1, 64), axis=1) % 256
@@ -80,6 +102,7 @@ def test_synthetic_text_is_learnable_counting_with_noise():
         ({"float8": True, "policy": "float32"}, "--float8 trains under"),
         ({"data": "tfds"}, "data must be one of auto, synthetic"),
         ({"strategy": "mirrored"}, "runs on one device"),
+        ({"master_weights": "bfloat16", "float8": True}, "with --float8"),
     ],
 )
 def test_bad_settings_are_refused_before_anything_loads(

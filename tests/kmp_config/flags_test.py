@@ -46,6 +46,35 @@ def test_an_example_s_flags_are_checked_as_its_config():
         flags.parse_example("kmp train imdb", "imdb", ["x"])
 
 
+def test_batch_size_takes_max_and_the_memory_modes_are_checked():
+    config, given = flags.parse_example(
+        "kmp train lm", "lm", ["--batch_size=max", "--memory_limit=1000"]
+    )
+    assert config.batch_size == configs.MAX_BATCH
+    assert config.memory_limit == 1000 and "batch_size" in given
+    for bad in ("--batch_size=0", "--batch_size=most"):
+        with pytest.raises(absl_flags.IllegalFlagValueError):
+            flags.parse_example("kmp train lm", "lm", [bad])
+    config, _ = flags.parse_example(
+        "kmp train cifar10",
+        "cifar10",
+        ["--master_weights=bfloat16", "--optimizer_states=bfloat16"],
+    )
+    assert (config.master_weights, config.optimizer_states) == ("bfloat16",) * 2
+    with pytest.raises(absl_flags.ValidationError, match="computes in bf"):
+        flags.parse_example(
+            "kmp train cifar10",
+            "cifar10",
+            ["--master_weights=bfloat16", "--policy=mixed_float16"],
+        )
+    with pytest.raises(absl_flags.ValidationError, match="with --float8"):
+        flags.parse_example(
+            "kmp train lm", "lm", ["--master_weights=bfloat16", "--float8"]
+        )
+    with pytest.raises(absl_flags.IllegalFlagValueError):
+        flags.parse_example("kmp train lm", "lm", ["--optimizer_states=fp8"])
+
+
 def test_the_doctor_defaults_differ_from_training_s():
     values = flags.doctor_flags("cifar10")
     values(["kmp doctor cifar10"])

@@ -1,7 +1,12 @@
 """16-bit optimizer state (`kmp.wrap(..., state_dtype="bfloat16")`): the
 slots are stored in bfloat16, the update computed in float32; the run
 stays close to float32 state; a `.keras` file keeps the mode, in this
-process and a fresh one; defaults unchanged."""
+process and a fresh one; defaults unchanged.
+
+16-bit master weights (`kmp.enable("mixed_bfloat16",
+master_weights="bfloat16")`): rounded to nearest, small updates vanish
+and the run stalls; rounded stochastically it follows float32, the same
+under a seed, and weight decay still acts."""
 
 import os
 import subprocess
@@ -139,6 +144,100 @@ def test_defaults_and_float32_leave_the_optimizer_as_it_was():
         assert type(optimizer) is kind
 
 
+def _stall_run(master_weights, rounding=None, seed=3, stock=False):
+    """A weight of 1 pulled towards 1.5 by steps of ~8e-4, a tenth of
+    bfloat16's step at 1 (2**-7): 160 SGD steps of batch 32."""
+    kmp.enable("mixed_bfloat16", master_weights=master_weights)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((16,)),
+            keras.layers.Dense(1, use_bias=False, kernel_initializer="ones"),
+        ]
+    )
+    optimizer = keras.optimizers.SGD(2e-4)
+    if not stock:
+        optimizer = kmp.wrap(optimizer, rounding=rounding, seed=seed)
+    model.compile(optimizer, "mse", jit_compile=JIT_COMPILE[0])
+    rng = np.random.default_rng(0)
+    x = rng.random((160 * 32, 16), "float32")
+    model.fit(x, x.sum(1) * 1.5, batch_size=32, verbose=0, shuffle=False)
+    kernel = model.weights[0]
+    assert str(kernel.dtype) == master_weights
+    return keras.ops.convert_to_numpy(keras.ops.cast(kernel, "float32"))
+
+
+def test_bfloat16_masters_stall_rounded_to_nearest_and_learn_stochastically():
+    float32 = _stall_run("float32").mean()
+    assert 1.10 < float32 < 1.13  # moved ~0.115: about 15 bfloat16 steps
+    # Every update is under half a step: rounded to nearest, none lands,
+    # with kmp's float32 update and with Keras's own.
+    assert np.all(_stall_run("bfloat16", "nearest") == 1.0)
+    assert np.all(_stall_run("bfloat16", stock=True) == 1.0)
+    stochastic = _stall_run("bfloat16").mean()  # the default rounding
+    assert abs(stochastic - float32) < 0.1 * (float32 - 1.0)
+
+
+def test_stochastic_rounding_is_the_same_under_a_seed():
+    first = _stall_run("bfloat16", seed=3)
+    np.testing.assert_array_equal(first, _stall_run("bfloat16", seed=3))
+    assert not np.array_equal(first, _stall_run("bfloat16", seed=4))
+
+
+def _decayed(rounding):
+    """100 AdamW steps on zero gradients: only the decay moves the
+    weights, by a factor 1 - 1e-4 per step (1e-4 of a weight of 1 is
+    1/78 of a bfloat16 step)."""
+    kmp.enable("mixed_bfloat16", master_weights="bfloat16")
+    weights = keras.Variable(np.ones((64, 64), "float32"), dtype="bfloat16")
+    optimizer = kmp.wrap(
+        keras.optimizers.AdamW(1e-2, weight_decay=1e-2), rounding=rounding
+    )
+    optimizer.build([weights])
+    for _ in range(100):
+        optimizer.apply([keras.ops.zeros((64, 64), "bfloat16")], [weights])
+    return keras.ops.convert_to_numpy(keras.ops.cast(weights, "float32"))
+
+
+def test_weight_decay_acts_on_bfloat16_masters():
+    assert np.all(_decayed("nearest") == 1.0)
+    assert abs(_decayed("stochastic").mean() - (1 - 1e-4) ** 100) < 3e-4
+
+
+def test_bfloat16_masters_keep_slots_as_asked_and_the_file_keeps_the_mode(
+    tmp_path,
+):
+    kmp.enable("mixed_bfloat16", master_weights="bfloat16")
+    default = _trained(kmp.wrap(keras.optimizers.Adam(1e-2)))
+    assert optimizer_state.rounding_of(default.optimizer) == "stochastic"
+    assert _slot_dtypes(default.optimizer) == {"bfloat16"}  # as the weights
+    wide = _trained(
+        kmp.wrap(keras.optimizers.Adam(1e-2), state_dtype="float32")
+    )
+    assert _slot_dtypes(wide.optimizer) == {"float32"}
+    # Weights 2 bytes a parameter; Adam's two slots 2 + 2 or 4 + 4.
+    parameters = 8 * 4 + 4
+    assert backend.state_bytes(default)["weights"] == 2 * parameters
+    saved = (
+        backend.state_bytes(wide)["optimizer_state"]
+        - backend.state_bytes(default)["optimizer_state"]
+    )
+    assert saved == 2 * 2 * parameters
+    path = str(tmp_path / "m.keras")
+    default.save(path)
+    loaded = kmp.load_model(path)
+    assert {str(w.dtype) for w in loaded.weights} == {"bfloat16"}
+    assert optimizer_state.rounding_of(loaded.optimizer) == "stochastic"
+    for a, b in zip(default.optimizer.variables, loaded.optimizer.variables):
+        np.testing.assert_array_equal(
+            keras.ops.convert_to_numpy(keras.ops.cast(a, "float32")),
+            keras.ops.convert_to_numpy(keras.ops.cast(b, "float32")),
+        )
+    x, y = _data()
+    loaded.fit(x, y, batch_size=16, epochs=1, steps_per_epoch=2, verbose=0)
+    assert int(loaded.optimizer.iterations) == 6
+
+
 def test_bad_requests_are_one_clear_error():
     with pytest.raises(kmp.InputError, match="float16's range"):
         kmp.wrap(keras.optimizers.Adam(), state_dtype="float16")
@@ -146,6 +245,8 @@ def test_bad_requests_are_one_clear_error():
     class OwnAdam(keras.optimizers.Adam):
         pass
 
+    with pytest.raises(kmp.InputError, match="rounding='up'"):
+        kmp.wrap(keras.optimizers.Adam(), rounding="up")
     with pytest.raises(kmp.InputError, match="Keras's own optimizers"):
         kmp.wrap(OwnAdam(), state_dtype="bfloat16")
     built = _trained(keras.optimizers.Adam()).optimizer

@@ -1,0 +1,91 @@
+"""Stochastic rounding from float32 to bfloat16: the same bits on every
+backend, drawn without any random state.
+
+A bfloat16 is a float32 whose low 16 bits are zero. Rounding to nearest
+drops an update smaller than half the gap between two bfloat16 values (a
+weight of 1.0 ignores any step under 2**-9), so a run whose weights are
+stored in bfloat16 stops learning once its updates get small (Zamirai et
+al., "Revisiting BFloat16 Training", 2020). Rounding up with probability
+equal to the dropped fraction keeps the expected value of every write:
+
+    bits  = float32 bits of x                  (an int32)
+    noise = uniform integer in [0, 2**16)
+    y     = (bits + noise) with the low 16 bits cleared, as bfloat16
+
+`bits + noise` carries into bit 16 exactly when `noise` is at least
+`2**16 - (bits mod 2**16)`: with probability (bits mod 2**16) / 2**16, the
+fraction rounding to nearest would have thrown away. The sign bit is
+apart from the magnitude's bits, so negative numbers round the same way.
+
+The noise is a hash of (seed, step, variable index, element index) in
+32-bit integer arithmetic (`keras.ops`, wrapping on overflow: TensorFlow,
+JAX and torch agree), not a draw from `keras.random`: nothing to save, to
+restore or to keep equal across replicas (each replica hashes the same
+numbers), and the same seed rounds the same way on all three backends.
+"""
+
+from keras import ops
+
+# Chris Wellons's "lowbias32" integer hash: multipliers found by search
+# for the lowest bias of any 32-bit two-multiply hash.
+_MULTIPLIERS = (0x7FEB352D, 0x846CA68B)
+_GOLDEN = 0x9E3779B9  # spreads consecutive element indices apart
+
+
+def _signed(constant):
+    """A uint32 constant as the int32 with the same bits."""
+    return constant - (1 << 32) if constant >= 1 << 31 else constant
+
+
+def _shift_right(x, bits):
+    # `right_shift` of an int32 copies the sign bit in; a hash needs zeros.
+    return ops.bitwise_and(ops.right_shift(x, bits), (1 << (32 - bits)) - 1)
+
+
+def hash32(x):
+    """A bijective mix of int32 `x` (elementwise), as int32."""
+    x = ops.bitwise_xor(x, _shift_right(x, 16))
+    x = ops.multiply(x, _signed(_MULTIPLIERS[0]))
+    x = ops.bitwise_xor(x, _shift_right(x, 15))
+    x = ops.multiply(x, _signed(_MULTIPLIERS[1]))
+    return ops.bitwise_xor(x, _shift_right(x, 16))
+
+
+def noise_bits(shape, seed, step, index):
+    """Uniform integers in [0, 2**16) of `shape`, a function of its args.
+
+    Args:
+        shape: The shape of the tensor to round.
+        seed: A Python int.
+        step: The optimizer's step (a scalar tensor or int).
+        index: The variable's index among the optimizer's variables.
+    """
+    key = hash32(ops.convert_to_tensor(_signed(seed & 0xFFFFFFFF), "int32"))
+    key = hash32(ops.add(key, ops.cast(index, "int32")))
+    key = hash32(ops.add(key, ops.cast(step, "int32")))
+    size = 1
+    for dim in shape:
+        size *= int(dim)
+    counter = ops.reshape(ops.arange(size, dtype="int32"), shape)
+    mixed = hash32(ops.add(ops.multiply(counter, _signed(_GOLDEN)), key))
+    return _shift_right(mixed, 16)
+
+
+def stochastic_round(x, seed, step, index):
+    """`x` rounded to bfloat16 stochastically (module doc), as bfloat16.
+
+    Unbiased: the expected result is `x` (to float32's precision), and a
+    value already in bfloat16 comes back unchanged.
+
+    Args:
+        x: A float tensor (computed in float32: it is cast first).
+        seed: A Python int; the same seed, step and index give the same
+            bits on every backend.
+        step: The optimizer's step (a scalar tensor or int).
+        index: The variable's index among the optimizer's variables.
+    """
+    bits = ops.view(ops.cast(x, "float32"), "int32")
+    noise = noise_bits(ops.shape(x), seed, step, index)
+    rounded = ops.bitwise_and(ops.add(bits, noise), -(1 << 16))
+    # The low 16 bits are zero: the cast is exact.
+    return ops.cast(ops.view(rounded, "float32"), "bfloat16")
