@@ -18,6 +18,14 @@ from kmp.app.bench import time_interleaved as _time_interleaved
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
+def parse_with_flags(parser):
+    """`(args, flags)`: `parser`'s arguments, and the flags after `--`
+    (for the `kmp train` runs a benchmark makes)."""
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    return parser.parse_args(argv[:cut]), argv[cut + 1 :]
+
+
 def jit_compile_flag(parser):
     """`--jit_compile {auto,on,off}`; `auto` (the default) is XLA on
     TensorFlow and JAX and eager on torch, which is Keras's default there

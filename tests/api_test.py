@@ -31,6 +31,7 @@ PUBLIC = {
     "diagnose",
     "Diagnosis",
     "float8",
+    "rematerialize",
 }
 
 

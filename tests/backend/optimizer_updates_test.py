@@ -30,3 +30,24 @@ def test_a_bfloat16_variable_reads_as_float32_and_is_written_rounded():
 
 def test_only_tensorflow_updates_through_its_replicas():
     assert backend.updates_per_replica() == (backend.name() == "tensorflow")
+
+
+def test_the_stored_dtype_is_read_in_any_scope():
+    variable = keras.Variable(np.ones(3), dtype="bfloat16")
+    with backend.float32_reads():
+        assert variable.dtype == "float32"  # what Keras says in the scope
+        assert backend.stored_dtype(variable) == "bfloat16"
+
+
+def test_the_scope_in_force_is_entered_again_later():
+    variable = keras.Variable(np.ones(3), dtype="bfloat16")
+
+    def read():  # `value` is what a layer's ops read
+        return keras.backend.standardize_dtype(variable.value.dtype)
+
+    with backend.float32_reads():
+        again = backend.reads_in_force()
+    with again:
+        assert read() == "float32"
+    with backend.reads_in_force():  # none was in force: as stored
+        assert read() == "bfloat16"

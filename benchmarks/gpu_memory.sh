@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# What one lent GPU measures of the memory modes (issue 32), most wanted
+# first, each step bounded so that a step that runs long leaves the ones
+# after it their time:
+#
+#   1. each mode's compiled train step of the language model at width
+#      1024 (memory_footprint.py: XLA's analysis, nothing runs), remat
+#      included: on a GPU, XLA schedules for memory, on a CPU it does not;
+#   2. the modes trained, the same steps and seed (memory_modes.py):
+#      tokens/s, the device's peak memory, the final losses;
+#   3. `kmp train lm --batch_size=max` in the baseline mode and the
+#      smallest one, under a 16 GiB limit (a smaller GPU's memory): the
+#      largest batch each fits, and the compiles it took.
+#
+# Run on the device machine through Keras's JAX backend (../shared/GPU.md:
+# no TensorFlow there; KerasHub feeds arrays through grain there, whose
+# wheels, with keras-hub's, travel in .whl), from the repository root:
+#
+#   OUT=DIR benchmarks/gpu_memory.sh              # GPU sizes
+#   OUT=DIR SIZE=small benchmarks/gpu_memory.sh   # checks the script on a CPU
+#
+# Writes each step's JSON, log and wall time under $OUT.
+set -u
+: "${OUT:?set OUT to the folder the results go to}"
+SIZE=${SIZE:-gpu}
+PYTHON=${PYTHON:-python3}
+export KERAS_BACKEND=jax
+mkdir -p "$OUT"
+# `kmp.examples` is examples/ as `pip install` maps it; on the device
+# machine kmp runs from PYTHONPATH, uninstalled, so a link stands in.
+"$PYTHON" -c "import kmp.examples" 2>/dev/null || ln -sfn "$PWD/examples" kmp/examples
+
+step() {  # step NAME SECONDS COMMAND...: runs it, logs it, records its wall time
+  local name=$1 limit=$2
+  shift 2
+  local start end rc
+  start=$(date +%s.%N)
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  rc=$?
+  end=$(date +%s.%N)
+  echo "$name rc=$rc wall_s=$(awk "BEGIN{print $end - $start}")" | tee -a "$OUT/steps.txt"
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv \
+  >"$OUT/gpu.csv" 2>&1 || echo "no nvidia-smi" >"$OUT/gpu.csv"
+
+if [ "$SIZE" = gpu ]; then
+  LM=(--hidden_dim=1024 --heads=16 --layers=8 --sequence_length=512
+      --data=synthetic --text_bytes=2000000)
+  FOOTPRINT=(--batch_size=32)
+  MODES=(--steps=40)
+  LIMIT=17179869184
+  LIMITS=(120 200 220)
+else
+  LM=(--hidden_dim=32 --heads=2 --layers=1 --sequence_length=32
+      --data=synthetic --text_bytes=20000)
+  FOOTPRINT=(--batch_size=4)
+  MODES=(--steps=2)
+  LIMIT=20000000
+  LIMITS=(300 300 300)
+fi
+
+step footprint "${LIMITS[0]}" "$PYTHON" benchmarks/memory_footprint.py lm \
+  "${FOOTPRINT[@]}" --output "$OUT/memory_footprint_lm_jax.json" -- "${LM[@]}"
+
+step modes "${LIMITS[1]}" "$PYTHON" benchmarks/memory_modes.py lm \
+  "${MODES[@]}" --modes="float32,bf16 state,both,both + remat" \
+  --output "$OUT/memory_modes_lm_jax.json" -- "${LM[@]}" --batch_size=16
+
+for mode in float32 both; do
+  if [ "$mode" = both ]; then
+    FLAGS=(--optimizer_states=bfloat16 --master_weights=bfloat16 --remat)
+  else
+    FLAGS=()
+  fi
+  step "max_batch_$mode" "$((LIMITS[2] / 2))" "$PYTHON" -m kmp_cli train lm \
+    --policy=mixed_bfloat16 "${LM[@]}" "${FLAGS[@]}" --batch_size=max \
+    --memory_limit="$LIMIT" --steps=3 --epochs=1 --verbose=0 \
+    --output_dir="$OUT/max_batch_$mode"
+  rm -f "$OUT/max_batch_$mode"/*.keras  # large, and nothing to read
+done
