@@ -10,12 +10,37 @@ import json
 import os
 import socket
 import statistics
+import subprocess
 import sys
 
 from kmp import backend
 from kmp.app.bench import time_interleaved as _time_interleaved
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def train_run(example, flags, out):
+    """One `kmp train EXAMPLE` process with `flags`, its output in `out`
+    (restarted, quiet); its results.json. A failed run ends the
+    benchmark with its error."""
+    command = [
+        sys.executable,
+        "-m",
+        "kmp_cli",
+        "train",
+        example,
+        f"--output_dir={out}",
+        "--restart",
+        "--verbose=0",
+        *flags,
+    ]
+    done = subprocess.run(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    if done.returncode:
+        sys.exit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+    with open(os.path.join(out, "results.json")) as f:
+        return json.load(f)
 
 
 def parse_with_flags(parser):

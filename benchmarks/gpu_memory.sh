@@ -21,28 +21,8 @@
 #
 # Writes each step's JSON, log and wall time under $OUT.
 set -u
-: "${OUT:?set OUT to the folder the results go to}"
-SIZE=${SIZE:-gpu}
-PYTHON=${PYTHON:-python3}
-export KERAS_BACKEND=jax
-mkdir -p "$OUT"
-# `kmp.examples` is examples/ as `pip install` maps it; on the device
-# machine kmp runs from PYTHONPATH, uninstalled, so a link stands in.
-"$PYTHON" -c "import kmp.examples" 2>/dev/null || ln -sfn "$PWD/examples" kmp/examples
-
-step() {  # step NAME SECONDS COMMAND...: runs it, logs it, records its wall time
-  local name=$1 limit=$2
-  shift 2
-  local start end rc
-  start=$(date +%s.%N)
-  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
-  rc=$?
-  end=$(date +%s.%N)
-  echo "$name rc=$rc wall_s=$(awk "BEGIN{print $end - $start}")" | tee -a "$OUT/steps.txt"
-}
-
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv \
-  >"$OUT/gpu.csv" 2>&1 || echo "no nvidia-smi" >"$OUT/gpu.csv"
+# $OUT, $SIZE, $PYTHON, the JAX backend, `step`, gpu.csv:
+source "$(dirname "$0")/gpu_common.sh"
 
 if [ "$SIZE" = gpu ]; then
   LM=(--hidden_dim=1024 --heads=16 --layers=8 --sequence_length=512

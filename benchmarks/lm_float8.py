@@ -17,11 +17,8 @@ emulation, not what an H100 gains.
 """
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 
 import common
@@ -31,25 +28,9 @@ import kmp  # noqa: F401  (versions and devices for the record)
 
 def run(flags, float8, out):
     """One `kmp train lm` process; its results.json."""
-    command = [
-        sys.executable,
-        "-m",
-        "kmp_cli",
-        "train",
-        "lm",
-        f"--output_dir={out}",
-        "--restart",
-        "--verbose=0",
-        *flags,
-        *(["--float8"] if float8 else []),
-    ]
-    done = subprocess.run(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    return common.train_run(
+        "lm", [*flags, *(["--float8"] if float8 else [])], out
     )
-    if done.returncode:
-        sys.exit(f"{' '.join(command)} failed:\n{done.stderr}")
-    with open(os.path.join(out, "results.json")) as f:
-        return json.load(f)
 
 
 def main():

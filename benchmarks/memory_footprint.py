@@ -77,8 +77,8 @@ def main():
     for name, r in rows.items():
         step = r["train_step"]
         print(
-            f"| {name} | {r['weights']:,} | {r['optimizer_state']:,} | "
-            f"{step['temp']:,} | {step['footprint']:,} | "
+            f"| {name} | {r['weights']} | {r['optimizer_state']} | "
+            f"{step['temp']} | {step['footprint']} | "
             f"{step['footprint'] / base:.3f} |"
         )
     common.write_result(

@@ -27,10 +27,7 @@ the hardware and versions. Flags after `--` go to every run.
 """
 
 import argparse
-import json
 import os
-import subprocess
-import sys
 import tempfile
 
 import common
@@ -54,26 +51,8 @@ LOSS_BOUNDS = {"bf16 state": 0.01, "bf16 masters": 0.02, "both": 0.02}
 
 
 def run(example, flags, out):
-    """One `kmp train` process; its results.json."""
-    command = [
-        sys.executable,
-        "-m",
-        "kmp_cli",
-        "train",
-        example,
-        f"--output_dir={out}",
-        "--restart",
-        "--verbose=0",
-        "--policy=mixed_bfloat16",
-        *flags,
-    ]
-    done = subprocess.run(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    if done.returncode:
-        sys.exit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
-    with open(os.path.join(out, "results.json")) as f:
-        return json.load(f)
+    """One `kmp train` process under mixed_bfloat16; its results.json."""
+    return common.train_run(example, ["--policy=mixed_bfloat16", *flags], out)
 
 
 def row(name, result, baseline):
@@ -107,11 +86,16 @@ def table(rows):
     """The markdown table BENCHMARKS.md shows (the largest batch only
     where the runs searched for it)."""
     searched = any("max_batch" in r for r in rows.values())
+    tokens = any(r.get("tokens_per_s") for r in rows.values())
     lines = [
         "| mode | weights + state (bytes) | x float32 | final loss "
-        "(change) | examples/s | peak MiB |"
+        "(change) | examples/s |"
+        + (" tokens/s |" if tokens else "")
+        + " peak MiB |"
         + (" largest batch | step at it (MiB) |" if searched else ""),
-        "|---|---|---|---|---|---|" + ("---|---|" if searched else ""),
+        "|---|---|---|---|---|---|"
+        + ("---|" if tokens else "")
+        + ("---|---|" if searched else ""),
     ]
     for name, r in rows.items():
         bound = r["loss_bound"]
@@ -122,10 +106,12 @@ def table(rows):
         )
         line = (
             f"| {name} | "
-            f"{r['weights_bytes'] + r['optimizer_state_bytes']:,} | "
+            f"{r['weights_bytes'] + r['optimizer_state_bytes']} | "
             f"{r['bytes_over_float32']:.3f} | {r['final_loss']:.4f} "
             f"({r['loss_change']:+.2%}{within}) | "
-            f"{r['examples_per_s']:.0f} | {r['peak_memory_mib']:.0f} |"
+            f"{r['examples_per_s']:.0f} |"
+            + (f" {r['tokens_per_s']:.0f} |" if tokens else "")
+            + f" {r['peak_memory_mib']:.0f} |"
         )
         if searched:
             line += f" {r['max_batch']} | {r['train_step_bytes'] / 2**20:.0f} |"

@@ -4,8 +4,9 @@ The whole public API is imported here, name by name. The folders say
 what the parts are (BUILD_NOTES.md, "Architecture", draws them):
 
     kmp/              the core: dtype policies, the loss scaler, float32
-                      islands and their layers, callbacks, the audit, and
-                      `backend`, the one place where backends differ
+                      islands and their layers, the memory modes,
+                      callbacks, the audit, and `backend`, the one place
+                      where backends differ
     kmp/doctor/       the numerics doctor, `kmp.diagnose`
     kmp/distributed/  `fit` under tf.distribute, the cluster helpers, and
                       a multi-process JAX job's start

@@ -542,7 +542,185 @@ _PARITY = [
     ("imdb", "mixed_bfloat16+float8"),
 ]
 
+_MEMORY = "Memory modes: 16-bit state, 16-bit master weights, remat"
+_H200_26 = "h200_2026-11-26/"
+_ON_H200_26 = "Memory modes on an H200 (Keras JAX backend, 2026-11-26)"
+_MEMORY_MODES = (
+    "float32",
+    "bf16 state",
+    "bf16 masters",
+    "both",
+    "float32 + remat",
+    "both + remat",
+)
+
+
+def _memory_row(path, mode, tokens=False):
+    """A row of `benchmarks/memory_modes.py`'s table (`tokens`: with its
+    tokens/s column, the language model's)."""
+    at = ("modes", mode)
+    columns = {
+        "weights + state (bytes)": [
+            lambda data: (
+                _at(data, (*at, "weights_bytes"))
+                + _at(data, (*at, "optimizer_state_bytes"))
+            )
+        ],
+        "x float32": [(*at, "bytes_over_float32")],
+        "final loss (change)": [(*at, "final_loss"), (*at, "loss_change")],
+        "examples/s": [(*at, "examples_per_s")],
+        "peak MiB": [(*at, "peak_memory_mib")],
+    }
+    if tokens:
+        columns["tokens/s"] = [(*at, "tokens_per_s")]
+    return path, columns
+
+
+def _memory_table(path, modes=_MEMORY_MODES, tokens=False):
+    return {"rows": {mode: _memory_row(path, mode, tokens) for mode in modes}}
+
+
+_MIB = 2**20
+
+
+def _printed_footprint(mode, group):
+    """A figure of `memory_footprint.py`'s printed line for `mode`:
+    weights (1), state (2), footprint MiB (3), temp MiB (4)."""
+    pattern = (
+        rf"(?m)^ *{re.escape(mode)}: weights ([\d,]+) B, state ([\d,]+) B, "
+        r"step footprint ([\d,.]+) MiB \(temp ([\d,.]+) MiB\)"
+    )
+    return lambda text: float(re.search(pattern, text)[group].replace(",", ""))
+
+
+def _printed_probe(batch):
+    """A figure of a printed `--batch_size=max` probe: its step's MiB."""
+    pattern = rf"(?m)^kmp: batch +{batch}: train step ([\d,.]+) MiB"
+    return lambda text: float(re.search(pattern, text)[1].replace(",", ""))
+
+
+def _footprint_row(path, mode):
+    """A row of `benchmarks/memory_footprint.py`'s table."""
+    at = ("modes", mode)
+    step = (*at, "train_step")
+    return (
+        path,
+        {
+            "weights": [(*at, "weights")],
+            "optimizer state": [(*at, "optimizer_state")],
+            "step temp": [(*step, "temp")],
+            "step footprint": [(*step, "footprint")],
+            "x first": [
+                lambda data: (
+                    _at(data, (*step, "footprint"))
+                    / _at(data, ("modes", "float32", "train_step", "footprint"))
+                )
+            ],
+        },
+    )
+
+
 _PART2 = {
+    (_MEMORY, 0): _memory_table("memory_modes_lm_jax.json", tokens=True),
+    (_MEMORY, 1): _memory_table("memory_modes_cifar10_jax.json"),
+    (_MEMORY, 2): _memory_table("memory_modes_cifar10_jax_40_steps.json"),
+    (_MEMORY, 3): {
+        "rows": {
+            mode: _footprint_row("memory_footprint_lm_jax.json", mode)
+            for mode in _MEMORY_MODES
+        }
+    },
+    (_ON_H200_26, 0): _memory_table(
+        _H200_26 + "memory_modes_lm_jax.json",
+        ("float32", "bf16 state", "both", "both + remat"),
+        tokens=True,
+    ),
+    (_ON_H200_26, 1): {
+        "rows": {
+            **{
+                mode: (
+                    _H200_26 + "footprint.txt",
+                    {
+                        "weights (bytes)": [_printed_footprint(mode, 1)],
+                        "optimizer state (bytes)": [
+                            _printed_footprint(mode, 2)
+                        ],
+                        "step temp (MiB)": [_printed_footprint(mode, 4)],
+                        "step footprint (MiB)": [_printed_footprint(mode, 3)],
+                    },
+                )
+                for mode in ("float32", "bf16 state", "bf16 masters", "both")
+            },
+            **{
+                mode: (
+                    _H200_26 + "footprint_remat.json",
+                    {
+                        "weights (bytes)": [("modes", mode, "weights")],
+                        "optimizer state (bytes)": [
+                            ("modes", mode, "optimizer_state")
+                        ],
+                        "step temp (MiB)": [
+                            lambda data, m=mode: (
+                                _at(data, ("modes", m, "train_step", "temp"))
+                                / _MIB
+                            )
+                        ],
+                        "step footprint (MiB)": [
+                            lambda data, m=mode: (
+                                _at(
+                                    data,
+                                    ("modes", m, "train_step", "footprint"),
+                                )
+                                / _MIB
+                            )
+                        ],
+                    },
+                )
+                for mode in ("float32 + remat", "both + remat")
+            },
+        }
+    },
+    (_ON_H200_26, 2): {
+        "cells": 2,
+        "rows": {
+            **{
+                ("float32", str(batch)): (
+                    _H200_26 + "max_batch_float32.txt",
+                    {"train step (MiB)": [_printed_probe(batch)]},
+                )
+                for batch in (8, 16, 32, 64)
+            },
+            **{
+                ("float32", str(batch)): (
+                    _H200_26 + f"footprint_float32_{batch}.json",
+                    {
+                        "train step (MiB)": [
+                            lambda data: (
+                                _at(
+                                    data,
+                                    (
+                                        "modes",
+                                        "float32",
+                                        "train_step",
+                                        "footprint",
+                                    ),
+                                )
+                                / _MIB
+                            )
+                        ]
+                    },
+                )
+                for batch in (48, 40)
+            },
+            **{
+                ("both + remat", str(batch)): (
+                    _H200_26 + "max_batch_both.txt",
+                    {"train step (MiB)": [_printed_probe(batch)]},
+                )
+                for batch in (8, 16)
+            },
+        },
+    },
     # The 2026-11-25 H100 section (before the 2026-11-22 one in the doc).
     (_ON_H100_25, 0): {
         "rows": {

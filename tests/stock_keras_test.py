@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from keras import ops
 from util import DropoutBlock
+from util import DtypeRecordingDense
 from util import classification_data
 from util import mlp
 from util import probability_model
@@ -202,22 +203,6 @@ def test_stock_keras_loads_a_mixed_model_s_file_without_its_optimizer_state(
     assert any("Skipping variable loading" in str(w.message) for w in caught)
 
 
-class _DtypeRecordingDense(keras.layers.Dense):
-    """Records `(inputs dtype, kernel dtype)` at every call, the
-    recomputation of a rematerialized step included."""
-
-    seen = []
-
-    def call(self, inputs):
-        self.seen.append(
-            (
-                keras.backend.standardize_dtype(inputs.dtype),
-                keras.backend.standardize_dtype(self.kernel.dtype),
-            )
-        )
-        return super().call(inputs)
-
-
 def test_stock_remat_recomputes_outside_the_policy_on_tensorflow_and_torch():
     # keras-team/keras#21448: `keras.RematScope` recomputes a layer in the
     # backward pass outside its autocast scope, so its kernel is read as
@@ -225,25 +210,25 @@ def test_stock_remat_recomputes_outside_the_policy_on_tensorflow_and_torch():
     # (a dtype mismatch: loud, not silent); on JAX the recomputation is
     # traced inside the layer's call and computes in float16 throughout.
     # The memory work's `--remat` starts from this answer (issue 33).
-    _DtypeRecordingDense.seen = []
+    DtypeRecordingDense.seen = []
     kmp.enable("mixed_float16")
     with keras.RematScope(mode="full"):
         inputs = keras.Input((8,))
-        x = _DtypeRecordingDense(16, activation="relu")(inputs)
-        x = _DtypeRecordingDense(16, activation="relu")(x)
+        x = DtypeRecordingDense(16, activation="relu")(inputs)
+        x = DtypeRecordingDense(16, activation="relu")(x)
     model = keras.Model(inputs, keras.layers.Dense(1, dtype="float32")(x))
     model.compile(optimizer="sgd", loss="mse")
-    _DtypeRecordingDense.seen = []
+    DtypeRecordingDense.seen = []
     x, y = np.ones((8, 8), "float32"), np.ones((8, 1), "float32")
     if backend.name() == "jax":
         model.fit(x, y, batch_size=8, verbose=0)
-        assert set(_DtypeRecordingDense.seen) == {("float16", "float16")}
-        assert len(_DtypeRecordingDense.seen) == 4  # 2 layers, 2 passes
+        assert set(DtypeRecordingDense.seen) == {("float16", "float16")}
+        assert len(DtypeRecordingDense.seen) == 4  # 2 layers, 2 passes
         return
     with pytest.raises(Exception, match="float32|float16") as raised:
         model.fit(x, y, batch_size=8, verbose=0)
     assert type(raised.value).__name__ in ("TypeError", "CheckpointError")
-    assert ("float16", "float32") in _DtypeRecordingDense.seen
+    assert ("float16", "float32") in DtypeRecordingDense.seen
 
 
 def _dropout_block_fit(remat_mode):

@@ -389,3 +389,19 @@ class DropoutBlock(keras.layers.Layer):
     def call(self, inputs, training=None):
         x = self.dropout(self.first(inputs), training=training)
         return self.second(self.norm(x, training=training))
+
+
+class DtypeRecordingDense(keras.layers.Dense):
+    """Records `(inputs dtype, kernel dtype)` at every call, the
+    recomputation of a rematerialized step included."""
+
+    seen = []
+
+    def call(self, inputs):
+        self.seen.append(
+            (
+                keras.backend.standardize_dtype(inputs.dtype),
+                keras.backend.standardize_dtype(self.kernel.dtype),
+            )
+        )
+        return super().call(inputs)

@@ -7,7 +7,7 @@ slots, 8 bytes per parameter for Adam on top of the 4 of the float32
 master. Stored in bfloat16 they take 4, and weights + state go from 12
 bytes per parameter to 8 (0.67x).
 
-`with_state_dtype(optimizer, "bfloat16")` changes the class of a Keras
+`low_precision(optimizer, "bfloat16")` changes the class of a Keras
 optimizer not yet built to a subclass (`LowPrecisionAdam`, ...,
 registered for saving) that:
 
@@ -15,16 +15,18 @@ registered for saving) that:
   weights and a gradient accumulator stay float32: they stand for
   weights, not for statistics);
 - runs the stock `update_step` with every variable read as float32 and
-  writes each result back rounded once to the slot's dtype (Keras's
-  `assign` rounds to nearest). Stock Keras would instead round after
-  every operation (TensorFlow's `assign_add` casts its increment first;
-  torch's fused `_foreach` kernels write in place in bfloat16);
+  writes each result back rounded once, stochastically, to bfloat16
+  (`kmp.memory.rounding`). Stock Keras would instead round after every
+  operation (TensorFlow's `assign_add` casts its increment first;
+  torch's fused `_foreach` kernels write in place in bfloat16), and to
+  nearest: Adam's second moment moves 0.1 % of its distance a step,
+  under half a bfloat16 step, and rounded to nearest it freezes;
 - on torch, replaces the fused multi-tensor kernels with the per-variable
   loop (the opt-in mode's cost); on TensorFlow, keeps `tf.distribute`'s
   all-reduce and per-replica update.
 
-The float32 arithmetic and one rounding per step are what keep the run
-close to float32 state (`tests/memory/optimizer_state_test.py`).
+The float32 arithmetic and one unbiased rounding per step are what keep
+the run close to float32 state (`tests/memory/optimizer_state_test.py`).
 
 The same class writes bfloat16 weights (`kmp.enable("mixed_bfloat16",
 master_weights="bfloat16")`): with `rounding="stochastic"` each weight's
@@ -140,6 +142,16 @@ class _LowPrecisionState:
         if rest:  # torch's `_foreach_mul_` refuses an empty list
             super()._apply_weight_decay(rest)
 
+    def build(self, variables):
+        super().build(variables)
+        # Each variable's place, for the rounding's hash: a weight's is
+        # its index, a slot's comes after every weight's.
+        count = len(self._trainable_variables)
+        places = {
+            self._var_key(v): count + i for i, v in enumerate(self.variables)
+        }
+        object.__setattr__(self, "_slot_places", places)
+
     def _stochastic_index(self, variable):
         """The index of a bfloat16 weight this optimizer rounds
         stochastically, or None (a slot, a float32 weight, or nearest)."""
@@ -149,12 +161,26 @@ class _LowPrecisionState:
             return None
         return self._trainable_variables_indices.get(self._var_key(variable))
 
+    def _rounding_place(self, variable):
+        """Where a write to `variable` is rounded stochastically: a
+        weight's index (above), or a bfloat16 slot's place, always. A
+        slot is a moving average: Adam's second moment moves 0.1 % of
+        its distance a step, under half a bfloat16 step (0.2 %), so
+        rounded to nearest it freezes."""
+        index = self._stochastic_index(variable)
+        if index is not None or backend.stored_dtype(variable) != "bfloat16":
+            return index
+        key = self._var_key(variable)
+        if key in self._trainable_variables_indices:
+            return None  # a weight rounded to nearest
+        return getattr(self, "_slot_places", {}).get(key)
+
     def _var_key(self, variable):
         with backend.stored_reads():  # TensorFlow keys by the stored value
             return super()._var_key(variable)
 
     def assign(self, variable, value):
-        index = self._stochastic_index(variable)
+        index = self._rounding_place(variable)
         if index is not None:
             value = stochastic_round(
                 value, self._rounding_seed, self.iterations, index

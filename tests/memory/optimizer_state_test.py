@@ -56,6 +56,17 @@ def _slot_dtypes(optimizer):
     }
 
 
+def _same_state_and_resumes(model, loaded):
+    """`loaded`'s optimizer holds `model`'s values, and trains 2 steps."""
+    for a, b in zip(model.optimizer.variables, loaded.optimizer.variables):
+        np.testing.assert_array_equal(
+            keras.ops.convert_to_numpy(keras.ops.cast(a, "float32")),
+            keras.ops.convert_to_numpy(keras.ops.cast(b, "float32")),
+        )
+    x, y = _data()
+    loaded.fit(x, y, batch_size=16, epochs=1, steps_per_epoch=2, verbose=0)
+
+
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_slots_are_bfloat16_and_the_run_follows_float32_state(name):
     reference = _trained(OPTIMIZERS[name]())
@@ -103,13 +114,7 @@ def test_under_kmp_s_scaler_the_file_keeps_the_mode_and_resumes(tmp_path):
     assert type(inner).__name__ == "LowPrecisionAdamW"
     assert optimizer_state.state_dtype_of(inner) == "bfloat16"
     assert _slot_dtypes(loaded.optimizer) == {"bfloat16"}
-    for a, b in zip(model.optimizer.variables, loaded.optimizer.variables):
-        np.testing.assert_array_equal(
-            keras.ops.convert_to_numpy(keras.ops.cast(a, "float32")),
-            keras.ops.convert_to_numpy(keras.ops.cast(b, "float32")),
-        )
-    x, y = _data()
-    loaded.fit(x, y, batch_size=16, epochs=1, steps_per_epoch=2, verbose=0)
+    _same_state_and_resumes(model, loaded)
     assert int(inner.iterations) == 6
 
 
@@ -144,7 +149,9 @@ def test_defaults_and_float32_leave_the_optimizer_as_it_was():
         assert type(optimizer) is kind
 
 
-def _stall_run(master_weights, rounding=None, seed=3, stock=False):
+def _stall_run(
+    master_weights, rounding=None, seed=3, stock=False, state_dtype=None
+):
     """A weight of 1 pulled towards 1.5 by steps of ~8e-4, a tenth of
     bfloat16's step at 1 (2**-7): 160 SGD steps of batch 32."""
     kmp.enable("mixed_bfloat16", master_weights=master_weights)
@@ -157,7 +164,11 @@ def _stall_run(master_weights, rounding=None, seed=3, stock=False):
     )
     optimizer = keras.optimizers.SGD(2e-4)
     if not stock:
-        optimizer = kmp.wrap(optimizer, rounding=rounding, seed=seed)
+        optimizer = kmp.wrap(
+            optimizer, state_dtype, rounding=rounding, seed=seed
+        )
+        kmp_s = master_weights == "bfloat16"  # float32: Keras's own SGD
+        assert (type(optimizer).__name__ == "LowPrecisionSGD") == kmp_s
     model.compile(optimizer, "mse", jit_compile=JIT_COMPILE[0])
     rng = np.random.default_rng(0)
     x = rng.random((160 * 32, 16), "float32")
@@ -172,7 +183,10 @@ def test_bfloat16_masters_stall_rounded_to_nearest_and_learn_stochastically():
     assert 1.10 < float32 < 1.13  # moved ~0.115: about 15 bfloat16 steps
     # Every update is under half a step: rounded to nearest, none lands,
     # with kmp's float32 update and with Keras's own.
-    assert np.all(_stall_run("bfloat16", "nearest") == 1.0)
+    # (float32 state: SGD has no slots, but it keeps kmp's class.)
+    assert np.all(
+        _stall_run("bfloat16", "nearest", state_dtype="float32") == 1.0
+    )
     assert np.all(_stall_run("bfloat16", stock=True) == 1.0)
     stochastic = _stall_run("bfloat16").mean()  # the default rounding
     assert abs(stochastic - float32) < 0.1 * (float32 - 1.0)
@@ -228,13 +242,7 @@ def test_bfloat16_masters_keep_slots_as_asked_and_the_file_keeps_the_mode(
     loaded = kmp.load_model(path)
     assert {str(w.dtype) for w in loaded.weights} == {"bfloat16"}
     assert optimizer_state.rounding_of(loaded.optimizer) == "stochastic"
-    for a, b in zip(default.optimizer.variables, loaded.optimizer.variables):
-        np.testing.assert_array_equal(
-            keras.ops.convert_to_numpy(keras.ops.cast(a, "float32")),
-            keras.ops.convert_to_numpy(keras.ops.cast(b, "float32")),
-        )
-    x, y = _data()
-    loaded.fit(x, y, batch_size=16, epochs=1, steps_per_epoch=2, verbose=0)
+    _same_state_and_resumes(default, loaded)
     assert int(loaded.optimizer.iterations) == 6
 
 
@@ -252,3 +260,38 @@ def test_bad_requests_are_one_clear_error():
     built = _trained(keras.optimizers.Adam()).optimizer
     with pytest.raises(kmp.InputError, match="is built"):
         kmp.wrap(built, state_dtype="bfloat16")
+
+
+def _second_moment_after_a_change(optimizer):
+    """Adam's second moment of a 64x64 weight, settled at 1 (gradients of
+    1), after 100 steps of gradients of 1.2: float32 moves it to
+    1.44 - 0.44 * 0.999**100 = 1.0419, by 0.00044 a step at first: a
+    twentieth of bfloat16's step at 1."""
+    dtype = keras.config.dtype_policy().variable_dtype
+    weights = keras.Variable(np.ones((64, 64)), dtype=dtype)
+    optimizer.build([weights])
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    inner.iterations.assign(100_000)  # bias corrections ~1
+    for slot in (inner._momentums[0], inner._velocities[0]):
+        slot.assign(np.ones((64, 64), "float32"))
+    for _ in range(100):
+        optimizer.apply([keras.ops.full((64, 64), 1.2)], [weights])
+    velocity = inner._velocities[0]
+    return str(velocity.dtype), keras.ops.convert_to_numpy(
+        keras.ops.cast(velocity, "float32")
+    )
+
+
+def test_a_bfloat16_second_moment_follows_float32_where_nearest_freezes():
+    expected = 1.44 - 0.44 * 0.999**100
+    dtype, float32 = _second_moment_after_a_change(keras.optimizers.Adam(1e-6))
+    assert dtype == "float32" and abs(float32.mean() - expected) < 1e-4
+    dtype, ours = _second_moment_after_a_change(
+        kmp.wrap(keras.optimizers.Adam(1e-6), state_dtype="bfloat16")
+    )
+    assert dtype == "bfloat16" and abs(ours.mean() - expected) < 2e-3
+    # Keras's own optimizer over bfloat16 variables: slots in bfloat16,
+    # each write rounded to nearest: the moment never moves.
+    kmp.enable("mixed_bfloat16", master_weights="bfloat16")
+    dtype, stock = _second_moment_after_a_change(keras.optimizers.Adam(1e-6))
+    assert dtype == "bfloat16" and np.all(stock == 1.0)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from util import JIT_COMPILE
 from util import DropoutBlock
+from util import DtypeRecordingDense
 from util import small_gpt2_backbone
 
 import kmp
@@ -16,27 +17,11 @@ from kmp import backend
 from kmp.memory import remat
 
 
-class RecordingDense(keras.layers.Dense):
-    """Records `(inputs dtype, kernel dtype)` at every call, the
-    recomputation included."""
-
-    seen = []
-
-    def call(self, inputs):
-        self.seen.append(
-            (
-                keras.backend.standardize_dtype(inputs.dtype),
-                keras.backend.standardize_dtype(self.kernel.dtype),
-            )
-        )
-        return super().call(inputs)
-
-
 def _mlp():
     keras.utils.set_random_seed(0)
     inputs = keras.Input((8,))
-    x = RecordingDense(16, activation="relu")(inputs)
-    x = RecordingDense(16, activation="relu")(x)
+    x = DtypeRecordingDense(16, activation="relu")(inputs)
+    x = DtypeRecordingDense(16, activation="relu")(x)
     return keras.Model(inputs, keras.layers.Dense(1, dtype="float32")(x))
 
 
@@ -47,9 +32,9 @@ def _fit_one_step(model):
         jit_compile=JIT_COMPILE[0],
     )
     x = np.linspace(-1, 1, 64, dtype="float32").reshape(8, 8)
-    RecordingDense.seen = []
+    DtypeRecordingDense.seen = []
     model.fit(x, x[:, :1], batch_size=8, verbose=0, shuffle=False)
-    return RecordingDense.seen
+    return DtypeRecordingDense.seen
 
 
 def test_a_remat_scope_model_recomputes_under_the_policy():
@@ -68,17 +53,19 @@ def test_a_remat_scope_model_recomputes_under_the_policy():
 def test_layers_chosen_after_building_give_the_same_step():
     kmp.enable("mixed_float16")
     plain = _mlp()
-    chosen = kmp.rematerialize(_mlp(), RecordingDense)
+    chosen = kmp.rematerialize(_mlp(), DtypeRecordingDense)
     assert [type(x).__name__ for x in remat.rematerialized_layers(chosen)] == [
-        "RecordingDense",
-        "RecordingDense",
+        "DtypeRecordingDense",
+        "DtypeRecordingDense",
     ]
     assert len(_fit_one_step(chosen)) > len(_fit_one_step(plain)) or (
         backend.name() == "jax"
     )
     for a, b in zip(plain.get_weights(), chosen.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4)
-    assert kmp.rematerialize(chosen, RecordingDense) is chosen  # again: same
+    assert (
+        kmp.rematerialize(chosen, DtypeRecordingDense) is chosen
+    )  # again: same
 
 
 def _block_model(rematerialized):
