@@ -5,16 +5,25 @@ Lightning's `BatchSizeFinder` and Accelerate's `find_executable_batch_size`
 run steps until one runs out of memory and back off. Here no step runs:
 each candidate batch's train step is lowered on shapes and compiled, and
 XLA says what it holds (`kmp.backend.train_step_memory`: arguments,
-outputs and temporaries, the donated state counted once). The search
-doubles from 8 until a step does not fit, then bisects between the last
-that fit and the first that did not, in multiples of 8 (tensor cores):
-at most 2 log2(batch / 8) + 3 compiles (14 for a batch of 512), each
-one recorded.
+outputs and temporaries, the donated state counted once). A step's
+bytes grow about linearly with its batch (the state is fixed, the
+activations go with the rows), so after probes at 8 and 16 the search
+goes where the line through its two nearest probes meets the limit, in
+multiples of 8 (tensor cores): 4 compiles when the bytes are linear,
+each one recorded. Where they are not, it keeps a bracket and falls
+back to halving it:
 
     probe(b)  = train_step_memory(model, x, y, b)["footprint"]
     fits(b)   = probe(b) <= limit
-    b = 8; while fits(b) and b < cap: b *= 2         (doubling)
-    then bisect (last fit, first miss) to a step of 8 (or of 1 under 8)
+    low = 8 (it fits; else bisect 0..8 a row at a time), high = none yet
+    until high - low == 8:
+        b = the line through (low, probe(low)) and (high, or the probe
+            below low) at the limit, floored to 8, inside (low, high)
+            (under 64 * low with no high);
+            the middle instead when the last guess did not halve the
+            bracket, 2 * low after two fits in a row that did not double
+            low (with no high)
+        fits(b) ? low = b : high = b
 
 JAX only: TensorFlow and torch have no analysis of a compiled step
 before it runs (a clear error says so). The limit is `--memory_limit`,
@@ -86,7 +95,7 @@ def largest_batch(example, config, show=print) -> tuple:
         _, x, y = module.bench_inputs(probe_config, 1)
         probes = {}
 
-        def fits(batch):
+        def footprint(batch):
             memory = backend.train_step_memory(model, x, y, batch)
             probes[batch] = memory
             ok = memory["footprint"] <= limit
@@ -96,9 +105,9 @@ def largest_batch(example, config, show=print) -> tuple:
                 f"{'fits' if ok else 'does not fit'} in "
                 f"{limit / 2**20:,.0f} MiB ({memory['seconds']:.1f} s)"
             )
-            return ok
+            return memory["footprint"]
 
-        batch = _search(fits)
+        batch = _search(footprint, limit)
     if batch == 0:
         one = probes[1]["footprint"]
         raise kmp.InputError(
@@ -124,28 +133,67 @@ def largest_batch(example, config, show=print) -> tuple:
     return batch, record
 
 
-def _search(fits) -> int:
-    """The largest `b` in [1, CAP] with `fits(b)` (`fits` monotone),
-    to a multiple of 8 from 8 up; 0 when even 1 does not fit."""
+def _search(footprint, limit) -> int:
+    """The largest `b` in [1, CAP] with `footprint(b) <= limit`
+    (`footprint` not decreasing), to a multiple of 8 from 8 up; 0 when
+    even 1 does not fit (module doc: the line through the two nearest
+    probes, kept inside the bracket; a bisection whenever a guess did not
+    halve it, a doubling after two fits in a row that did not)."""
+    seen = {}
+
+    def fits(batch):
+        if batch not in seen:
+            seen[batch] = footprint(batch)
+        return seen[batch] <= limit
+
     if not fits(START):
-        low, high, step = 0, START, 1
+        low, high, step = 0, START, 1  # bisect under 8, one row at a time
     else:
-        low = START
-        while low < CAP and fits(min(2 * low, CAP)):
-            low = min(2 * low, CAP)
-        if low == CAP:
+        low, high, step = START, None, START
+    halve, creep = False, 0
+    while high is None or high - low > step:
+        if high is None and low >= CAP:
             return CAP
-        high, step = min(2 * low, CAP), START
-    # Bisect: `low` fits (or is 0), `high` does not.
-    while high - low > step:
-        middle = (low + high) // 2 // step * step
-        if middle in (low, high):
-            break
-        if fits(middle):
-            low = middle
+        width = None if high is None else high - low
+        if (high is None and creep >= 2) or halve or low not in seen:
+            guess = _bisection(low, high, step)
         else:
-            high = middle
+            guess = _secant(seen, limit, low, high, step)
+        if fits(guess):
+            # Fits that less than double, twice in a row: double instead.
+            creep = creep + 1 if guess < 2 * low else 0
+            low = guess
+        else:
+            high, creep = guess, 0
+        halve = width is not None and high - low > width / 2
     return low
+
+
+def _bisection(low, high, step):
+    """Double `low` with no miss yet, else the bracket's middle."""
+    if high is None:
+        return min(2 * low, CAP)
+    middle = (low + high) // 2 // step * step
+    return middle if low < middle < high else low + step
+
+
+def _secant(seen, limit, low, high, step):
+    """Where the line through `low` and the nearest other probe (`high`,
+    or the fitting probe below `low`) reaches the limit, floored to
+    `step`, strictly between `low` and `high` (with no miss yet: above
+    `low`, at most 64 times it; double `low` from a single probe)."""
+    below = [b for b in seen if b < low and seen[b] <= limit]
+    other = high if high is not None else max(below, default=None)
+    guess = 2 * low
+    if other is not None and seen[other] != seen[low]:
+        slope = (seen[other] - seen[low]) / (other - low)
+        if slope > 0:
+            guess = int(low + (limit - seen[low]) / slope) // step * step
+    if high is None:
+        # A near-flat line would send the guess to CAP, and the bracket
+        # would then take 17 halvings: 64 times `low` at most.
+        return min(max(guess, low + step), 64 * low, CAP)
+    return min(max(guess, low + step), high - step)
 
 
 def run_config(example, config, show=print) -> tuple:
