@@ -630,6 +630,11 @@ _PART2 = {
             for mode in _MEMORY_MODES
         }
     },
+    (_MEMORY, 4): _memory_table(
+        "memory_modes_lm_torch.json",
+        ("float32", "bf16 state", "both"),
+        tokens=True,
+    ),
     (_ON_H200_26, 0): _memory_table(
         _H200_26 + "memory_modes_lm_jax.json",
         ("float32", "bf16 state", "both", "both + remat"),
