@@ -51,6 +51,17 @@ def hash32(x):
     return ops.bitwise_xor(x, _shift_right(x, 16))
 
 
+def _mixed(x):
+    """`hash32` of one Python int, in Python (uint32 arithmetic)."""
+    mask = 0xFFFFFFFF
+    x &= mask
+    x ^= x >> 16
+    x = (x * _MULTIPLIERS[0]) & mask
+    x ^= x >> 15
+    x = (x * _MULTIPLIERS[1]) & mask
+    return x ^ (x >> 16)
+
+
 def noise_bits(shape, seed, step, index):
     """Uniform integers in [0, 2**16) of `shape`, a function of its args.
 
@@ -58,11 +69,15 @@ def noise_bits(shape, seed, step, index):
         shape: The shape of the tensor to round.
         seed: A Python int.
         step: The optimizer's step (a scalar tensor or int).
-        index: The variable's index among the optimizer's variables.
+        index: The variable's index among the optimizer's variables (a
+            Python int).
     """
-    key = hash32(ops.convert_to_tensor(_signed(seed & 0xFFFFFFFF), "int32"))
-    key = hash32(ops.add(key, ops.cast(index, "int32")))
-    key = hash32(ops.add(key, ops.cast(step, "int32")))
+    # What does not change from step to step is mixed in Python: fewer
+    # operations per write (each one a kernel of its own on eager torch).
+    base = _signed(_mixed(_mixed(seed) + index))
+    key = hash32(
+        ops.add(ops.convert_to_tensor(base, "int32"), ops.cast(step, "int32"))
+    )
     size = 1
     for dim in shape:
         size *= int(dim)
