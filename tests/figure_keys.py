@@ -847,6 +847,19 @@ _OVERHEAD_FILES = [
     f"loss_scale_overhead_{b}.json" for b in ("tensorflow", "jax", "torch")
 ]
 README_KEYS = {
+    "the memory modes on KerasHub's GPT-2 at width 1024 (8 layers, sequence "
+    "512, AdamW, mixed_bfloat16, batch 16): weights + optimizer state with "
+    "bfloat16 state / with bfloat16 state and master weights (issue 32's "
+    "targets: 0.67x / 0.5x), and the device's peak in float32 mode / with "
+    "both and `--remat`": [
+        (_H200_26 + "memory_modes_lm_jax.json", ("modes", mode, key))
+        for mode, key in (
+            ("bf16 state", "bytes_over_float32"),
+            ("both", "bytes_over_float32"),
+            ("float32", "peak_memory_mib"),
+            ("both + remat", "peak_memory_mib"),
+        )
+    ],
     "epoch time, kmp scaler / stock Keras scaler (median of 25 interleaved "
     "rounds)": [
         (name, ("ratios", "kmp/stock", "median")) for name in _OVERHEAD_FILES
