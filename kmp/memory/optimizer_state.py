@@ -144,36 +144,40 @@ class _LowPrecisionState:
 
     def build(self, variables):
         super().build(variables)
-        # Each variable's place, for the rounding's hash: a weight's is
-        # its index, a slot's comes after every weight's.
-        count = len(self._trainable_variables)
-        places = {
-            self._var_key(v): count + i for i, v in enumerate(self.variables)
+
+        # Where each write is rounded stochastically, decided once (the
+        # dtypes and the mode are fixed from here): a bfloat16 weight's
+        # place is its index, when `rounding` is stochastic; a bfloat16
+        # slot's comes after every weight's, always. A slot is a moving
+        # average: Adam's second moment moves 0.1 % of its distance a
+        # step, under half a bfloat16 step (0.2 %): rounded to nearest,
+        # it freezes.
+        def bfloat16(variable):
+            return backend.stored_dtype(variable) == "bfloat16"
+
+        weights = {
+            self._var_key(v): i
+            for i, v in enumerate(self._trainable_variables)
+            if self._rounding == "stochastic" and bfloat16(v)
         }
-        object.__setattr__(self, "_slot_places", places)
+        count = len(self._trainable_variables)
+        slots = {
+            self._var_key(v): count + i
+            for i, v in enumerate(self.variables)
+            if bfloat16(v)
+        }
+        object.__setattr__(self, "_weight_places", weights)
+        object.__setattr__(self, "_rounding_places", {**slots, **weights})
 
     def _stochastic_index(self, variable):
         """The index of a bfloat16 weight this optimizer rounds
         stochastically, or None (a slot, a float32 weight, or nearest)."""
-        if self._rounding != "stochastic":
-            return None
-        if backend.stored_dtype(variable) != "bfloat16":
-            return None
-        return self._trainable_variables_indices.get(self._var_key(variable))
+        return self._weight_places.get(self._var_key(variable))
 
     def _rounding_place(self, variable):
-        """Where a write to `variable` is rounded stochastically: a
-        weight's index (above), or a bfloat16 slot's place, always. A
-        slot is a moving average: Adam's second moment moves 0.1 % of
-        its distance a step, under half a bfloat16 step (0.2 %), so
-        rounded to nearest it freezes."""
-        index = self._stochastic_index(variable)
-        if index is not None or backend.stored_dtype(variable) != "bfloat16":
-            return index
-        key = self._var_key(variable)
-        if key in self._trainable_variables_indices:
-            return None  # a weight rounded to nearest
-        return getattr(self, "_slot_places", {}).get(key)
+        """Where a write to `variable` is rounded stochastically (`build`),
+        or None: rounded to nearest by its own `assign`."""
+        return self._rounding_places.get(self._var_key(variable))
 
     def _var_key(self, variable):
         with backend.stored_reads():  # TensorFlow keys by the stored value
