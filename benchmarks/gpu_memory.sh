@@ -24,21 +24,21 @@ set -u
 # $OUT, $SIZE, $PYTHON, the JAX backend, `step`, gpu.csv:
 source "$(dirname "$0")/gpu_common.sh"
 
-if [ "$SIZE" = gpu ]; then
-  LM=(--hidden_dim=1024 --heads=16 --layers=8 --sequence_length=512
-      --data=synthetic --text_bytes=2000000)
+if [ "$SIZE" = gpu ]; then  # width heads layers sequence text_bytes
+  read -r WIDTH HEADS LAYERS SEQUENCE TEXT <<<"1024 16 8 512 2000000"
   FOOTPRINT=(--batch_size=32)
   MODES=(--steps=40)
   LIMIT=17179869184
   LIMITS=(120 200 220)
 else
-  LM=(--hidden_dim=32 --heads=2 --layers=1 --sequence_length=32
-      --data=synthetic --text_bytes=20000)
+  read -r WIDTH HEADS LAYERS SEQUENCE TEXT <<<"32 2 1 32 20000"
   FOOTPRINT=(--batch_size=4)
   MODES=(--steps=2)
   LIMIT=20000000
   LIMITS=(300 300 300)
 fi
+LM=(--hidden_dim="$WIDTH" --heads="$HEADS" --layers="$LAYERS"
+    --sequence_length="$SEQUENCE" --data=synthetic --text_bytes="$TEXT")
 
 step footprint "${LIMITS[0]}" "$PYTHON" benchmarks/memory_footprint.py lm \
   "${FOOTPRINT[@]}" --output "$OUT/memory_footprint_lm_jax.json" -- "${LM[@]}"

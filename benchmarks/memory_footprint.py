@@ -21,23 +21,19 @@ import argparse
 import dataclasses
 
 import common
-import keras
 from memory_modes import MODES
 
 import kmp
 from kmp import backend
-from kmp.app import protocol
+from kmp.app import batch_search
 from kmp_config import flags as kmp_flags
 
 
 def footprint(example, config):
     """Bytes of state and of the compiled step of `example` under
     `config` (its policy and memory modes)."""
-    module = protocol.load_example(example)
     with kmp.policy_scope(config.policy, config.master_weights):
-        keras.utils.set_random_seed(config.seed)
-        model = module.compile_model(config, 1)
-        _, x, y = module.bench_inputs(config, 1)
+        model, x, y = batch_search.trained_model(example, config)
         step = backend.train_step_memory(model, x, y, config.batch_size)
         state = backend.state_bytes(model)
     return {**state, "train_step": step}

@@ -50,6 +50,19 @@ def _limit(config):
     return limit, source
 
 
+def trained_model(example, config) -> tuple:
+    """`(model, x, y)`: `example`'s model compiled as `config` trains it
+    (policy, master weights, optimizer state, remat: call it inside the
+    config's `kmp.policy_scope`) and one synthetic example for it; the
+    batch a step is compiled for does not change the model."""
+    module = protocol.load_example(example)
+    probe_config = dataclasses.replace(config, batch_size=START)
+    keras.utils.set_random_seed(config.seed)
+    model = module.compile_model(probe_config, 1)
+    _, x, y = module.bench_inputs(probe_config, 1)
+    return model, x, y
+
+
 def largest_batch(example, config, show=print) -> tuple:
     """`(batch_size, record)`: the largest batch of `example` under
     `config` whose compiled train step fits the limit, and the search.
@@ -84,15 +97,9 @@ def largest_batch(example, config, show=print) -> tuple:
             f"{config.strategy} give --batch_size (per-device search is "
             "not done yet)."
         )
-    module = protocol.load_example(example)
     limit, source = _limit(config)
-    # The model as the run trains it (policy, master weights, optimizer
-    # state, remat); the batch it is compiled for does not change it.
-    probe_config = dataclasses.replace(config, batch_size=START)
     with kmp.policy_scope(config.policy, config.master_weights):
-        keras.utils.set_random_seed(config.seed)
-        model = module.compile_model(probe_config, 1)
-        _, x, y = module.bench_inputs(probe_config, 1)
+        model, x, y = trained_model(example, config)
         probes = {}
 
         def footprint(batch):
