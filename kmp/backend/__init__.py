@@ -12,7 +12,9 @@ Keras API; what cannot be branches here, each function once, on
                  step's buffers before it runs (XLA's analysis, JAX); the
                  device's memory
     optimizer_updates  variables read as float32, as stored, or as a
-                 layer's call read them; the replica path; torch's no_grad
+                 layer's call read them; the replica path; torch's no_grad;
+                 the integer operations of stochastic rounding; an update
+                 of many variables at once over float32 copies (torch)
     recompute    the state a rematerialized call writes, the same in its
                  recomputation (dropout's seeds, moving statistics)
     steps        a train step's extra logs, gradients by intermediate
@@ -28,8 +30,9 @@ Keras API; what cannot be branches here, each function once, on
 
 A framework's longer bodies live in private modules that branch on
 nothing and are imported inside their branch only: `_taped_gradients`,
-`_torch_step` (torch) and `_tf_replicas` (TensorFlow), so kmp trains with
-`KERAS_BACKEND=jax` or `torch` on a machine without TensorFlow.
+`_torch_step`, `_torch_int_ops` (torch) and `_tf_replicas`
+(TensorFlow), so kmp trains with `KERAS_BACKEND=jax` or `torch` on a
+machine without TensorFlow.
 
 Imports from kmp: errors, _version.
 
@@ -61,10 +64,13 @@ from kmp.backend.memory import state_bytes
 from kmp.backend.memory import train_step_memory
 from kmp.backend.memory import variable_bytes
 from kmp.backend.optimizer_updates import float32_reads
+from kmp.backend.optimizer_updates import float32_working_copies
+from kmp.backend.optimizer_updates import integer_ops
 from kmp.backend.optimizer_updates import outside_autograd
 from kmp.backend.optimizer_updates import reads_in_force
 from kmp.backend.optimizer_updates import stored_dtype
 from kmp.backend.optimizer_updates import stored_reads
+from kmp.backend.optimizer_updates import updates_in_groups
 from kmp.backend.optimizer_updates import updates_per_replica
 from kmp.backend.recompute import RecomputedState
 from kmp.backend.scaler_ops import cond
@@ -95,11 +101,13 @@ __all__ = [
     "environment",
     "framework_versions",
     "float32_reads",
+    "float32_working_copies",
     "fused_unscale",
     "gather_over_processes",
     "held_by_the_step",
     "host_cpu",
     "initialized_together",
+    "integer_ops",
     "is_stateless",
     "join_processes",
     "layout_problems",
@@ -122,6 +130,7 @@ __all__ = [
     "tf32_enabled",
     "train_step_memory",
     "uncompiled",
+    "updates_in_groups",
     "updates_per_replica",
     "use_compile_cache",
     "variable_bytes",

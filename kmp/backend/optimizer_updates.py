@@ -15,17 +15,28 @@ rematerialization, which must recompute in the layer's dtype.
                         (TensorFlow: `_distributed_tf_update_step`)
     outside_autograd    torch's `no_grad` (an optimizer's writes are not
                         part of the graph); nothing elsewhere
+    integer_ops         the integer operations stochastic rounding runs:
+                        `keras.ops`, on torch torch's own (`_torch_int_ops`)
+    updates_in_groups   whether the stock update can run on many variables
+                        at once, over float32 copies (torch's multi-tensor
+                        kernels, outside a stateless scope)
+    float32_working_copies  a scope in which variables are stored in
+                        float32 copies of themselves (torch)
 
-Keras exports no `AutocastScope`: it is imported here, once, from
-`keras.src`. Two of its effects are why `stored_reads` exists: under a
-float32 scope torch's `Variable.assign` copies into a cast copy (the
+Keras exports no `AutocastScope` nor `in_stateless_scope`: they are
+imported here, once, from `keras.src`, and here alone is the torch
+variable's storage (`_value`) reached, which `float32_working_copies`
+swaps. Two effects of `AutocastScope` are why `stored_reads` exists:
+under a float32 scope torch's `Variable.assign` copies into a cast copy (the
 write is lost), and TensorFlow's optimizer keys a variable by
 `variable.value._unique_id`, which a cast value lacks.
 """
 
 import contextlib
 
+from keras import ops
 from keras.backend import standardize_dtype
+from keras.src.backend.common.stateless_scope import in_stateless_scope
 from keras.src.backend.common.variables import AutocastScope
 from keras.src.backend.common.variables import get_autocast_scope
 
@@ -68,3 +79,55 @@ def outside_autograd():
 
         return torch.no_grad()
     return contextlib.nullcontext()
+
+
+def integer_ops():
+    """The module whose operations `kmp.memory.rounding` runs: `keras.ops`,
+    or on torch the same names in torch's own calls (`_torch_int_ops`:
+    Keras's make a tensor of every Python constant, per call)."""
+    if name() == "torch":
+        from kmp.backend import _torch_int_ops
+
+        return _torch_int_ops
+    return ops
+
+
+def updates_in_groups() -> bool:
+    """Whether Keras's optimizer here updates many variables in one call
+    (torch's `_parallel_update_step`: a multi-tensor kernel per operation
+    over all of them) that kmp can run on `float32_working_copies`.
+
+    Not in a stateless scope: there a variable reads the scope's value,
+    not its storage.
+    """
+    return name() == "torch" and not in_stateless_scope()
+
+
+@contextlib.contextmanager
+def float32_working_copies(variables):
+    """Stores each of `variables` in a float32 copy of itself for the
+    scope; yields the copies.
+
+    Keras's torch optimizers update `variable.value` in place (the
+    `_foreach_*_` kernels): inside this scope the update lands in the
+    float32 copy, computed in float32 and not rounded after each
+    operation. On exit each variable has its own storage back, unchanged:
+    the caller writes the copies back, rounded once.
+    """
+    if name() != "torch":
+        raise NotImplementedError(
+            "float32_working_copies swaps torch storage; on "
+            f"{name()} the optimizer reads variables as float32 instead "
+            "(float32_reads)."
+        )
+    import torch
+
+    stored = [v._value for v in variables]
+    copies = [s.detach().to(torch.float32, copy=True) for s in stored]
+    try:
+        for variable, copy in zip(variables, copies):
+            variable._value = copy
+        yield copies
+    finally:
+        for variable, value in zip(variables, stored):
+            variable._value = value

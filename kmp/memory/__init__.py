@@ -7,6 +7,8 @@ bytes.
                      (`kmp.wrap(..., state_dtype=..., rounding=...)`)
     rounding         stochastic rounding to bfloat16: unbiased, the same
                      bits on every backend, no random state
+    grouped_update   the 16-bit update on eager torch, a group of
+                     variables at a time over float32 copies
     remat            `kmp.rematerialize`: layers recomputed in the
                      backward pass, under their dtype policy
 

@@ -21,9 +21,10 @@ registered for saving) that:
   torch's fused `_foreach` kernels write in place in bfloat16), and to
   nearest: Adam's second moment moves 0.1 % of its distance a step,
   under half a bfloat16 step, and rounded to nearest it freezes;
-- on torch, replaces the fused multi-tensor kernels with the per-variable
-  loop (the opt-in mode's cost); on TensorFlow, keeps `tf.distribute`'s
-  all-reduce and per-replica update.
+- on torch, runs Keras's multi-tensor update on float32 copies, a
+  group of variables at a time (`kmp.memory.grouped_update`); on
+  TensorFlow, keeps `tf.distribute`'s all-reduce and per-replica update;
+  elsewhere (JAX, Nadam on torch) updates variable by variable.
 
 The float32 arithmetic and one unbiased rounding per step are what keep
 the run close to float32 state (`tests/memory/optimizer_state_test.py`).
@@ -40,6 +41,7 @@ from keras import ops
 
 from kmp import backend
 from kmp.errors import InputError
+from kmp.memory import grouped_update
 from kmp.memory.rounding import stochastic_round
 
 STATE_DTYPES = ("float32", "bfloat16")
@@ -66,11 +68,15 @@ class _LowPrecisionState:
         # dtype on to `add_variable`, which swaps it (below).
         object.__setattr__(self, "_making_slot", slot)
         try:
-            return super().add_variable_from_reference(
+            made = super().add_variable_from_reference(
                 reference_variable, name=name, initializer=initializer
             )
         finally:
             object.__setattr__(self, "_making_slot", False)
+        # What a group's update writes besides its weights (`build`).
+        self._made_from.setdefault(self._var_key(reference_variable), [])
+        self._made_from[self._var_key(reference_variable)].append(made)
+        return made
 
     def add_variable(
         self,
@@ -97,6 +103,20 @@ class _LowPrecisionState:
             # TensorFlow: all-reduce, then `_distributed_tf_update_step`.
             return super()._backend_update_step(
                 grads, trainable_variables, learning_rate
+            )
+        if backend.updates_in_groups() and (
+            _stock_class(type(self)).__name__ in grouped_update.GROUPED
+        ):
+            # Eager torch: per variable, each operation of the update is
+            # a kernel and a Python call of its own (0.57x float32's
+            # tokens/s; BUILD_NOTES, "The 16-bit update on eager torch").
+            return grouped_update.update_in_groups(
+                self,
+                grads,
+                trainable_variables,
+                learning_rate,
+                stock_decay=super()._apply_weight_decay,
+                stock_update=super()._backend_update_step,
             )
         with backend.outside_autograd(), backend.float32_reads():
             for grad, variable in zip(grads, trainable_variables):
@@ -143,6 +163,7 @@ class _LowPrecisionState:
             super()._apply_weight_decay(rest)
 
     def build(self, variables):
+        object.__setattr__(self, "_made_from", {})
         super().build(variables)
 
         # Where each write is rounded stochastically, decided once (the
@@ -168,6 +189,17 @@ class _LowPrecisionState:
         }
         object.__setattr__(self, "_weight_places", weights)
         object.__setattr__(self, "_rounding_places", {**slots, **weights})
+        # What a group's update widens to float32 (torch): each weight's
+        # bfloat16 variables, itself and its slots.
+        widened = {
+            self._var_key(w): [
+                v
+                for v in (w, *self._made_from.get(self._var_key(w), ()))
+                if bfloat16(v)
+            ]
+            for w in self._trainable_variables
+        }
+        object.__setattr__(self, "_bfloat16_of", widened)
 
     def _stochastic_index(self, variable):
         """The index of a bfloat16 weight this optimizer rounds
@@ -237,9 +269,11 @@ def _stock_class(cls):
 def _low_precision_class(stock):
     if stock not in _CLASSES:
         name = f"LowPrecision{stock.__name__}"
-        klass = type(
-            name, (_LowPrecisionState, stock), {"__module__": __name__}
-        )
+        # The class Keras makes for `stock`: on torch its twin with the
+        # multi-tensor update (`TorchOptimizer.__new__` picks it; `__new__`
+        # alone builds nothing), elsewhere `stock` itself.
+        made = type(stock.__new__(stock))
+        klass = type(name, (_LowPrecisionState, made), {"__module__": __name__})
         _CLASSES[stock] = keras.saving.register_keras_serializable("kmp", name)(
             klass
         )
@@ -247,8 +281,25 @@ def _low_precision_class(stock):
 
 
 # Registered when kmp is imported, so that a `.keras` file saved with one
-# loads in a fresh process. Each makes its slots from its variables.
-for _name in ("Adam", "AdamW", "SGD", "Lion", "RMSprop", "Adamax", "Nadam"):
+# loads in a fresh process. Each makes its slots from its variables
+# (Adafactor its factored statistics with `add_variable`, in the weight's
+# dtype). Not ScheduleFreeAdamW: its "momentum" is an iterate of the
+# weights themselves, which bfloat16 state would round like a weight.
+for _name in (
+    "Adam",
+    "AdamW",
+    "SGD",
+    "Lion",
+    "RMSprop",
+    "Adamax",
+    "Nadam",
+    "Adagrad",
+    "Adadelta",
+    "Adafactor",
+    "Ftrl",
+    "Lamb",
+    "Muon",
+):
     _low_precision_class(getattr(keras.optimizers, _name))
 
 
@@ -333,6 +384,14 @@ def low_precision(optimizer, state_dtype=None, rounding=None, seed=0):
             "16-bit state or stochastic rounding needs one of Keras's own "
             f"optimizers (keras.optimizers.Adam, ...); got "
             f"{type(optimizer).__name__}."
+        )
+    if stock not in _CLASSES:
+        # ScheduleFreeAdamW (its "momentum" is an iterate of the weights),
+        # LossScaleOptimizer (wrap its inner one), a class Keras adds later.
+        raise InputError(
+            f"16-bit state and stochastic rounding are not offered for "
+            f"{stock.__name__}; use one of "
+            f"{sorted(k.__name__ for k in _CLASSES)}."
         )
     if optimizer.built:
         raise InputError(

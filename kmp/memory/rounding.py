@@ -22,9 +22,11 @@ The noise is a hash of (seed, step, variable index, element index) in
 JAX and torch agree), not a draw from `keras.random`: nothing to save, to
 restore or to keep equal across replicas (each replica hashes the same
 numbers), and the same seed rounds the same way on all three backends.
+On torch the operations are torch's own (`kmp.backend.integer_ops`: the
+same bits, without eager `keras.ops`' cost per call).
 """
 
-from keras import ops
+from kmp import backend
 
 # Chris Wellons's "lowbias32" integer hash: multipliers found by search
 # for the lowest bias of any 32-bit two-multiply hash.
@@ -39,11 +41,13 @@ def _signed(constant):
 
 def _shift_right(x, bits):
     # `right_shift` of an int32 copies the sign bit in; a hash needs zeros.
+    ops = backend.integer_ops()
     return ops.bitwise_and(ops.right_shift(x, bits), (1 << (32 - bits)) - 1)
 
 
 def hash32(x):
     """A bijective mix of int32 `x` (elementwise), as int32."""
+    ops = backend.integer_ops()
     x = ops.bitwise_xor(x, _shift_right(x, 16))
     x = ops.multiply(x, _signed(_MULTIPLIERS[0]))
     x = ops.bitwise_xor(x, _shift_right(x, 15))
@@ -62,6 +66,32 @@ def _mixed(x):
     return x ^ (x >> 16)
 
 
+def _keys(seed, step, indices):
+    """`hash32(base + step)` of each variable index, as int32 (shape of
+    `indices`): the part of the noise's input shared by a tensor."""
+    ops = backend.integer_ops()
+    # What does not change from step to step is mixed in Python: fewer
+    # operations per write (each one a kernel of its own on eager torch).
+    bases = [_signed(_mixed(_mixed(seed) + index)) for index in indices]
+    return hash32(
+        ops.add(ops.convert_to_tensor(bases, "int32"), ops.cast(step, "int32"))
+    )
+
+
+def _noise(counter, key):
+    """The top 16 bits of `hash32(counter * golden + key)`."""
+    ops = backend.integer_ops()
+    mixed = hash32(ops.add(ops.multiply(counter, _signed(_GOLDEN)), key))
+    return _shift_right(mixed, 16)
+
+
+def _size(shape):
+    size = 1
+    for dim in shape:
+        size *= int(dim)
+    return size
+
+
 def noise_bits(shape, seed, step, index):
     """Uniform integers in [0, 2**16) of `shape`, a function of its args.
 
@@ -72,18 +102,19 @@ def noise_bits(shape, seed, step, index):
         index: The variable's index among the optimizer's variables (a
             Python int).
     """
-    # What does not change from step to step is mixed in Python: fewer
-    # operations per write (each one a kernel of its own on eager torch).
-    base = _signed(_mixed(_mixed(seed) + index))
-    key = hash32(
-        ops.add(ops.convert_to_tensor(base, "int32"), ops.cast(step, "int32"))
-    )
-    size = 1
-    for dim in shape:
-        size *= int(dim)
-    counter = ops.reshape(ops.arange(size, dtype="int32"), shape)
-    mixed = hash32(ops.add(ops.multiply(counter, _signed(_GOLDEN)), key))
-    return _shift_right(mixed, 16)
+    ops = backend.integer_ops()
+    key = ops.reshape(_keys(seed, step, [index]), ())
+    counter = ops.reshape(ops.arange(_size(shape), dtype="int32"), shape)
+    return _noise(counter, key)
+
+
+def _rounded(x, noise):
+    """float32 `x` with `noise` added to its bits, the low 16 cleared."""
+    ops = backend.integer_ops()
+    bits = ops.view(ops.cast(x, "float32"), "int32")
+    rounded = ops.bitwise_and(ops.add(bits, noise), -(1 << 16))
+    # The low 16 bits are zero: the cast is exact.
+    return ops.cast(ops.view(rounded, "float32"), "bfloat16")
 
 
 def stochastic_round(x, seed, step, index):
@@ -99,8 +130,39 @@ def stochastic_round(x, seed, step, index):
         step: The optimizer's step (a scalar tensor or int).
         index: The variable's index among the optimizer's variables.
     """
-    bits = ops.view(ops.cast(x, "float32"), "int32")
-    noise = noise_bits(ops.shape(x), seed, step, index)
-    rounded = ops.bitwise_and(ops.add(bits, noise), -(1 << 16))
-    # The low 16 bits are zero: the cast is exact.
-    return ops.cast(ops.view(rounded, "float32"), "bfloat16")
+    ops = backend.integer_ops()
+    return _rounded(x, noise_bits(ops.shape(x), seed, step, index))
+
+
+def stochastic_round_many(tensors, seed, step, indices):
+    """`stochastic_round` of each of `tensors` (the same bits), in one
+    pass over all of them: a fixed number of operations, where one tensor
+    at a time takes some twenty each (a kernel each, on eager torch).
+    Eager (the repeats are values): kmp's torch update calls it.
+
+    Args:
+        tensors: float tensors, at least one.
+        seed: A Python int.
+        step: The optimizer's step (a scalar tensor or int).
+        indices: Each tensor's index among the optimizer's variables.
+
+    Returns:
+        The bfloat16 tensors, in order.
+    """
+    ops = backend.integer_ops()
+    shapes = [ops.shape(x) for x in tensors]
+    sizes = [_size(shape) for shape in shapes]
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    # Each element's index within its own tensor, and its tensor's key.
+    repeats = ops.convert_to_tensor(sizes, "int32")
+    counter = ops.subtract(
+        ops.arange(sum(sizes), dtype="int32"),
+        ops.repeat(ops.convert_to_tensor(starts, "int32"), repeats),
+    )
+    key = ops.repeat(_keys(seed, step, indices), repeats)
+    flat = ops.concatenate(
+        [ops.reshape(ops.cast(x, "float32"), (-1,)) for x in tensors]
+    )
+    rounded = _rounded(flat, _noise(counter, key))
+    pieces = ops.split(rounded, [start for start in starts[1:]])
+    return [ops.reshape(p, shape) for p, shape in zip(pieces, shapes)]

@@ -3,6 +3,7 @@
 
 import keras
 import numpy as np
+import pytest
 
 from kmp import backend
 
@@ -51,3 +52,31 @@ def test_the_scope_in_force_is_entered_again_later():
         assert read() == "float32"
     with backend.reads_in_force():  # none was in force: as stored
         assert read() == "bfloat16"
+
+
+def test_only_torch_updates_groups_of_variables_and_not_statelessly():
+    variable = keras.Variable(np.ones(3))
+    assert backend.updates_in_groups() == (backend.name() == "torch")
+    with keras.StatelessScope([(variable, np.zeros(3, "float32"))]):
+        assert not backend.updates_in_groups()
+
+
+def test_float32_working_copies_take_in_place_updates_on_torch():
+    variable = keras.Variable(np.full(3, 1.0), dtype="bfloat16")
+    if backend.name() != "torch":
+        with pytest.raises(NotImplementedError, match="float32_reads"):
+            with backend.float32_working_copies([variable]):
+                pass
+        return
+    stored = variable.value
+    with backend.float32_working_copies([variable]) as (copy,):
+        assert variable.value is copy and str(copy.dtype) == "torch.float32"
+        with backend.outside_autograd():
+            variable.value.add_(2**-10)  # a torch optimizer's update
+    # The storage is back, unchanged; the copy holds what bfloat16 loses.
+    assert variable.value is stored
+    assert (
+        keras.ops.convert_to_numpy(keras.ops.cast(variable, "float32")).tolist()
+        == [1.0] * 3
+    )
+    assert keras.ops.convert_to_numpy(copy).tolist() == [1 + 2**-10] * 3

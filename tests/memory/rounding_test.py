@@ -103,3 +103,18 @@ def test_the_result_is_one_of_the_two_neighbours(value, seed):
     assert np.all((got == down) | (got == up))
     if down[0] == x[0]:
         assert np.all(got == x)  # already a bfloat16
+
+
+def test_many_tensors_at_once_round_as_each_alone():
+    rng = np.random.default_rng(0)
+    tensors = [
+        rng.normal(size=shape).astype("float32")
+        for shape in ((3, 5), (7,), (), (2, 1, 4))
+    ]
+    indices = [4, 0, 9, 2]
+    together = rounding.stochastic_round_many(tensors, 3, 17, indices)
+    for x, index, got in zip(tensors, indices, together):
+        alone = rounding.stochastic_round(x, 3, 17, index)
+        assert keras.backend.standardize_dtype(got.dtype) == "bfloat16"
+        assert tuple(got.shape) == x.shape
+        np.testing.assert_array_equal(_numpy(got), _numpy(alone))

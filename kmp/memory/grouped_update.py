@@ -1,0 +1,115 @@
+"""The 16-bit update on eager torch, a group of variables at a time.
+
+Keras's torch optimizers update every variable in one call
+(`_parallel_update_step`: a `torch._foreach_*` kernel per operation over
+all the tensors), in place, in each tensor's dtype. kmp's 16-bit modes
+compute in float32 and round once, so they ran Keras's per-variable
+`update_step` instead: on eager torch each of its operations, and each
+of the rounding's twenty, a kernel and a Python call of its own (0.57x
+float32's tokens/s with bfloat16 state, on a 2-core CPU). Here, for
+each group of weights (at most `GROUP_ELEMENTS` of them):
+
+    copies = float32 copies of the group's bfloat16 weights and slots,
+             swapped in for their storage (backend.float32_working_copies)
+    Keras's own weight decay and multi-tensor update, on the copies
+    storage back; each copy written rounded as `assign` rounds it, the
+             stochastic ones in one pass (rounding.stochastic_round_many)
+
+The result is the per-variable update's float32 arithmetic in the
+kernels' order, each write rounded once, with the draws of the same
+places (`tests/memory/grouped_update_test.py`). Not for Nadam: its torch
+update also moves a product shared by all variables, once per call.
+"""
+
+from keras import ops
+
+from kmp import backend
+from kmp.memory.rounding import stochastic_round_many
+
+# Keras's torch twins of these update any group of variables in one call.
+GROUPED = ("Adam", "AdamW", "SGD", "Lion", "RMSprop", "Adamax")
+# Elements of weights updated together. A group costs, on top of the
+# stored state, float32 copies of its weights and slots, the update's
+# temporaries and the rounding's (some 20 bytes an element of each):
+# with Adam's two slots, about 250 MiB.
+GROUP_ELEMENTS = 2**22
+
+
+def groups(variables, elements):
+    """Consecutive runs of `variables`' indices, each of at most
+    `elements` elements (or one variable larger than that)."""
+    group, size = [], 0
+    for i, variable in enumerate(variables):
+        count = 1
+        for dim in variable.shape:
+            count *= int(dim)
+        if group and size + count > elements:
+            yield group
+            group, size = [], 0
+        group.append(i)
+        size += count
+    if group:
+        yield group
+
+
+def update_in_groups(
+    optimizer,
+    grads,
+    trainable_variables,
+    learning_rate,
+    stock_decay,
+    stock_update,
+):
+    """Applies `grads` to `trainable_variables` a group at a time (module
+    doc).
+
+    Args:
+        optimizer: A `kmp.memory` low-precision optimizer, built.
+        grads: The gradients, one per variable.
+        trainable_variables: The variables.
+        learning_rate: The learning rate of this step.
+        stock_decay: The stock class's `_apply_weight_decay`, bound.
+        stock_update: The stock class's `_backend_update_step`, bound
+            (torch's multi-tensor one).
+    """
+    for group in groups(trainable_variables, GROUP_ELEMENTS):
+        variables = [trainable_variables[i] for i in group]
+        widened = [
+            v
+            for weight in variables
+            for v in optimizer._bfloat16_of.get(optimizer._var_key(weight), ())
+        ]
+        with backend.outside_autograd(), backend.stored_reads():
+            with backend.float32_working_copies(widened) as copies:
+                group_grads = [ops.cast(grads[i], "float32") for i in group]
+                decayed = [
+                    v
+                    for v in variables
+                    if optimizer._stochastic_index(v) is not None
+                ]
+                if optimizer.weight_decay is not None and decayed:
+                    # In float32 here, rounded stochastically below (the
+                    # optimizer's `_apply_weight_decay` left them out).
+                    stock_decay(decayed)
+                stock_update(group_grads, variables, learning_rate)
+            _write_back(optimizer, widened, copies)
+
+
+def _write_back(optimizer, variables, values):
+    """Each of `variables` gets its float32 value, rounded as the
+    optimizer's `assign` rounds it, the stochastic ones in one pass."""
+    places = [optimizer._rounding_place(v) for v in variables]
+    stochastic = [i for i, place in enumerate(places) if place is not None]
+    values = list(values)
+    if stochastic:
+        rounded = stochastic_round_many(
+            [values[i] for i in stochastic],
+            optimizer._rounding_seed,
+            optimizer.iterations,
+            [places[i] for i in stochastic],
+        )
+        for i, value in zip(stochastic, rounded):
+            values[i] = value
+    with backend.stored_reads():  # the write reaches the variable
+        for variable, value in zip(variables, values):
+            variable.assign(value)  # to nearest, where not rounded
