@@ -10,7 +10,11 @@
 #      tokens/s, the device's peak memory, the final losses;
 #   3. `kmp train lm --batch_size=max` in the baseline mode and the
 #      smallest one, under a 16 GiB limit (a smaller GPU's memory): the
-#      largest batch each fits, and the compiles it took.
+#      largest batch each fits, and the compiles it took;
+#   4. on eager torch (PyTorch is there, Keras's torch backend with it):
+#      one AdamW update in each mode (optimizer_update.py: kmp's grouped
+#      update against its per-variable one, a kernel launch per
+#      operation), then the modes trained as in 2.
 #
 # Run on the device machine through Keras's JAX backend (../shared/GPU.md:
 # no TensorFlow there; KerasHub feeds arrays through grain there, whose
@@ -29,13 +33,13 @@ if [ "$SIZE" = gpu ]; then  # width heads layers sequence text_bytes
   FOOTPRINT=(--batch_size=32)
   MODES=(--steps=40)
   LIMIT=17179869184
-  LIMITS=(120 200 220)
+  LIMITS=(120 200 220 90 200)
 else
   read -r WIDTH HEADS LAYERS SEQUENCE TEXT <<<"32 2 1 32 20000"
   FOOTPRINT=(--batch_size=4)
   MODES=(--steps=2)
   LIMIT=20000000
-  LIMITS=(300 300 300)
+  LIMITS=(300 300 300 300 300)
 fi
 LM=(--hidden_dim="$WIDTH" --heads="$HEADS" --layers="$LAYERS"
     --sequence_length="$SEQUENCE" --data=synthetic --text_bytes="$TEXT")
@@ -59,3 +63,12 @@ for mode in float32 both; do
     --output_dir="$OUT/max_batch_$mode"
   rm -f "$OUT/max_batch_$mode"/*.keras  # large, and nothing to read
 done
+
+step torch_update "${LIMITS[3]}" env KERAS_BACKEND=torch "$PYTHON" \
+  benchmarks/optimizer_update.py --hidden_dim="$WIDTH" --layers="$LAYERS" \
+  --sequence_length="$SEQUENCE" --output "$OUT/optimizer_update_torch.json"
+
+step modes_torch "${LIMITS[4]}" env KERAS_BACKEND=torch "$PYTHON" \
+  benchmarks/memory_modes.py lm "${MODES[@]}" \
+  --modes="float32,bf16 state,both" \
+  --output "$OUT/memory_modes_lm_torch.json" -- "${LM[@]}" --batch_size=16

@@ -580,6 +580,30 @@ def _memory_table(path, modes=_MEMORY_MODES, tokens=False):
     return {"rows": {mode: _memory_row(path, mode, tokens) for mode in modes}}
 
 
+def _seeds_row(path, mode, seeds):
+    """A row of `memory_modes.py --seeds=...`'s table: the mean loss,
+    and each seed's change."""
+    path, columns = _memory_row(path, mode)
+    at = ("modes", mode)
+    columns["mean final loss (change)"] = columns.pop("final loss (change)")
+    columns["change per seed"] = [
+        (*at, "loss_changes", i) for i in range(seeds)
+    ]
+    return path, columns
+
+
+def _update_row(name):
+    """A row of `benchmarks/optimizer_update.py`'s table."""
+    at = ("updates", name)
+    return (
+        "optimizer_update_torch.json",
+        {
+            "ms (median)": [(*at, "median_ms")],
+            "x float32 (median of rounds)": [(*at, "over_float32", "median")],
+        },
+    )
+
+
 _MIB = 2**20
 
 
@@ -626,15 +650,35 @@ _PART2 = {
     (_MEMORY, 2): _memory_table("memory_modes_cifar10_jax_40_steps.json"),
     (_MEMORY, 3): {
         "rows": {
+            mode: _seeds_row(
+                "memory_modes_cifar10_jax_40_steps_4_seeds.json", mode, 4
+            )
+            for mode in ("float32", "bf16 state", "bf16 masters", "both")
+        }
+    },
+    (_MEMORY, 4): {
+        "rows": {
             mode: _footprint_row("memory_footprint_lm_jax.json", mode)
             for mode in _MEMORY_MODES
         }
     },
-    (_MEMORY, 4): _memory_table(
+    (_MEMORY, 5): _memory_table(
         "memory_modes_lm_torch.json",
         ("float32", "bf16 state", "both"),
         tokens=True,
     ),
+    (_MEMORY, 6): {
+        "rows": {
+            name: _update_row(name)
+            for name in (
+                "float32",
+                "bf16 state",
+                "both",
+                "bf16 state, per variable",
+                "both, per variable",
+            )
+        }
+    },
     (_ON_H200_26, 0): _memory_table(
         _H200_26 + "memory_modes_lm_jax.json",
         ("float32", "bf16 state", "both", "both + remat"),
