@@ -6,10 +6,9 @@ Keras's torch ops turn each Python constant into a tensor, on every
 call, and run eagerly: a stochastic write is about twenty of them (a
 hash of the element index), for every bfloat16 weight and slot, every
 step. The same operations through torch directly take a constant as a
-scalar: a write costs less than half (BUILD_NOTES, "The 16-bit update
-on eager torch"). The
-rounding tests check these bits against the reference on every
-backend, so torch still draws what TensorFlow and JAX draw.
+scalar (BUILD_NOTES, "The 16-bit update on eager torch"). The rounding
+tests check these bits against the reference on every backend, so
+torch still draws what TensorFlow and JAX draw.
 """
 
 import torch
@@ -49,7 +48,7 @@ def subtract(x, y):
 
 
 def repeat(x, repeats):
-    return torch.repeat_interleave(x, torch.as_tensor(repeats, device=x.device))
+    return torch.repeat_interleave(x, repeats)
 
 
 def concatenate(xs):

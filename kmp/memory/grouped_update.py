@@ -21,6 +21,8 @@ places (`tests/memory/grouped_update_test.py`). Not for Nadam: its torch
 update also moves a product shared by all variables, once per call.
 """
 
+import math
+
 from keras import ops
 
 from kmp import backend
@@ -40,9 +42,7 @@ def groups(variables, elements):
     `elements` elements (or one variable larger than that)."""
     group, size = [], 0
     for i, variable in enumerate(variables):
-        count = 1
-        for dim in variable.shape:
-            count *= int(dim)
+        count = math.prod(int(dim) for dim in variable.shape)
         if group and size + count > elements:
             yield group
             group, size = [], 0

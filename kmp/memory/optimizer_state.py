@@ -74,8 +74,8 @@ class _LowPrecisionState:
         finally:
             object.__setattr__(self, "_making_slot", False)
         # What a group's update writes besides its weights (`build`).
-        self._made_from.setdefault(self._var_key(reference_variable), [])
-        self._made_from[self._var_key(reference_variable)].append(made)
+        made_from = self.__dict__.setdefault("_made_from", {})
+        made_from.setdefault(self._var_key(reference_variable), []).append(made)
         return made
 
     def add_variable(
@@ -163,6 +163,8 @@ class _LowPrecisionState:
             super()._apply_weight_decay(rest)
 
     def build(self, variables):
+        if self.built:  # as Keras's own: the slots exist, and the maps
+            return
         object.__setattr__(self, "_made_from", {})
         super().build(variables)
 

@@ -26,6 +26,8 @@ On torch the operations are torch's own (`kmp.backend.integer_ops`: the
 same bits, without eager `keras.ops`' cost per call).
 """
 
+import math
+
 from kmp import backend
 
 # Chris Wellons's "lowbias32" integer hash: multipliers found by search
@@ -86,10 +88,7 @@ def _noise(counter, key):
 
 
 def _size(shape):
-    size = 1
-    for dim in shape:
-        size *= int(dim)
-    return size
+    return math.prod(int(dim) for dim in shape)
 
 
 def noise_bits(shape, seed, step, index):

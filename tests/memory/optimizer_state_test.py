@@ -321,3 +321,16 @@ def test_a_bfloat16_second_moment_follows_float32_where_nearest_freezes():
     kmp.enable("mixed_bfloat16", master_weights="bfloat16")
     dtype, stock = _second_moment_after_a_change(keras.optimizers.Adam(1e-6))
     assert dtype == "bfloat16" and np.all(stock == 1.0)
+
+
+def test_a_second_build_keeps_what_the_first_decided():
+    # Keras's `build` returns at once when built; kmp's must keep its
+    # maps too (which writes round stochastically, what a group widens).
+    kmp.enable("mixed_bfloat16", master_weights="bfloat16")
+    model = _trained(kmp.wrap(keras.optimizers.Adam(1e-2)))
+    optimizer = model.optimizer
+    places, widened = optimizer._rounding_places, optimizer._bfloat16_of
+    assert len(places) == 2 + 2 * 2 and all(map(len, widened.values()))
+    optimizer.build(model.trainable_variables)
+    assert optimizer._rounding_places == places
+    assert optimizer._bfloat16_of == widened
