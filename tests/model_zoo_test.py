@@ -280,3 +280,46 @@ def _float8_paths(model):
         for layer in model._flatten_layers(include_self=False)
         if getattr(layer, "quantization_mode", None) == "float8"
     )
+
+
+# A CNN with BatchNormalization and the three KerasHub transformers.
+MEMORY_MODES = [
+    "MobileNetV3Small",
+    "BertTextClassifier",
+    "LlamaBackbone+head",
+    "ViTImageClassifier",
+]
+
+
+@pytest.mark.parametrize("name", MEMORY_MODES)
+def test_bfloat16_masters_and_state_train_save_and_load(name, tmp_path):
+    _backends(name, "mixed_bfloat16")
+    build, x, y, loss = MODELS[name]
+    kmp.enable("mixed_bfloat16", master_weights="bfloat16")
+    keras.utils.set_random_seed(0)
+    model = kmp.pin_float32(build())
+    losses = _fit(model, x, y, loss, eager=name in APPLICATIONS)
+    assert np.all(np.isfinite(losses)), losses
+    # Every weight and slot in bfloat16 (float32 islands compute in
+    # float32 over bfloat16 variables), rounded stochastically.
+    optimizer = model.optimizer
+    assert {str(w.dtype) for w in model.trainable_weights} == {"bfloat16"}
+    slots = [v for v in optimizer.variables if len(v.shape)]
+    assert {str(v.dtype) for v in slots} == {"bfloat16"}
+    assert kmp.memory.rounding_of(optimizer) == "stochastic"
+    report = kmp.audit(model, verbose=False)
+    assert any("by stochastic rounding" in f.problem for f in report), report
+    assert _unpinned(report) == [], report
+
+    path, loaded = _round_trip(model, x, tmp_path, name)
+    assert type(loaded.optimizer) is type(optimizer)
+    assert kmp.memory.rounding_of(loaded.optimizer) == "stochastic"
+    assert int(loaded.optimizer.iterations) == 2
+    for a, b in zip(optimizer.variables, loaded.optimizer.variables):
+        np.testing.assert_array_equal(
+            keras.ops.convert_to_numpy(keras.ops.cast(a, "float32")),
+            keras.ops.convert_to_numpy(keras.ops.cast(b, "float32")),
+        )
+    resumed = loaded.fit(x, y, batch_size=2, epochs=1, steps_per_epoch=1)
+    assert np.isfinite(resumed.history["loss"][0])
+    assert int(loaded.optimizer.iterations) == 3

@@ -66,6 +66,7 @@ from kmp.backend.memory import variable_bytes
 from kmp.backend.optimizer_updates import float32_reads
 from kmp.backend.optimizer_updates import float32_working_copies
 from kmp.backend.optimizer_updates import integer_ops
+from kmp.backend.optimizer_updates import optimizer_class
 from kmp.backend.optimizer_updates import outside_autograd
 from kmp.backend.optimizer_updates import reads_in_force
 from kmp.backend.optimizer_updates import stored_dtype
@@ -115,6 +116,7 @@ __all__ = [
     "max_over_replicas",
     "name",
     "out_of_trace",
+    "optimizer_class",
     "outside_autograd",
     "own_values",
     "peak_memory",

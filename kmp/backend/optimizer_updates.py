@@ -22,6 +22,8 @@ rematerialization, which must recompute in the layer's dtype.
                         kernels, outside a stateless scope)
     float32_working_copies  a scope in which variables are stored in
                         float32 copies of themselves (torch)
+    optimizer_class     the class Keras makes for a stock optimizer class
+                        (torch: its twin with the multi-tensor update)
 
 Keras exports no `AutocastScope` nor `in_stateless_scope`: they are
 imported here, once, from `keras.src`, and here alone is the torch
@@ -131,3 +133,13 @@ def float32_working_copies(variables):
     finally:
         for variable, value in zip(variables, stored):
             variable._value = value
+
+
+def optimizer_class(stock):
+    """The class of the object `stock(...)` makes: on torch, the twin
+    `TorchOptimizer.__new__` picks for Keras's own classes (with the
+    multi-tensor `_parallel_update_step`; `__new__` alone builds
+    nothing); elsewhere `stock` itself."""
+    if name() == "torch":
+        return type(stock.__new__(stock))
+    return stock

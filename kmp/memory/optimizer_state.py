@@ -271,10 +271,8 @@ def _stock_class(cls):
 def _low_precision_class(stock):
     if stock not in _CLASSES:
         name = f"LowPrecision{stock.__name__}"
-        # The class Keras makes for `stock`: on torch its twin with the
-        # multi-tensor update (`TorchOptimizer.__new__` picks it; `__new__`
-        # alone builds nothing), elsewhere `stock` itself.
-        made = type(stock.__new__(stock))
+        # On torch, the twin with the multi-tensor update.
+        made = backend.optimizer_class(stock)
         klass = type(name, (_LowPrecisionState, made), {"__module__": __name__})
         _CLASSES[stock] = keras.saving.register_keras_serializable("kmp", name)(
             klass

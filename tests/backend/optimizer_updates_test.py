@@ -80,3 +80,13 @@ def test_float32_working_copies_take_in_place_updates_on_torch():
         == [1.0] * 3
     )
     assert keras.ops.convert_to_numpy(copy).tolist() == [1 + 2**-10] * 3
+
+
+def test_the_optimizer_class_is_what_keras_makes():
+    for stock in (keras.optimizers.Adam, keras.optimizers.Muon):
+        made = backend.optimizer_class(stock)
+        assert made is type(stock())
+        assert issubclass(made, stock)
+        assert (made is stock) == (
+            backend.name() != "torch" or stock is keras.optimizers.Muon
+        )
