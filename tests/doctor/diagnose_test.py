@@ -27,6 +27,10 @@ def _row(report, name):
 
 
 def _mlp(loss="sparse_categorical_crossentropy", policy="mixed_float16"):
+    # Seeded: the weights, and so the figures asserted below, must not
+    # depend on which tests ran before in the same process (one JAX run
+    # measured a relative error of 0.055 against the 0.05 bound).
+    keras.utils.set_random_seed(0)
     with kmp.policy_scope(policy):
         inputs = keras.Input((16,))
         x = keras.layers.Dense(32, activation="relu", name="hidden")(inputs)
