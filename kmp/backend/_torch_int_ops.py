@@ -47,8 +47,14 @@ def subtract(x, y):
     return torch.sub(x, y)
 
 
-def repeat(x, repeats):
-    return torch.repeat_interleave(x, repeats)
+def searchsorted(sorted_sequence, values, side="left"):
+    return torch.searchsorted(
+        sorted_sequence, values, side=side, out_int32=True
+    )
+
+
+def take(x, indices):
+    return x[indices]
 
 
 def concatenate(xs):

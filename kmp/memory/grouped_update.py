@@ -22,10 +22,12 @@ update also moves a product shared by all variables, once per call.
 """
 
 import math
+import typing
 
 from keras import ops
 
 from kmp import backend
+from kmp.memory.rounding import many_layout
 from kmp.memory.rounding import stochastic_round_many
 
 # Keras's torch twins of these update any group of variables in one call.
@@ -52,6 +54,52 @@ def groups(variables, elements):
         yield group
 
 
+class _Group(typing.NamedTuple):
+    """One group's update, decided once per list of variables."""
+
+    indices: list  # of the weights, in the list `apply` was given
+    variables: list  # the weights
+    widened: list  # their bfloat16 weights and slots
+    decayed: list  # the weights whose decay is computed here
+    stochastic: list  # positions in `widened` rounded stochastically
+    layout: object  # `rounding.many_layout` of those, or None
+
+
+def _plan(optimizer, trainable_variables):
+    """The groups of `trainable_variables`, made on the first step that
+    updates them and kept: each step after only runs them (no host
+    array to build, nothing found again)."""
+    plans = optimizer.__dict__.setdefault("_group_plans", {})
+    key = tuple(id(v) for v in trainable_variables)
+    if key in plans:
+        return plans[key]
+    made = []
+    for indices in groups(trainable_variables, GROUP_ELEMENTS):
+        variables = [trainable_variables[i] for i in indices]
+        widened = [
+            v
+            for weight in variables
+            for v in optimizer._bfloat16_of.get(optimizer._var_key(weight), ())
+        ]
+        places = [optimizer._rounding_place(v) for v in widened]
+        stochastic = [i for i, place in enumerate(places) if place is not None]
+        layout = None
+        if stochastic:
+            layout = many_layout(
+                [tuple(widened[i].shape) for i in stochastic],
+                optimizer._rounding_seed,
+                [places[i] for i in stochastic],
+            )
+        decayed = [
+            v for v in variables if optimizer._stochastic_index(v) is not None
+        ]
+        made.append(
+            _Group(indices, variables, widened, decayed, stochastic, layout)
+        )
+    plans[key] = made
+    return made
+
+
 def update_in_groups(
     optimizer,
     grads,
@@ -72,44 +120,36 @@ def update_in_groups(
         stock_update: The stock class's `_backend_update_step`, bound
             (torch's multi-tensor one).
     """
-    for group in groups(trainable_variables, GROUP_ELEMENTS):
-        variables = [trainable_variables[i] for i in group]
-        widened = [
-            v
-            for weight in variables
-            for v in optimizer._bfloat16_of.get(optimizer._var_key(weight), ())
-        ]
+    for group in _plan(optimizer, trainable_variables):
         with backend.outside_autograd(), backend.stored_reads():
-            with backend.float32_working_copies(widened) as copies:
-                group_grads = [ops.cast(grads[i], "float32") for i in group]
-                decayed = [
-                    v
-                    for v in variables
-                    if optimizer._stochastic_index(v) is not None
-                ]
-                if optimizer.weight_decay is not None and decayed:
+            with backend.float32_working_copies(group.widened) as copies:
+                if optimizer.weight_decay is not None and group.decayed:
                     # In float32 here, rounded stochastically below (the
                     # optimizer's `_apply_weight_decay` left them out).
-                    stock_decay(decayed)
-                stock_update(group_grads, variables, learning_rate)
-            _write_back(optimizer, widened, copies)
+                    stock_decay(group.decayed)
+                stock_update(
+                    [ops.cast(grads[i], "float32") for i in group.indices],
+                    group.variables,
+                    learning_rate,
+                )
+            _write_back(optimizer, group, copies)
 
 
-def _write_back(optimizer, variables, values):
-    """Each of `variables` gets its float32 value, rounded as the
-    optimizer's `assign` rounds it, the stochastic ones in one pass."""
-    places = [optimizer._rounding_place(v) for v in variables]
-    stochastic = [i for i, place in enumerate(places) if place is not None]
-    values = list(values)
-    if stochastic:
+def _write_back(optimizer, group, copies):
+    """Each of the group's widened variables gets its float32 copy,
+    rounded as the optimizer's `assign` rounds it, the stochastic ones
+    in one pass."""
+    values = list(copies)
+    if group.stochastic:
         rounded = stochastic_round_many(
-            [values[i] for i in stochastic],
+            [values[i] for i in group.stochastic],
             optimizer._rounding_seed,
             optimizer.iterations,
-            [places[i] for i in stochastic],
+            None,  # the layout holds the indices
+            group.layout,
         )
-        for i, value in zip(stochastic, rounded):
+        for i, value in zip(group.stochastic, rounded):
             values[i] = value
     with backend.stored_reads():  # the write reaches the variable
-        for variable, value in zip(variables, values):
+        for variable, value in zip(group.widened, values):
             variable.assign(value)  # to nearest, where not rounded

@@ -27,6 +27,7 @@ same bits, without eager `keras.ops`' cost per call).
 """
 
 import math
+import typing
 
 from kmp import backend
 
@@ -68,16 +69,18 @@ def _mixed(x):
     return x ^ (x >> 16)
 
 
-def _keys(seed, step, indices):
-    """`hash32(base + step)` of each variable index, as int32 (shape of
-    `indices`): the part of the noise's input shared by a tensor."""
+def _base(seed, index):
+    """The part of a tensor's key fixed for a run, mixed in Python: fewer
+    operations per write (each one a kernel of its own on eager torch)."""
+    return _signed(_mixed(_mixed(seed) + index))
+
+
+def _key(bases, step):
+    """`hash32(base + step)`: the part of the noise's input a tensor's
+    elements share, this step. `bases` a Python int, or an array of
+    them (added as they are: no array made from the host per write)."""
     ops = backend.integer_ops()
-    # What does not change from step to step is mixed in Python: fewer
-    # operations per write (each one a kernel of its own on eager torch).
-    bases = [_signed(_mixed(_mixed(seed) + index)) for index in indices]
-    return hash32(
-        ops.add(ops.convert_to_tensor(bases, "int32"), ops.cast(step, "int32"))
-    )
+    return hash32(ops.add(ops.cast(step, "int32"), bases))
 
 
 def _noise(counter, key):
@@ -102,9 +105,8 @@ def noise_bits(shape, seed, step, index):
             Python int).
     """
     ops = backend.integer_ops()
-    key = ops.reshape(_keys(seed, step, [index]), ())
     counter = ops.reshape(ops.arange(_size(shape), dtype="int32"), shape)
-    return _noise(counter, key)
+    return _noise(counter, _key(_base(seed, index), step))
 
 
 def _rounded(x, noise):
@@ -133,35 +135,67 @@ def stochastic_round(x, seed, step, index):
     return _rounded(x, noise_bits(ops.shape(x), seed, step, index))
 
 
-def stochastic_round_many(tensors, seed, step, indices):
+class Layout(typing.NamedTuple):
+    """What `stochastic_round_many` needs of the tensors it rounds that
+    stays from step to step (`many_layout`): made once, its arrays where
+    Keras puts arrays, so that a step copies nothing from the host."""
+
+    shapes: list
+    total: int  # elements in all
+    cuts: list  # where the second tensor starts, the third, ...
+    starts: object  # int32 array: where each tensor starts
+    bases: object  # int32 array: each tensor's fixed part of the key
+
+
+def many_layout(shapes, seed, indices) -> Layout:
+    """The `Layout` of tensors of `shapes`, the variables at `indices`
+    of an optimizer rounding under `seed`."""
+    ops = backend.integer_ops()
+    sizes = [_size(shape) for shape in shapes]
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return Layout(
+        shapes=[tuple(shape) for shape in shapes],
+        total=sum(sizes),
+        cuts=starts[1:],
+        starts=ops.convert_to_tensor(starts, "int32"),
+        bases=ops.convert_to_tensor(
+            [_base(seed, index) for index in indices], "int32"
+        ),
+    )
+
+
+def stochastic_round_many(tensors, seed, step, indices, layout=None):
     """`stochastic_round` of each of `tensors` (the same bits), in one
     pass over all of them: a fixed number of operations, where one tensor
     at a time takes some twenty each (a kernel each, on eager torch).
-    Eager (the repeats are values): kmp's torch update calls it.
 
     Args:
         tensors: float tensors, at least one.
         seed: A Python int.
         step: The optimizer's step (a scalar tensor or int).
         indices: Each tensor's index among the optimizer's variables.
+        layout: Their `many_layout(shapes, seed, indices)`, made once
+            by a caller that rounds the same tensors every step; None:
+            made here.
 
     Returns:
         The bfloat16 tensors, in order.
     """
     ops = backend.integer_ops()
-    shapes = [ops.shape(x) for x in tensors]
-    sizes = [_size(shape) for shape in shapes]
-    starts = [sum(sizes[:i]) for i in range(len(sizes))]
-    # Each element's index within its own tensor, and its tensor's key.
-    repeats = ops.convert_to_tensor(sizes, "int32")
-    counter = ops.subtract(
-        ops.arange(sum(sizes), dtype="int32"),
-        ops.repeat(ops.convert_to_tensor(starts, "int32"), repeats),
+    if layout is None:
+        layout = many_layout([ops.shape(x) for x in tensors], seed, indices)
+    # Each element's tensor, found among the starts (a search, not a
+    # repeat by the sizes, whose output size torch reads back from the
+    # device), its index within that tensor, and the tensor's key.
+    position = ops.arange(layout.total, dtype="int32")
+    owner = ops.subtract(
+        ops.searchsorted(layout.starts, position, side="right"), 1
     )
-    key = ops.repeat(_keys(seed, step, indices), repeats)
+    counter = ops.subtract(position, ops.take(layout.starts, owner))
+    key = ops.take(_key(layout.bases, step), owner)
     flat = ops.concatenate(
         [ops.reshape(ops.cast(x, "float32"), (-1,)) for x in tensors]
     )
     rounded = _rounded(flat, _noise(counter, key))
-    pieces = ops.split(rounded, [start for start in starts[1:]])
-    return [ops.reshape(p, shape) for p, shape in zip(pieces, shapes)]
+    pieces = ops.split(rounded, layout.cuts)
+    return [ops.reshape(p, shape) for p, shape in zip(pieces, layout.shapes)]
