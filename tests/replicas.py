@@ -70,6 +70,7 @@ def one_inf(kind, bad_replica):
             context = tf.distribute.get_replica_context()
             bad = tf.equal(context.replica_id_in_sync_group, bad_replica)
             grad = tf.where(bad, [np.inf, 4.0], [4.0, 4.0])
+            optimizer.scale_loss(1.0)  # grad stands for a scaled loss's
             optimizer.apply([grad], [v])
 
         STRATEGY.run(replica_fn)
@@ -115,6 +116,7 @@ def clip(kind):
             context = tf.distribute.get_replica_context()
             first = tf.equal(context.replica_id_in_sync_group, 0)
             grad = tf.where(first, [6.0, 0.0], [0.0, 8.0])  # scaled by 2
+            optimizer.scale_loss(1.0)  # grad stands for a scaled loss's
             optimizer.apply([grad], [v])
 
         STRATEGY.run(replica_fn)

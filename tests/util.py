@@ -69,6 +69,15 @@ def mlp(features=8, units=16, seed=0):
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def as_if_scaled(optimizer):
+    """For a test that hands `optimizer.apply` gradients made by hand that
+    stand for gradients of the scaled loss: calls `scale_loss`, as a loop
+    that scales its loss does, so that kmp divides the next apply's
+    gradients by the scale (`kmp.scaling.scaled_losses`). Harmless on
+    Keras's own scaler."""
+    optimizer.scale_loss(1.0)
+
+
 def script_result(stdout):
     """The JSON of a helper script's last `RESULT {...}` line."""
     line = [x for x in stdout.splitlines() if x.startswith("RESULT ")]

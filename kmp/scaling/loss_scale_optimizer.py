@@ -76,9 +76,12 @@ class LossScaleOptimizer(
             step_counter = 0
     ```
 
-    Gradients of a loss it never scaled, applied in a `train_step` of
-    the user's own, are applied as they are, with one line that says how
-    to scale it (`kmp.scaling.scaled_losses`, `stateless_scale_loss`).
+    `grads` are taken to be of the scaled loss where this optimizer
+    scaled one (`scale_loss`, `stateless_scale_loss`) in the running
+    `train_step` or, in a loop of one's own, since its last apply (or in
+    the same trace). Gradients of a loss it never scaled (keras-io's
+    guides write such steps and loops) are applied as they are, with one
+    line that says how to scale it (`kmp.scaling.scaled_losses`).
 
     `scale`, `step_counter`, `overflow_streak` and `skipped_steps` are
     optimizer variables (`dynamic_scale`, `step_counter`,

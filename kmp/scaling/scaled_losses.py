@@ -1,47 +1,54 @@
-"""Which losses a scaler scaled: a train step that never scaled its loss
-gets its gradients applied as they are, not divided by the loss scale.
+"""Which losses a scaler scaled: gradients of a loss it never scaled are
+applied as they are, not divided by the loss scale.
 
 Keras's `LossScaleOptimizer.apply(grads)` takes gradients of the *scaled*
 loss and divides them by the scale. Keras's own train steps scale the
-loss first (`loss = self.optimizer.scale_loss(loss)`); the train steps
-that keras-io's guides teach ("Customizing what happens in `fit()`", on
-TensorFlow, JAX and PyTorch, and their GANs with two optimizers) do not.
-Under mixed_float16 such a step divides gradients that were never
-multiplied by 32768: the weights move 1/32768 as far as they should, and
-nothing says so (stock Keras and kmp alike, before this module).
+loss first (`loss = self.optimizer.scale_loss(loss)`); the code keras-io's
+guides teach does not: the train steps of "Customizing what happens in
+`fit()`" (TensorFlow, JAX and PyTorch, and their GANs with two
+optimizers), and the loops of "Writing a training loop from scratch"
+(`GradientTape` + `apply`, eager or in a `tf.function`; `jax.jit` over
+`stateless_apply`; `loss.backward()` + `apply`). Under mixed_float16 such
+code divides gradients that were never multiplied by 32768: the weights
+move 1/32768 as far as they should, and nothing says so (stock Keras and
+kmp alike, before this module).
 
 The rule, per `apply` (or `stateless_apply`) of a `kmp.LossScaleOptimizer`:
 
 ```
 frame = innermost keras.Model.train_step running now, if any
-if frame is None:
-    divide by the scale            # Keras's contract: gradients of the
-                                   # scaled loss (hand-made, a loop of
-                                   # one's own that scales)
-elif optimizer.scale_loss was called in this very frame:
-    divide by the scale            # fit's own step, or a step that scales
+if frame is not None:                     # fit's step, or the user's
+    scaled = optimizer scaled a loss in this very frame
+else:                                     # a loop of the user's own
+    scaled = optimizer scaled a loss since its last apply (eagerly), or
+             in the trace being built (tf.function, jax.jit)
+if scaled:
+    divide by the scale                   # Keras's contract
 else:
-    apply the gradients as they are, and say once per model:
-    "... did not scale; fix: loss = self.optimizer.scale_loss(loss)"
+    apply the gradients as they are, and say so once (per model in a
+    train step, per line of code in a loop): where, why, the fix
 ```
 
-Non-finite gradients are still skipped and counted either way.
+"Scaled a loss" is a call of `scale_loss`, `stateless_scale_loss` or
+tf-keras's `get_scaled_loss` on this optimizer; gradients the user
+divided with `get_unscaled_gradients` are never divided again. Either
+way non-finite gradients are still skipped and counted.
 
-kmp does not scale the loss for such a step: the gradients reach the
+kmp does not scale the loss for such code: the gradients reach the
 optimizer already computed, and scaling after the fact cannot bring back
-what float16 flushed to zero on the way. Where kmp could see the loss
-(`compute_loss`), scaling it would change what the user's step logs and
-returns, and would scale twice under Keras's own step. So the step keeps
-the user's meaning, float16 gradients of an unscaled loss, and the line
-names the one-line fix.
+what float16 flushed to zero on the way. So the step keeps the user's
+meaning, float16 gradients of an unscaled loss (what the same code does
+in float32), and the line names the one-line fix.
 
-On TensorFlow and JAX the decision is taken once, when the step is
-traced; on torch at every step (a walk of the stack, microseconds).
+Python decides, so on TensorFlow (in a `tf.function`) and JAX (under
+`jax.jit`) the decision is taken once, when the step is traced; eagerly
+and on torch at every step (a walk of the stack, microseconds).
 """
 
 import contextlib
 import logging
 import sys
+import sysconfig
 import threading
 import weakref
 
@@ -57,11 +64,20 @@ logger = logging.getLogger("kmp")
 SCALING_CALLS = ("scale_loss", "get_scaled_loss")
 
 # Per thread (tf.distribute runs each replica's step in a thread of its
-# own): optimizer id -> id of the train step frame that scaled its loss.
+# own): optimizer id -> where it last scaled a loss, not yet applied: the
+# id of the train step frame, or `_IN_A_LOOP` outside any train step.
 _local = threading.local()
+_IN_A_LOOP = "loop"
 # Models already told about (once per model, not per optimizer: a GAN's
-# two optimizers make one line).
+# two optimizers make one line), and lines of loops ("file:line").
 _told = weakref.WeakSet()
+_told_loops = set()
+# Frames that are not the user's loop: the frameworks', Python's own
+# (unittest, contextlib) and the code TensorFlow's autograph writes for a
+# `tf.function`.
+_LIBRARIES = ("kmp", "keras", "tensorflow", "jax", "torch", "optree")
+_STDLIB = sysconfig.get_paths()["stdlib"]
+_GENERATED = "__autograph_generated_file"
 
 
 def _marks() -> dict:
@@ -85,35 +101,88 @@ def train_step_frame():
     return None
 
 
+def loop_frame():
+    """The innermost frame of the user's own code on this thread's stack:
+    not kmp's, Keras's or a framework's, nor code autograph generated
+    (a `tf.function`'s loop is then named by the line that calls it)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        module = frame.f_globals.get("__name__") or ""
+        path = frame.f_code.co_filename
+        if not (
+            module.split(".")[0] in _LIBRARIES
+            or (path.startswith(_STDLIB) and "-packages" not in path)
+            or _GENERATED in path
+        ):
+            return frame
+        frame = frame.f_back
+    return None
+
+
 @backend.uncompiled
 def note_scaled(optimizer) -> None:
-    """Records that `optimizer` scaled a loss in the train step running
-    now (`scale_loss`, tf-keras's `get_scaled_loss`, Keras's trainers).
-    A mark made outside a train step is never read."""
+    """Records that `optimizer` scaled a loss (`scale_loss`, tf-keras's
+    `get_scaled_loss`, Keras's trainers): in the train step running now,
+    or, outside any, in the user's loop, until its next apply."""
     frame = train_step_frame()
-    if frame is not None:
-        _marks()[id(optimizer)] = id(frame)
+    _marks()[id(optimizer)] = _IN_A_LOOP if frame is None else id(frame)
+
+
+@backend.uncompiled
+def take_mark(optimizer):
+    """Forgets, and returns, where `optimizer` last scaled a loss."""
+    return _marks().pop(id(optimizer), None)
 
 
 @backend.uncompiled
 def loss_was_unscaled(optimizer, grads) -> bool:
-    """Whether `optimizer` is being given gradients, in a train step, of a
-    loss it did not scale there (see the module docstring); takes the
-    step's mark, and says so once per model the first time it is not.
+    """Whether `optimizer` is being given gradients of a loss it did not
+    scale (see the module docstring); takes the mark, and says so once
+    (per model in a train step, per line in a loop) when it did not.
 
     Args:
         optimizer: The `kmp.LossScaleOptimizer` applying `grads`.
         grads: The gradients, to count them in the message.
     """
-    mark = _marks().pop(id(optimizer), None)
+    mark = take_mark(optimizer)
     frame = train_step_frame()
-    if frame is None or mark == id(frame):
+    if frame is None:
+        if mark is not None:
+            return False
+        _tell_loop(optimizer, grads)
+        return True
+    if mark == id(frame):
         return False
     model = frame.f_locals["self"]
     if model not in _told:
         _told.add(model)
         logger.warning("kmp: %s", _message(model, frame, optimizer, grads))
     return True
+
+
+def _tell_loop(optimizer, grads):
+    frame = loop_frame()
+    where = "?" if frame is None else _where(frame)
+    if where in _told_loops:
+        return
+    _told_loops.add(where)
+    count = sum(g is not None for g in grads)
+    logger.warning(
+        "kmp: the loop at %s applies %d gradient(s) of a loss that the "
+        "%s did not scale: kmp applies them unscaled, as under float32 "
+        "(not divided by the loss scale, which would make every update that "
+        "many times too small), but float16 gradients of an unscaled loss "
+        "can underflow to zero. Fix: loss = optimizer.scale_loss(loss) "
+        "before taking the gradients (in a JAX step: "
+        "optimizer.stateless_scale_loss(optimizer_variables, loss)).",
+        where,
+        count,
+        type(optimizer).__name__,
+    )
+
+
+def _where(frame) -> str:
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
 def fix(attribute="optimizer") -> str:
@@ -138,7 +207,7 @@ def attribute_of(model, optimizer) -> str:
 
 
 def _message(model, frame, optimizer, grads) -> str:
-    where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+    where = _where(frame)
     count = sum(g is not None for g in grads)
     attribute = attribute_of(model, optimizer)
     return (
@@ -155,6 +224,12 @@ def models_told() -> list:
     """The models `loss_was_unscaled` has warned about (for tests and
     the audit)."""
     return list(_told)
+
+
+def loops_told() -> list:
+    """The lines of loops ("file:line") `loss_was_unscaled` has warned
+    about (for tests)."""
+    return sorted(_told_loops)
 
 
 class ScaledLossTracking:
@@ -224,9 +299,14 @@ class ScaledLossTracking:
 
     def apply(self, grads, trainable_variables=None):
         grads = list(grads)
-        by_user = self._take_user_unscaled(grads)
-        never_scaled = loss_was_unscaled(self, grads)
-        with self._dividing(not (by_user or never_scaled)):
+        if self._take_user_unscaled(grads):
+            # Divided by the user (tf-keras's loop): not to be divided
+            # again, nor told about.
+            take_mark(self)
+            divide = False
+        else:
+            divide = not loss_was_unscaled(self, grads)
+        with self._dividing(divide):
             return super().apply(grads, trainable_variables)
 
     @contextlib.contextmanager

@@ -67,12 +67,14 @@ def test_a_change_of_the_scale_multiplies_the_state():
     # Keras's float8 "gradients" of its statistics are their new values.
     for i in keras_float8.gradient_state(model.trainable_variables):
         grads[i] = model.trainable_variables[i].value
+    optimizer.scale_loss(1.0)  # the gradients are of the scaled loss
     optimizer.apply(grads, model.trainable_variables)  # finite: 8 -> 16
     assert float(optimizer.loss_scale) == 16.0
     assert float(layer.outputs_grad_scale) == 16.0
     history = ops.convert_to_numpy(layer.outputs_grad_amax_history)
     np.testing.assert_array_equal(history, np.full(history.shape, 6.0))
     grads[0] = ops.full(grads[0].shape, np.inf)
+    optimizer.scale_loss(1.0)
     optimizer.apply(grads, model.trainable_variables)  # skip: 16 -> 8
     assert float(optimizer.loss_scale) == 8.0
     assert float(layer.outputs_grad_scale) == 8.0

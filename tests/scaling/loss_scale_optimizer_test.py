@@ -13,6 +13,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from keras import ops
 from util import SCALE_RULES
+from util import as_if_scaled
 from util import classification_data
 from util import jax_only
 from util import mlp
@@ -33,6 +34,7 @@ def _apply(optimizer, grads, variables, path):
     grads = [ops.convert_to_tensor(np.asarray(g, "float32")) for g in grads]
     if not optimizer.built:
         optimizer.build(variables)
+    as_if_scaled(optimizer)  # the gradients are of the scaled loss
     if path == "stateful":
         optimizer.apply(grads, variables)
         return
@@ -297,7 +299,9 @@ def test_stateful_apply_on_jax_where_stock_keras_fails():
         stock.apply(grads, [v])
     ours = kmp.LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=8)
     v = keras.Variable([1.0, 2.0])  # the stock failure left a tracer in v
+    as_if_scaled(ours)
     ours.apply(grads, [v])
+    as_if_scaled(ours)
     ours.apply([ops.convert_to_tensor([8.0, 8.0])], [v])
     assert float(ours.dynamic_scale) == 4.0
     np.testing.assert_array_equal(v.numpy(), [-1.0, 0.0])
@@ -317,6 +321,7 @@ def test_stateless_apply_leaves_the_values_it_is_given_alone(cls):
     opt = cls(keras.optimizers.Adam(0.1), initial_scale=4.0)
     v = keras.Variable([1.0, 1.0])
     opt.build([v])
+    as_if_scaled(opt)
     before = _values([v] + opt.variables)
     new_vars, _ = opt.stateless_apply(
         [x.value for x in opt.variables],
@@ -442,10 +447,7 @@ def test_custom_stateless_apply_loop_with_jax():
             trainable, non_trainable, x, training=True
         )
         loss = loss_fn(y, y_pred)
-        with keras.StatelessScope(
-            state_mapping=list(zip(opt.variables, opt_vars))
-        ):
-            return opt.scale_loss(loss), loss
+        return opt.stateless_scale_loss(opt_vars, loss), loss
 
     @jax.jit
     def step(state, x, y):

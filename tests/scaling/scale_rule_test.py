@@ -162,6 +162,7 @@ def test_the_optimizer_holds_one_rule_and_its_attributes_read_it():
     assert optimizer.rule.max_scale == 4.0
     variable = keras.Variable([1.0])
     optimizer.build([variable])
+    optimizer.scale_loss(1.0)  # the gradient is of the scaled loss
     optimizer.apply([ops.ones((1,))], [variable])
     assert float(optimizer.loss_scale) == 4.0  # grown, then capped
     restored = kmp.LossScaleOptimizer.from_config(optimizer.get_config())

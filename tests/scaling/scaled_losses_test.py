@@ -8,6 +8,7 @@ the float32 update, over the float32 update's length, below 5 %.
 """
 
 import logging
+import sys
 
 import keras
 import keras_io_steps
@@ -180,15 +181,27 @@ def test_a_scale_loss_outside_the_step_does_not_count_inside_it(caplog):
     assert _off(mixed, float32) < 0.05
 
 
-def test_gradients_given_outside_a_train_step_are_of_the_scaled_loss():
-    # Keras's contract for a bare apply (hand-made gradients, a loop of
-    # one's own that scales): divided by the scale, as before.
+def test_outside_a_train_step_a_loss_scaled_since_the_last_apply_divides(
+    caplog,
+):
+    # Keras's contract, kept for a loop that scales: gradients given
+    # after a scale_loss are of the scaled loss, and divided by the scale.
     optimizer = kmp.LossScaleOptimizer(
         keras.optimizers.SGD(1.0), initial_scale=8
     )
     v = keras.Variable([0.0, 0.0])
-    optimizer.apply([ops.convert_to_tensor([8.0, 16.0])], [v])
-    np.testing.assert_array_equal(ops.convert_to_numpy(v), [-1.0, -2.0])
+    with caplog.at_level(logging.WARNING, logger="kmp"):
+        optimizer.scale_loss(1.0)
+        optimizer.apply([ops.convert_to_tensor([8.0, 16.0])], [v])
+        np.testing.assert_array_equal(ops.convert_to_numpy(v), [-1.0, -2.0])
+        # The mark was the step's: the next apply, with no scale_loss
+        # since, applies its gradients as they are, and says where.
+        optimizer.apply([ops.convert_to_tensor([8.0, 16.0])], [v])
+        line = f"{__file__}:{sys._getframe().f_lineno - 1}"
+    np.testing.assert_array_equal(ops.convert_to_numpy(v), [-9.0, -18.0])
+    (told,) = _told(caplog)
+    assert told.startswith(f"kmp: the loop at {line} applies 1 gradient(s)")
+    assert line in scaled_losses.loops_told()
 
 
 def test_an_unscaled_step_still_skips_non_finite_gradients():

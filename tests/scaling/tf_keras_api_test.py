@@ -22,7 +22,8 @@ def test_tf_keras_migration_api_does_not_unscale_twice():
     np.testing.assert_array_equal(ops.convert_to_numpy(unscaled[0]), [1, 2])
     opt.apply_gradients(zip(unscaled, [v]))  # tf-keras loop
     np.testing.assert_array_equal(v.numpy(), [-1.0, -2.0])
-    opt.apply_gradients(zip(scaled, [v]))  # Keras 3 loop: unscales itself
+    opt.scale_loss(loss)  # Keras 3 loop: scales, and apply unscales
+    opt.apply_gradients(zip(scaled, [v]))
     np.testing.assert_array_equal(v.numpy(), [-2.0, -4.0])
 
 
@@ -33,8 +34,10 @@ def test_only_the_very_tensors_returned_skip_the_division():
     opt.build([v])
     unscaled = opt.get_unscaled_gradients([ops.convert_to_tensor([8.0, 8.0])])
     copy = [ops.convert_to_tensor(np.array([1.0, 1.0], "float32"))]
+    opt.scale_loss(1.0)  # a Keras 3 loop's
     opt.apply_gradients(zip(copy, [v]))
     np.testing.assert_array_equal(v.numpy(), [-0.125, -0.125])
     # The pending tensors were forgotten by that apply: now they divide.
+    opt.scale_loss(1.0)
     opt.apply_gradients(zip(unscaled, [v]))
     np.testing.assert_array_equal(v.numpy(), [-0.25, -0.25])
