@@ -4,7 +4,9 @@ bytes.
     optimizer_state  16-bit optimizer state (an optimizer's slots stored
                      in bfloat16, its update computed in float32) and
                      16-bit master weights written by stochastic rounding
-                     (`kmp.wrap(..., state_dtype=..., rounding=...)`)
+    modes            `low_precision`: which of those modes an optimizer
+                     is in (`kmp.wrap(..., state_dtype=..., rounding=...)`),
+                     decided now or, for the rounding, when it is built
     rounding         stochastic rounding to bfloat16: unbiased, the same
                      bits on every backend, no random state
     grouped_update   the 16-bit update on eager torch, a group of
@@ -18,9 +20,9 @@ buffers) is measured in `kmp.backend.memory`.
 Imports from kmp: backend, errors.
 """
 
+from kmp.memory.modes import low_precision
 from kmp.memory.optimizer_state import ROUNDINGS
 from kmp.memory.optimizer_state import STATE_DTYPES
-from kmp.memory.optimizer_state import low_precision
 from kmp.memory.optimizer_state import rounding_of
 from kmp.memory.optimizer_state import state_dtype_of
 from kmp.memory.remat import recomputes_in_policy

@@ -40,7 +40,6 @@ import keras
 from keras import ops
 
 from kmp import backend
-from kmp.errors import InputError
 from kmp.memory import grouped_update
 from kmp.memory.rounding import stochastic_round
 
@@ -48,14 +47,50 @@ STATE_DTYPES = ("float32", "bfloat16")
 ROUNDINGS = ("stochastic", "nearest")
 # Slots Keras makes from a weight that stand for weights themselves.
 _KEPT_FLOAT32 = ("average", "gradient_accumulator")
+_MODES = {
+    "state_dtype": "_state_dtype",
+    "rounding": "_rounding",
+    "rounding_seed": "_rounding_seed",
+}
 
 
-class _LowPrecisionState:
-    """The mixin placed before a Keras optimizer's class (module doc)."""
+class _Modes:
+    """What `low_precision` asked of an optimizer, saved in its config."""
 
     _state_dtype = None  # None: each slot in its variable's dtype
-    _rounding = "nearest"  # of bfloat16 weights: "stochastic" or "nearest"
+    # Of bfloat16 weights: "stochastic", "nearest", or None: decided in
+    # `build`, stochastic where a weight is stored in bfloat16.
+    _rounding = None
     _rounding_seed = 0
+    # Read where a config has no key (files saved before the key was).
+    _SAVED_BEFORE = {"state_dtype": "bfloat16", "rounding": "nearest"}
+
+    def get_config(self):
+        config = super().get_config()
+        for key, attribute in _MODES.items():
+            config[key] = getattr(self, attribute)
+        return config
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        modes = {
+            attribute: config.pop(key, cls._SAVED_BEFORE.get(key, 0))
+            for key, attribute in _MODES.items()
+        }
+        optimizer = super().from_config(config, custom_objects=custom_objects)
+        for attribute, value in modes.items():
+            object.__setattr__(optimizer, attribute, value)
+        return optimizer
+
+
+def _stores_bfloat16(variables) -> bool:
+    return any(backend.stored_dtype(v) == "bfloat16" for v in variables)
+
+
+class _LowPrecisionState(_Modes):
+    """The mixin placed before a Keras optimizer's class (module doc)."""
+
     _making_slot = False
 
     def add_variable_from_reference(
@@ -165,6 +200,9 @@ class _LowPrecisionState:
     def build(self, variables):
         if self.built:  # as Keras's own: the slots exist, and the maps
             return
+        if self._rounding is None:  # from the weights, not the policy
+            rounding = "stochastic" if _stores_bfloat16(variables) else None
+            object.__setattr__(self, "_rounding", rounding or "nearest")
         object.__setattr__(self, "_made_from", {})
         super().build(variables)
 
@@ -234,29 +272,32 @@ class _LowPrecisionState:
             variable, ops.subtract(ops.cast(variable, "float32"), value)
         )
 
-    def get_config(self):
-        return {
-            **super().get_config(),
-            "state_dtype": self._state_dtype,
-            "rounding": self._rounding,
-            "rounding_seed": self._rounding_seed,
-        }
 
-    @classmethod
-    def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        modes = {
-            "_state_dtype": config.pop("state_dtype", "bfloat16"),
-            "_rounding": config.pop("rounding", "nearest"),
-            "_rounding_seed": config.pop("rounding_seed", 0),
-        }
-        optimizer = super().from_config(config, custom_objects=custom_objects)
-        for name, value in modes.items():
-            object.__setattr__(optimizer, name, value)
-        return optimizer
+class _ModesAtBuild(_Modes):
+    """The mixin of an optimizer whose rounding waits for its weights.
+
+    `low_precision` asked for the default rounding while the policy kept
+    float32 weights (`kmp.wrap` called before `kmp.enable(...,
+    master_weights="bfloat16")`), so nothing says yet whether the weights
+    will be bfloat16. When built, the optimizer becomes in place the
+    class its weights call for: the low-precision one, rounding
+    stochastically, where any is stored in bfloat16; else the class it
+    was (Keras's own: the same bits).
+    """
+
+    def build(self, variables):
+        if self.built:
+            return
+        self.__class__ = type(self).__bases__[1]  # the class it was
+        requested = [self.__dict__.pop(a, None) for a in _MODES.values()]
+        if _stores_bfloat16(variables):
+            state_dtype, _, seed = requested
+            become_low_precision(self, state_dtype, "stochastic", seed or 0)
+        self.build(variables)
 
 
 _CLASSES = {}
+_AT_BUILD = {}
 
 
 def _stock_class(cls):
@@ -268,16 +309,24 @@ def _stock_class(cls):
     return None
 
 
-def _low_precision_class(stock):
-    if stock not in _CLASSES:
-        name = f"LowPrecision{stock.__name__}"
+def _registered(classes, mixin, prefix, stock):
+    if stock not in classes:
+        name = f"{prefix}{stock.__name__}"
         # On torch, the twin with the multi-tensor update.
         made = backend.optimizer_class(stock)
-        klass = type(name, (_LowPrecisionState, made), {"__module__": __name__})
-        _CLASSES[stock] = keras.saving.register_keras_serializable("kmp", name)(
+        klass = type(name, (mixin, made), {"__module__": __name__})
+        classes[stock] = keras.saving.register_keras_serializable("kmp", name)(
             klass
         )
-    return _CLASSES[stock]
+    return classes[stock]
+
+
+def _low_precision_class(stock):
+    return _registered(_CLASSES, _LowPrecisionState, "LowPrecision", stock)
+
+
+def _class_at_build(stock):
+    return _registered(_AT_BUILD, _ModesAtBuild, "RoundingAtBuild", stock)
 
 
 # Registered when kmp is imported, so that a `.keras` file saved with one
@@ -301,6 +350,39 @@ for _name in (
     "Muon",
 ):
     _low_precision_class(getattr(keras.optimizers, _name))
+    _class_at_build(getattr(keras.optimizers, _name))
+
+
+def stock_class(optimizer):
+    """The Keras optimizer class `optimizer` can take kmp's modes from, or
+    None (a class of the user's own, or one kmp does not offer them for).
+    """
+    stock = _stock_class(type(optimizer))
+    if stock is None or not type(optimizer).__module__.startswith("keras."):
+        return None
+    return stock
+
+
+def offered() -> list:
+    """The names of the Keras optimizers kmp's modes are offered for."""
+    return sorted(k.__name__ for k in _CLASSES)
+
+
+def become_low_precision(optimizer, state_dtype, rounding, seed):
+    """Makes `optimizer` (a stock Keras optimizer, not built) the
+    low-precision class of its stock class, in place, with these modes."""
+    optimizer.__class__ = _low_precision_class(stock_class(optimizer))
+    object.__setattr__(optimizer, "_state_dtype", state_dtype)
+    object.__setattr__(optimizer, "_rounding", rounding)
+    object.__setattr__(optimizer, "_rounding_seed", seed)
+
+
+def round_when_built(optimizer, state_dtype, seed):
+    """Makes `optimizer` decide its rounding when it is built, from its
+    weights (`_ModesAtBuild`), in place."""
+    optimizer.__class__ = _class_at_build(stock_class(optimizer))
+    object.__setattr__(optimizer, "_state_dtype", state_dtype)
+    object.__setattr__(optimizer, "_rounding_seed", seed)
 
 
 def state_dtype_of(optimizer) -> str | None:
@@ -312,95 +394,8 @@ def state_dtype_of(optimizer) -> str | None:
 def rounding_of(optimizer) -> str | None:
     """How `optimizer` rounds writes to bfloat16 weights: "stochastic",
     "nearest", or None for an optimizer `low_precision` did not change
-    (Keras's own: to nearest, after each operation)."""
-    if not isinstance(optimizer, _LowPrecisionState):
+    (Keras's own: to nearest, after each operation). One that decides
+    when built rounds bfloat16 weights stochastically."""
+    if not isinstance(optimizer, _Modes):
         return None
-    return optimizer._rounding
-
-
-def low_precision(optimizer, state_dtype=None, rounding=None, seed=0):
-    """Stores `optimizer`'s slots in `state_dtype` and rounds its writes
-    to bfloat16 weights as `rounding` says; returns the optimizer.
-
-    The optimizer is changed in place, and only where a request differs
-    from what Keras does: float32 weights and state with no stochastic
-    rounding leave it as it was (the same class, the same bits).
-
-    Args:
-        optimizer: A Keras optimizer, not built yet (its slots are made
-            when it is built).
-        state_dtype: `"bfloat16"` (slots stored in bfloat16, the update
-            in float32), `"float32"` (float32 slots, also for bfloat16
-            weights), or None: Keras's slots, in the dtype of their
-            variables.
-        rounding: How a new value of a bfloat16 weight is rounded:
-            `"stochastic"` (unbiased: small updates still move it on
-            average) or `"nearest"` (Keras's rounding: an update under
-            half a bfloat16 step is lost). None: stochastic when the
-            global dtype policy keeps its variables in bfloat16
-            (`kmp.enable(..., master_weights="bfloat16")`), else nearest.
-        seed: An int: which stochastic roundings a run draws (the same
-            seed rounds the same way on every backend).
-
-    Raises:
-        kmp.InputError: another dtype (float16's range cannot hold Adam's
-            second moment of small gradients: it underflows to 0) or
-            rounding, a built optimizer, or one that is not a Keras
-            optimizer.
-
-    Example:
-
-    ```python
-    optimizer = low_precision(keras.optimizers.AdamW(1e-3), "bfloat16")
-    ```
-    """
-    if state_dtype not in (None, *STATE_DTYPES):
-        raise InputError(
-            f"state_dtype={state_dtype!r} is not supported; use one of "
-            f"{STATE_DTYPES} or None (float16's range underflows Adam's "
-            "second moment; bfloat16 has float32's range)."
-        )
-    if rounding not in (None, *ROUNDINGS):
-        raise InputError(
-            f"rounding={rounding!r} is not supported; use one of "
-            f"{ROUNDINGS} or None (stochastic for bfloat16 master weights)."
-        )
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise InputError(f"seed must be an int, got {seed!r}.")
-    masters = keras.config.dtype_policy().variable_dtype
-    if rounding is None:
-        rounding = "stochastic" if masters == "bfloat16" else "nearest"
-    if (
-        state_dtype != "bfloat16"
-        and rounding != "stochastic"
-        and (state_dtype is None or masters == state_dtype)
-    ):
-        return optimizer  # what Keras does already
-    stock = _stock_class(type(optimizer))
-    if stock is None or not type(optimizer).__module__.startswith("keras."):
-        # A subclass of the user's own would lose its methods to the
-        # stock class's, and its file could not be loaded elsewhere.
-        raise InputError(
-            "16-bit state or stochastic rounding needs one of Keras's own "
-            f"optimizers (keras.optimizers.Adam, ...); got "
-            f"{type(optimizer).__name__}."
-        )
-    if stock not in _CLASSES:
-        # ScheduleFreeAdamW (its "momentum" is an iterate of the weights),
-        # LossScaleOptimizer (wrap its inner one), a class Keras adds later.
-        raise InputError(
-            f"16-bit state and stochastic rounding are not offered for "
-            f"{stock.__name__}; use one of "
-            f"{sorted(k.__name__ for k in _CLASSES)}."
-        )
-    if optimizer.built:
-        raise InputError(
-            f"{type(optimizer).__name__} is built: its slots exist. Pass "
-            "state_dtype and rounding before compile (kmp.wrap(optimizer, "
-            "state_dtype=...)), or for a new optimizer."
-        )
-    optimizer.__class__ = _low_precision_class(stock)
-    object.__setattr__(optimizer, "_state_dtype", state_dtype)
-    object.__setattr__(optimizer, "_rounding", rounding)
-    object.__setattr__(optimizer, "_rounding_seed", seed)
-    return optimizer
+    return optimizer._rounding or "stochastic"

@@ -121,9 +121,10 @@ def wrap(
             Keras's slots, in the dtype of their variables.
         rounding: How the new value of a bfloat16 weight is rounded:
             `"stochastic"` (small updates still move it on average),
-            `"nearest"` (Keras's), or None: stochastic when the global
-            policy keeps its weights in bfloat16 (`kmp.enable(
-            "mixed_bfloat16", master_weights="bfloat16")`).
+            `"nearest"` (Keras's), or None: decided when the optimizer
+            is built, from its weights: stochastic for those stored in
+            bfloat16 (`kmp.enable("mixed_bfloat16",
+            master_weights="bfloat16")`, before or after this call).
         seed: An int, which stochastic roundings the run draws.
         **kwargs: Passed to `kmp.LossScaleOptimizer` when one is made;
             ignored when no scaling is needed, so the same call works in

@@ -166,11 +166,19 @@ def test_a_fresh_process_loads_the_file(tmp_path):
 
 
 def test_defaults_and_float32_leave_the_optimizer_as_it_was():
+    # Once built on float32 weights: until then the default rounding
+    # waits for the weights' dtype (`kmp.memory.modes`).
     for state_dtype in (None, "float32"):
         optimizer = keras.optimizers.Adam()
         kind = type(optimizer)
         assert kmp.wrap(optimizer, state_dtype=state_dtype) is optimizer
+        optimizer.build([keras.Variable(np.ones((2,), "float32"))])
         assert type(optimizer) is kind
+        assert "_state_dtype" not in vars(optimizer)
+    optimizer = keras.optimizers.Adam()
+    kind = type(optimizer)
+    kmp.wrap(optimizer, rounding="nearest")
+    assert type(optimizer) is kind  # asked for Keras's rounding: at once
 
 
 def _stall_run(
