@@ -20,7 +20,7 @@ Keras API; what cannot be branches here, each function once, on
     steps        a train step's extra logs, gradients by intermediate
                  tensors, what compiles a step, crossentropy's logits,
                  code that runs once inside a trace, code no compiler
-                 traces
+                 traces, the line a frame's code was written at
     scaler_ops   the loss scaler's branch, fused unscale, stateless copies,
                  a variable whose value a JAX step holds
     distribution the active distribution, its mesh and the variables it
@@ -87,6 +87,7 @@ from kmp.backend.steps import out_of_trace
 from kmp.backend.steps import step_compiler
 from kmp.backend.steps import taped_gradients
 from kmp.backend.steps import uncompiled
+from kmp.backend.steps import written_at
 
 __all__ = [
     "Device",
@@ -132,6 +133,7 @@ __all__ = [
     "tf32_enabled",
     "train_step_memory",
     "uncompiled",
+    "written_at",
     "updates_in_groups",
     "updates_per_replica",
     "use_compile_cache",

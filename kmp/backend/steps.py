@@ -125,6 +125,26 @@ def out_of_trace():
     return tf.init_scope()
 
 
+def written_at(frame) -> tuple[str, int] | None:
+    """Where the user wrote the code `frame` runs: its file and line, or,
+    for a `tf.function`'s body, which TensorFlow's autograph rewrites
+    into a generated file, the line of the original it came from (read
+    from the source map autograph keeps on the converted function, which
+    the caller's frame, autograph's `converted_call`, holds); None where
+    that map cannot be read."""
+    path = frame.f_code.co_filename
+    if "__autograph_generated_file" not in path:
+        return path, frame.f_lineno
+    caller = frame.f_back
+    converted = caller and caller.f_locals.get("converted_f")
+    source_map = getattr(converted, "ag_source_map", None) or {}
+    # Keys are LineLocation(filename, lineno) tuples.
+    origin = source_map.get((path, frame.f_lineno))
+    if origin is None:
+        return None
+    return origin.loc.filename, origin.loc.lineno
+
+
 def uncompiled(function):
     """`function`, run as Python where a compiler traces the step around
     it: under torch.compile, `torch._dynamo.disable`, so dynamo guards on

@@ -72,12 +72,10 @@ _IN_A_LOOP = "loop"
 # two optimizers make one line), and lines of loops ("file:line").
 _told = weakref.WeakSet()
 _told_loops = set()
-# Frames that are not the user's loop: the frameworks', Python's own
-# (unittest, contextlib) and the code TensorFlow's autograph writes for a
-# `tf.function`.
+# Frames that are not the user's loop: the frameworks' and Python's own
+# (unittest, contextlib).
 _LIBRARIES = ("kmp", "keras", "tensorflow", "jax", "torch", "optree")
 _STDLIB = sysconfig.get_paths()["stdlib"]
-_GENERATED = "__autograph_generated_file"
 
 
 def _marks() -> dict:
@@ -101,10 +99,11 @@ def train_step_frame():
     return None
 
 
-def loop_frame():
-    """The innermost frame of the user's own code on this thread's stack:
-    not kmp's, Keras's or a framework's, nor code autograph generated
-    (a `tf.function`'s loop is then named by the line that calls it)."""
+def loop_line() -> str:
+    """Where the user's own code on this thread's stack calls in: the
+    innermost frame that is not kmp's, Keras's, a framework's or
+    Python's, as "file:line" (a `tf.function`'s body by its source
+    line, `backend.written_at`), or "?"."""
     frame = sys._getframe(1)
     while frame is not None:
         module = frame.f_globals.get("__name__") or ""
@@ -112,11 +111,12 @@ def loop_frame():
         if not (
             module.split(".")[0] in _LIBRARIES
             or (path.startswith(_STDLIB) and "-packages" not in path)
-            or _GENERATED in path
         ):
-            return frame
+            written = backend.written_at(frame)
+            if written is not None:
+                return f"{written[0]}:{written[1]}"
         frame = frame.f_back
-    return None
+    return "?"
 
 
 @backend.uncompiled
@@ -161,8 +161,7 @@ def loss_was_unscaled(optimizer, grads) -> bool:
 
 
 def _tell_loop(optimizer, grads):
-    frame = loop_frame()
-    where = "?" if frame is None else _where(frame)
+    where = loop_line()
     if where in _told_loops:
         return
     _told_loops.add(where)
@@ -179,10 +178,6 @@ def _tell_loop(optimizer, grads):
         count,
         type(optimizer).__name__,
     )
-
-
-def _where(frame) -> str:
-    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
 def fix(attribute="optimizer") -> str:
@@ -207,7 +202,7 @@ def attribute_of(model, optimizer) -> str:
 
 
 def _message(model, frame, optimizer, grads) -> str:
-    where = _where(frame)
+    where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
     count = sum(g is not None for g in grads)
     attribute = attribute_of(model, optimizer)
     return (
