@@ -135,7 +135,7 @@ def take_mark(optimizer):
 
 
 @backend.uncompiled
-def loss_was_unscaled(optimizer, grads) -> bool:
+def loss_was_unscaled(optimizer, grads, stateless=False) -> bool:
     """Whether `optimizer` is being given gradients of a loss it did not
     scale (see the module docstring); takes the mark, and says so once
     (per model in a train step, per line in a loop) when it did not.
@@ -143,13 +143,15 @@ def loss_was_unscaled(optimizer, grads) -> bool:
     Args:
         optimizer: The `kmp.LossScaleOptimizer` applying `grads`.
         grads: The gradients, to count them in the message.
+        stateless: Whether they reach `stateless_apply` (the fix then
+            takes the scale from the step's state).
     """
     mark = take_mark(optimizer)
     frame = train_step_frame()
     if frame is None:
         if mark is not None:
             return False
-        _tell_loop(optimizer, grads)
+        _tell_loop(optimizer, grads, stateless)
         return True
     if mark == id(frame):
         return False
@@ -160,23 +162,31 @@ def loss_was_unscaled(optimizer, grads) -> bool:
     return True
 
 
-def _tell_loop(optimizer, grads):
+def _tell_loop(optimizer, grads, stateless):
     where = loop_line()
     if where in _told_loops:
         return
     _told_loops.add(where)
     count = sum(g is not None for g in grads)
+    if stateless:
+        fix_line = (
+            "loss = optimizer.stateless_scale_loss(optimizer_variables, "
+            "loss) in the function whose gradients you take"
+        )
+    else:
+        fix_line = (
+            "loss = optimizer.scale_loss(loss) before taking the gradients"
+        )
     logger.warning(
         "kmp: the loop at %s applies %d gradient(s) of a loss that the "
         "%s did not scale: kmp applies them unscaled, as under float32 "
         "(not divided by the loss scale, which would make every update that "
         "many times too small), but float16 gradients of an unscaled loss "
-        "can underflow to zero. Fix: loss = optimizer.scale_loss(loss) "
-        "before taking the gradients (in a JAX step: "
-        "optimizer.stateless_scale_loss(optimizer_variables, loss)).",
+        "can underflow to zero. Fix: %s.",
         where,
         count,
         type(optimizer).__name__,
+        fix_line,
     )
 
 
@@ -315,7 +325,7 @@ class ScaledLossTracking:
 
     def stateless_apply(self, optimizer_variables, grads, trainable_variables):
         grads = list(grads)
-        never_scaled = loss_was_unscaled(self, grads)
+        never_scaled = loss_was_unscaled(self, grads, stateless=True)
         with self._dividing(not never_scaled):
             return self._stateless_apply(
                 optimizer_variables, grads, trainable_variables
