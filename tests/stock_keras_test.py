@@ -1,11 +1,14 @@
 """Stock Keras's side of README's defect table ("Why not Keras's own
 `mixed_float16`?"), for the rows whose other tests run kmp's side only.
 
-Each test shows the defect on Keras 3.15.1 alone (the version the suite
-pins); the test named beside it in README's table shows kmp's fix. The
-rows that need two worker processes (the NumPy shuffle, the hang of
-Keras's scaler, the backup and a missing worker) are shown by the
-reproductions in BUILD_NOTES.md instead.
+Each test shows the defect on the Keras releases its `describes` names:
+3.15 (3.15.1, the version the suite pins) and 3.16 (keras-nightly
+3.16.0.dev2026102704, `.ci/nightly`); where the two differ, the test
+asserts each one's behaviour, and on any other release it is skipped,
+its reason naming the release. The test named beside it in README's
+table shows kmp's fix. The rows that need two worker processes (the
+NumPy shuffle, the hang of Keras's scaler, the backup and a missing
+worker) are shown by the reproductions in BUILD_NOTES.md instead.
 """
 
 import collections
@@ -28,12 +31,24 @@ import kmp
 from kmp import backend
 
 
+def describes(*releases):
+    """Runs the test on stock Keras of those releases ("3.15"); on
+    another, skips it with a reason that names the running version."""
+    running = "{}.{}".format(*backend.keras_version())
+    return pytest.mark.skipif(
+        running not in releases,
+        reason=f"describes stock Keras {' and '.join(releases)}, not "
+        f"Keras {keras.__version__}",
+    )
+
+
 def _stock(**kwargs):
     return keras.optimizers.LossScaleOptimizer(
         keras.optimizers.SGD(0.1), **kwargs
     )
 
 
+@describes("3.15", "3.16")
 @pytest.mark.backend_independent
 @pytest.mark.parametrize("argument", ["growth_factor", "backoff_factor"])
 def test_stock_scaler_takes_no_growth_or_backoff_factor(argument):
@@ -42,18 +57,21 @@ def test_stock_scaler_takes_no_growth_or_backoff_factor(argument):
         _stock(**{argument: 4.0})
 
 
+@describes("3.15", "3.16")
 @pytest.mark.backend_independent
 def test_stock_scaler_has_no_hysteresis():
     with pytest.raises(ValueError, match="does not support.*hysteresis"):
         _stock(hysteresis=2)
 
 
+@describes("3.15", "3.16")
 @pytest.mark.backend_independent
 def test_stock_scaler_refuses_dynamic_false():
     with pytest.raises(ValueError, match="no longer supports `dynamic=False`"):
         _stock(dynamic=False)
 
 
+@describes("3.15", "3.16")
 @pytest.mark.backend_independent
 def test_stock_scaler_has_no_tf_keras_loss_scaling_methods():
     stock = _stock()
@@ -61,6 +79,7 @@ def test_stock_scaler_has_no_tf_keras_loss_scaling_methods():
     assert not hasattr(stock, "get_unscaled_gradients")
 
 
+@describes("3.15", "3.16")
 def test_stock_scaler_logs_neither_its_scale_nor_skipped_steps():
     keras.config.set_dtype_policy("mixed_float16")
     model = mlp()
@@ -74,6 +93,7 @@ def test_stock_scaler_logs_neither_its_scale_nor_skipped_steps():
     assert not hasattr(stock, "skipped_steps")  # and nothing counts it
 
 
+@describes("3.15", "3.16")
 def test_float16_output_softmax_gives_crossentropy_of_rounded_probabilities():
     # Logits [0, -30], true class 1: the crossentropy is 30. A float16
     # softmax output rounds e**-30 to 0, and Keras's loss clips it to
@@ -92,6 +112,7 @@ def test_float16_output_softmax_gives_crossentropy_of_rounded_probabilities():
         assert crossentropy(float32) == pytest.approx(30.0)
 
 
+@describes("3.15", "3.16")
 @pytest.mark.backend_independent
 def test_set_dtype_policy_says_nothing_about_the_hardware(caplog, capsys):
     # kmp.enable warns where a mixed policy is slower than float32 (a CPU,
@@ -105,6 +126,7 @@ def test_set_dtype_policy_says_nothing_about_the_hardware(caplog, capsys):
     assert capsys.readouterr() == ("", "")
 
 
+@describes("3.15", "3.16")
 @pytest.mark.backend_independent
 def test_stock_checkpoint_callbacks_write_on_a_worker_that_is_not_chief(
     monkeypatch, tmp_path
@@ -161,6 +183,7 @@ def _ops_per_gradient(make):
     return {op: (four[op] - two[op]) / 2 for op in four if four[op] > two[op]}
 
 
+@describes("3.15", "3.16")
 @torch_only
 def test_stock_scaler_checks_and_divides_each_gradient_with_its_own_ops():
     # Per gradient, the stock scaler runs `isfinite` (on a CPU torch
@@ -186,6 +209,7 @@ def test_stock_scaler_checks_and_divides_each_gradient_with_its_own_ops():
         assert _ops_per_apply(optimizer, n)[fused] == 1
 
 
+@describes("3.15", "3.16")
 def test_stock_keras_loads_a_mixed_model_s_file_without_its_optimizer_state(
     tmp_path,
 ):
@@ -203,6 +227,7 @@ def test_stock_keras_loads_a_mixed_model_s_file_without_its_optimizer_state(
     assert any("Skipping variable loading" in str(w.message) for w in caught)
 
 
+@describes("3.15", "3.16")
 def test_stock_remat_recomputes_outside_the_policy_on_tensorflow_and_torch():
     # keras-team/keras#21448: `keras.RematScope` recomputes a layer in the
     # backward pass outside its autocast scope, so its kernel is read as
@@ -243,23 +268,33 @@ def _dropout_block_fit(remat_mode):
     return [ops.convert_to_numpy(w) for w in model.weights]
 
 
+@describes("3.15", "3.16")
 def test_stock_remat_fails_or_recomputes_another_dropout_mask():
     # BUILD_NOTES defect 30: a block with dropout made under
     # `keras.RematScope`. TensorFlow refuses it (`recompute_grad` takes no
     # keyword arguments in a graph, and Keras passes `training=` as
-    # one); JAX traces `training` and the layer's `if training:` fails
-    # on the tracer; torch trains, but recomputes the dropout mask from
-    # the seed its forward pass advanced (and the moving statistics
-    # twice): the weights differ from the same run without remat,
-    # silently. kmp.rematerialize runs all three as without remat
+    # one); on JAX, Keras 3.15 traces `training` and the layer's `if
+    # training:` fails on the tracer, and Keras 3.16 keeps a bool
+    # `training` out of the trace, but the dropout's seed generator
+    # advances inside `jax.checkpoint` and leaks its tracer; torch
+    # trains, but recomputes the dropout mask from the seed its forward
+    # pass advanced (and the moving statistics twice): the weights
+    # differ from the same run without remat, silently.
+    # kmp.rematerialize runs all three as without remat
     # (tests/memory/remat_test.py).
     if backend.name() == "tensorflow":
         with pytest.raises(ValueError, match="keywords arguments"):
             _dropout_block_fit("full")
         return
     if backend.name() == "jax":
-        with pytest.raises(Exception, match="DropoutBlock.call"):
+        if backend.keras_version() < (3, 16):
+            with pytest.raises(Exception, match="DropoutBlock.call"):
+                _dropout_block_fit("full")
+            return
+        with pytest.raises(Exception, match="unexpected tracer") as raised:
             _dropout_block_fit("full")
+        assert type(raised.value).__name__ == "UnexpectedTracerError"
+        assert "seed_generator" in str(raised.value)
         return
     plain = _dropout_block_fit(None)
     recomputed = _dropout_block_fit("full")

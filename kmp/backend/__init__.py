@@ -1,4 +1,5 @@
-"""The one place where kmp's code differs between Keras backends.
+"""The one place where kmp's code differs between Keras backends (and,
+in `keras_internals`, between Keras versions).
 
 Everything else in kmp is written against `keras.ops` and the public
 Keras API; what cannot be branches here, each function once, on
@@ -15,6 +16,8 @@ Keras API; what cannot be branches here, each function once, on
                  layer's call read them; the replica path; torch's no_grad;
                  the integer operations of stochastic rounding; an update
                  of many variables at once over float32 copies (torch)
+    keras_internals  Keras's version, the versions kmp is tested with,
+                 and Keras's private names got with a clear error
     recompute    the state a rematerialized call writes, the same in its
                  recomputation (dropout's seeds, moving statistics)
     steps        a train step's extra logs, gradients by intermediate
@@ -53,6 +56,11 @@ from kmp.backend.distribution import processes
 from kmp.backend.distribution import runtime_started
 from kmp.backend.distribution import sum_over_replicas
 from kmp.backend.initialization import initialized_together
+from kmp.backend.keras_internals import TESTED_KERAS
+from kmp.backend.keras_internals import KerasInternalsError
+from kmp.backend.keras_internals import keras_version
+from kmp.backend.keras_internals import private_attribute
+from kmp.backend.keras_internals import private_import
 from kmp.backend.machine import Device
 from kmp.backend.machine import environment
 from kmp.backend.machine import framework_versions
@@ -91,7 +99,9 @@ from kmp.backend.steps import written_at
 
 __all__ = [
     "Device",
+    "KerasInternalsError",
     "RecomputedState",
+    "TESTED_KERAS",
     "add_train_step_logs",
     "all_replicas_agree",
     "cond",
@@ -111,6 +121,7 @@ __all__ = [
     "initialized_together",
     "integer_ops",
     "is_stateless",
+    "keras_version",
     "join_processes",
     "layout_problems",
     "list_devices",
@@ -118,6 +129,8 @@ __all__ = [
     "name",
     "out_of_trace",
     "optimizer_class",
+    "private_attribute",
+    "private_import",
     "outside_autograd",
     "own_values",
     "peak_memory",

@@ -24,11 +24,22 @@ across the rematerialization (JAX).
 
 import contextlib
 
+import keras
 from keras import ops
-from keras.src.backend.common.stateless_scope import StatelessScope
-from keras.src.backend.common.stateless_scope import get_stateless_scope
 
 from kmp.backend._current import name
+from kmp.backend.keras_internals import private_import
+
+
+def _step_scope():
+    """The `StatelessScope` a JAX step runs in (Keras exports the class,
+    not the function that finds the active one)."""
+    get_stateless_scope = private_import(
+        "keras.src.backend.common.stateless_scope",
+        "get_stateless_scope",
+        "kmp.rematerialize (JAX)",
+    )
+    return get_stateless_scope()
 
 
 class RecomputedState:
@@ -37,7 +48,7 @@ class RecomputedState:
 
     def __init__(self, layer):
         self._variables = [v for v in layer.variables if not v.trainable]
-        self._outer = get_stateless_scope() if name() == "jax" else None
+        self._outer = _step_scope() if name() == "jax" else None
         self._written = []  # JAX: ids of the variables the run wrote
         self._losses = False
         self._started = None  # TF, torch: the values before the first run
@@ -46,7 +57,9 @@ class RecomputedState:
     def run(self):
         """Wraps one run of the rematerialized function."""
         if self._outer is not None:
-            inner = StatelessScope(collect_losses=self._outer.collect_losses)
+            inner = keras.StatelessScope(
+                collect_losses=self._outer.collect_losses
+            )
             inner.state_mapping = dict(self._outer.state_mapping)
             with inner:
                 yield

@@ -56,9 +56,11 @@ class _Float8:
 
     def build(self, input_shape):
         super().build(input_shape)
-        self._float8_build()
+        self._add_amax_histories()
 
-    def _float8_build(self):
+    def _add_amax_histories(self):
+        # Not `_float8_build`: that is Keras 3.15 Dense's private method
+        # (its own float8 variables), which this would override.
         if getattr(self, "inputs_amax_history", None) is not None:
             return
         # `kmp.float8` converts built layers: their tracker is locked.
@@ -231,7 +233,7 @@ def convert(layer):
     swap_class(layer, cls)
     layer.amax_history_length = _history_length(None)
     if layer.built:
-        layer._float8_build()
+        layer._add_amax_histories()
     return layer
 
 

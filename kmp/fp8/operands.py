@@ -3,11 +3,12 @@
 are float8, and the operands each quantizes (`observe_operands`, the
 doctor's headroom).
 
-Keras's layers quantize both operands inside their private method
-`_float8_call`; `observe_operands` wraps that method on each instance
-for the `with` block only (an instance attribute, removed on exit), as
-the one place kmp reaches into a Keras layer's private code: Keras has no
-hook there. kmp's layers call an observer of their own.
+Keras's layers quantize both operands inside the forward pass their
+`quantized_call` runs (Keras 3.15's private `_float8_call`, 3.16's
+float8 strategy: the same call, reached through `quantized_call` in
+both); `observe_operands` wraps `quantized_call` on each instance for the
+`with` block only (an instance attribute, removed on exit): Keras has no
+hook for the operands. kmp's layers call an observer of their own.
 """
 
 import contextlib
@@ -57,33 +58,39 @@ def observe_operands(layers, observer):
     way); a compiled step would call `observer` once, while tracing.
     """
     layers = list(layers)
-    for layer in layers:
-        if isinstance(layer, _Float8):
-            layer._operand_observer = observer
-        else:
-            # Keras's layer: its `_float8_call` quantizes both operands.
-            object.__setattr__(
-                layer, "_float8_call", _observed(layer, observer)
-            )
+    saved = []  # Keras's layers, each with its own `quantized_call`, if any
     try:
+        for layer in layers:
+            if isinstance(layer, _Float8):
+                layer._operand_observer = observer
+            else:
+                own = vars(layer).get("quantized_call")
+                saved.append((layer, own))
+                object.__setattr__(
+                    layer, "quantized_call", _observed(layer, observer)
+                )
         yield
     finally:
         for layer in layers:
             if isinstance(layer, _Float8):
                 layer._operand_observer = None
+        for layer, own in reversed(saved):
+            if own is None:
+                del vars(layer)["quantized_call"]
             else:
-                del layer.__dict__["_float8_call"]
+                object.__setattr__(layer, "quantized_call", own)
 
 
 def _observed(layer, observer):
-    """Keras's `layer._float8_call`, telling `observer` its operands first.
-    Keras keeps `scale = amax / max(E4M3)` in `{operand}_scale`."""
-    call = layer._float8_call
+    """Keras's `layer.quantized_call`, telling `observer` its operands
+    first. Keras keeps `scale = amax / max(E4M3)` in `{operand}_scale`
+    and quantizes the float `kernel` (float8 takes no LoRA)."""
+    call = layer.quantized_call
 
-    def observed(inputs, training=None):
-        for operand, x in (("inputs", inputs), ("kernel", layer._kernel)):
+    def observed(inputs, *args, **kwargs):
+        for operand, x in (("inputs", inputs), ("kernel", layer.kernel)):
             scale = float(getattr(layer, f"{operand}_scale"))
             observer(layer, operand, x, scale * FLOAT8_MAX[E4M3])
-        return call(inputs, training=training)
+        return call(inputs, *args, **kwargs)
 
     return observed

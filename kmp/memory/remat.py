@@ -54,8 +54,11 @@ def _recomputes_in_policy(layer):
         count = len(args)
 
         @functools.wraps(layer_call)
-        def in_policy(*tensors):
+        def in_policy(*tensors, **bound):
+            # `bound`: what Keras's own wrapper passes by keyword (from
+            # Keras 3.16, a bool `training`, kept out of the trace too).
             call_kwargs = dict(zip(names, tensors[count:]), **static)
+            call_kwargs.update(bound)
             with reads, state.run():
                 outputs = layer_call(*tensors[:count], **call_kwargs)
             return state.pack(outputs)
@@ -139,6 +142,11 @@ def rematerialize(model, layers=None):
             f"rematerialize takes a Keras model, got {type(model).__name__}."
         )
     chosen = _chooser(layers)
+    # Keras's private hooks (`Operation._remat_mode`, which Keras reads at
+    # each call, and `rematerialized_call`): without them a layer given
+    # `_remat_mode` would silently keep its activations.
+    for hook in ("_remat_mode", "rematerialized_call", "_flatten_layers"):
+        backend.private_attribute(model, hook, "kmp.rematerialize")
     for layer in model._flatten_layers(include_self=False):
         if chosen(layer) and getattr(layer, "_remat_mode", None) is None:
             layer._remat_mode = keras.RematScope(mode="full")

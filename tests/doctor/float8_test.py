@@ -106,7 +106,7 @@ def test_keras_float8_layers_are_read_by_their_scales():
     expected = (np.abs(x) > np.float32(amax / 4)).mean()
     assert rows["inputs"]["saturated"] == pytest.approx(expected, abs=1e-3)
     # The measurement leaves the layer's own call in place.
-    assert "_float8_call" not in vars(layer)
+    assert "quantized_call" not in vars(layer)
 
 
 def test_diagnose_observes_keras_float8_layers_in_both_passes():

@@ -52,8 +52,8 @@ def test_each_operand_is_observed_in_the_block_and_nothing_after():
     # Keras's: the |x| its delayed scale maps to E4M3's largest value (its
     # scales start at 1); kmp's, with no history yet: None.
     assert [s[3] for s in seen] == [448.0, 448.0, None, None]
-    # The wrapper of Keras's private method is gone with the block.
-    assert "_float8_call" not in vars(theirs)
+    # The wrapper of Keras's `quantized_call` is gone with the block.
+    assert "quantized_call" not in vars(theirs)
     theirs(x)
     ours(x)
     assert len(seen) == 4
