@@ -229,6 +229,7 @@ def enable(
         name = "bfloat16"  # Keras's: bfloat16 compute and variables
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(name)
+    backend.note_dtype_errors()
     return previous
 
 
@@ -263,3 +264,4 @@ def policy_scope(policy="mixed_float16", master_weights="float32"):
         yield keras.config.dtype_policy()
     finally:
         keras.config.set_dtype_policy(previous)
+        backend.note_dtype_errors()

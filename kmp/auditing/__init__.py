@@ -1,8 +1,12 @@
 """The preflight check: `kmp.audit(model)` and its findings.
 
     model_checks        outputs, inner softmaxes, tensor-core sizes, loss
+    source_reading      a model's own methods, read (not run): the
+                        methods of `self` a step reaches
     optimizer_checks    loss scaling, a scaler saving would lose, a
                         train step of the user's own that may not scale
+    dtype_checks        the user's code against 16-bit dtypes: float
+                        token ids, float32 random draws, `tf.concat`
     environment_checks  hardware, TF32, XLA, an active distribution
     float8_checks       float8 layers where they cannot be fast
     audit               `kmp.audit`, `kmp.Finding`, `kmp.AuditReport`

@@ -1,10 +1,11 @@
 """A preflight check for mixed-precision training: `kmp.audit(model)`.
 
-Each check (`model_checks`, `optimizer_checks`, `environment_checks`,
-`float8_checks`) looks for one way float16 or bfloat16 training silently
-goes wrong or slow, and says where and how to fix it. The checks read
-the model's layers, policies, compiled loss and optimizer, and the
-machine; they run nothing on the model.
+Each check (`model_checks`, `optimizer_checks`, `dtype_checks`,
+`environment_checks`, `float8_checks`) looks for one way float16 or
+bfloat16 training silently goes wrong or slow, and says where and how to
+fix it. The checks read the model's layers, policies, compiled loss and
+optimizer, its class's source, and the machine; they run nothing on the
+model.
 """
 
 import dataclasses
@@ -12,6 +13,7 @@ import json
 
 import keras
 
+from kmp.auditing import dtype_checks
 from kmp.auditing import environment_checks
 from kmp.auditing import float8_checks
 from kmp.auditing import model_checks
@@ -115,6 +117,9 @@ def audit(model, optimizer=None, verbose: bool = True) -> AuditReport:
     optimizer_checks.check_saving(model, optimizer, findings)
     optimizer_checks.check_memory(model, optimizer, findings)
     optimizer_checks.check_train_step(model, optimizer, findings)
+    dtype_checks.check_float_ids(model, findings)
+    dtype_checks.check_random_draws(half, findings)
+    dtype_checks.check_step_joins(model, findings)
     model_checks.check_tensor_core_dims(half, findings)
     model_checks.check_loss(model, outputs, findings)
     environment_checks.check_environment(model, half, findings)

@@ -7,11 +7,12 @@ Each `check_*` appends `(severity, where, problem, fix)` tuples to
 `findings`, as in `model_checks`.
 """
 
-import inspect
+import ast
 import re
 
 import keras
 
+from kmp.auditing import source_reading
 from kmp.memory import recomputes_in_policy
 from kmp.memory import rematerialized_layers
 from kmp.memory import rounding_of
@@ -200,13 +201,11 @@ def check_saving(model, optimizer, findings):
     )
 
 
-def _source(cls) -> str | None:
-    """The class's source (None: none to read, e.g. a class typed into a
-    console)."""
-    try:
-        return inspect.getsource(cls)
-    except (OSError, TypeError):
+def _step_source(methods) -> str | None:
+    """The text of a step's methods (None if one has no source)."""
+    if any(method.tree is None for method in methods):
         return None
+    return "\n".join(ast.unparse(method.tree) for method in methods)
 
 
 def _scalers(model, optimizer, source):
@@ -230,22 +229,64 @@ def _scalers(model, optimizer, source):
     return list(found.values())
 
 
+def _names_scaling(tree) -> bool:
+    return any(
+        isinstance(node, ast.Attribute)
+        and node.attr.endswith(scaled_losses.SCALING_CALLS)
+        for node in ast.walk(tree)
+    )
+
+
+def step_scales(model):
+    """Whether the model's `train_step` scales its loss, read from its
+    source and the methods of `self` it reaches (`source_reading`, to
+    `source_reading.DEPTH` calls deep).
+
+    Returns:
+        `(scales, why)`: `scales` is True where a method the step
+        reaches names a scaling call (`why`: which method), False where
+        none does and everything the step reaches was read, None where
+        kmp cannot tell (`why` says what it could not read or follow).
+    """
+    methods, deeper = source_reading.reachable(type(model), "train_step")
+    for method in methods:
+        if method.tree is not None and _names_scaling(method.tree):
+            return True, method.where
+    unread = [method.where for method in methods if method.tree is None]
+    if unread:
+        return None, f"kmp cannot read the source of {unread[0]}"
+    if deeper:
+        return None, (
+            "it calls methods more than "
+            f"{source_reading.DEPTH} calls deep, which kmp does not read"
+        )
+    for method in methods:
+        for function in source_reading.called_functions(method):
+            tree = source_reading.syntax_tree(function)
+            if tree is None or _names_scaling(tree):
+                return None, (
+                    f"{method.where} calls {function.__qualname__}, "
+                    "a function kmp does not follow"
+                    + (", which names a loss scaling" if tree else "")
+                )
+    return False, "never scales"
+
+
 def check_train_step(model, optimizer, findings):
     """A `train_step` of the user's own under a loss scaler: whether it
-    scales its loss, and what kmp does if not (`scaling.scaled_losses`).
+    scales its loss (`step_scales`), and what kmp does if not
+    (`scaling.scaled_losses`).
     """
     if type(model).train_step is keras.Model.train_step:
         return
-    source = _source(type(model))
-    scalers = _scalers(model, optimizer, source)
+    methods, _ = source_reading.reachable(type(model), "train_step")
+    scalers = _scalers(model, optimizer, _step_source(methods))
     if not scalers:
         return
     cls = type(model).__name__
     names = ", ".join(name for name, _ in scalers)
     stock = [n for n, s in scalers if not isinstance(s, LossScaleOptimizer)]
-    scales = None
-    if source is not None:
-        scales = any(name in source for name in scaled_losses.SCALING_CALLS)
+    scales, why = step_scales(model)
     fix = "; ".join(scaled_losses.fix(name) for name, _ in scalers)
     fix += " before taking the gradients"
     if model in scaled_losses.models_told():
@@ -256,7 +297,7 @@ def check_train_step(model, optimizer, findings):
             "unscaled, and float16 gradients of an unscaled loss can "
             "underflow to zero.",
         )
-    elif stock and not scales:
+    elif stock and scales is False:
         findings.append(
             (
                 "error",
@@ -272,22 +313,29 @@ def check_train_step(model, optimizer, findings):
     elif scales:
         severity, problem = (
             "info",
-            f"{cls} overrides train_step and scales its loss ({names}): "
-            "kmp unscales the gradients of each loss its scaler scaled in "
-            "that step, and applies any other gradients unscaled, saying "
-            "so once.",
+            f"{cls} overrides train_step and scales its loss ({names}, "
+            f"in {why}): kmp unscales the gradients of each loss its "
+            "scaler scaled in that step, and applies any other gradients "
+            "unscaled, saying so once.",
         )
     else:
+        unscaled = (
+            f"where it does not, Keras's own LossScaleOptimizer "
+            f"({', '.join(stock)}) divides gradients that were never "
+            "multiplied, so every update is 32768x too small"
+            if stock
+            else "where the step does not scale, kmp applies the gradients "
+            "unscaled and says so at the first step, but float16 gradients "
+            "of an unscaled loss can underflow to zero"
+        )
         severity, problem = (
             "warning",
             f"{cls} overrides train_step under a loss scaler ({names}) and "
             + (
                 "its source never scales the loss"
                 if scales is False
-                else "kmp cannot read its source"
+                else f"kmp cannot tell whether it scales the loss ({why})"
             )
-            + ": where the step does not scale, kmp applies the gradients "
-            "unscaled and says so at the first step, but float16 gradients "
-            "of an unscaled loss can underflow to zero.",
+            + f": {unscaled}.",
         )
     findings.append((severity, "model", problem, fix + "."))

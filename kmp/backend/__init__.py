@@ -26,6 +26,9 @@ Keras API; what cannot be branches here, each function once, on
                  traces, the line a frame's code was written at
     scaler_ops   the loss scaler's branch, fused unscale, stateless copies,
                  a variable whose value a JAX step holds
+    dtype_errors how TensorFlow, torch and JAX word a 16-bit/float32
+                 mismatch, and kmp's line at the end of such an error in
+                 a user's layer or step while a 16-bit policy is on
     distribution the active distribution, its mesh and the variables it
                  does not hold as laid out; JAX's processes (joined,
                  counted, gathered); agreement, sums and maxima over
@@ -55,6 +58,11 @@ from kmp.backend.distribution import mesh
 from kmp.backend.distribution import processes
 from kmp.backend.distribution import runtime_started
 from kmp.backend.distribution import sum_over_replicas
+from kmp.backend.dtype_errors import dtype_note
+from kmp.backend.dtype_errors import dtype_notes_on
+from kmp.backend.dtype_errors import is_users
+from kmp.backend.dtype_errors import mismatched_dtypes
+from kmp.backend.dtype_errors import note_dtype_errors
 from kmp.backend.initialization import initialized_together
 from kmp.backend.keras_internals import TESTED_KERAS
 from kmp.backend.keras_internals import KerasInternalsError
@@ -109,6 +117,8 @@ __all__ = [
     "device_memory_limit",
     "disable_tf32",
     "distribution_name",
+    "dtype_note",
+    "dtype_notes_on",
     "mesh",
     "environment",
     "framework_versions",
@@ -122,11 +132,14 @@ __all__ = [
     "integer_ops",
     "is_stateless",
     "keras_version",
+    "is_users",
     "join_processes",
     "layout_problems",
     "list_devices",
     "max_over_replicas",
+    "mismatched_dtypes",
     "name",
+    "note_dtype_errors",
     "out_of_trace",
     "optimizer_class",
     "private_attribute",

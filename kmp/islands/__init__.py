@@ -3,8 +3,11 @@
     float32_layers  `Float32Softmax`, `Float32Activation`,
                     `MultiHeadAttention`: Keras layers whose sensitive
                     part computes in float32 (kmp.layers)
+    token_ids       `float_ids`: float inputs whose token ids a 16-bit
+                    cast rounds before an embedding looks them up
     pin             `kmp.pin_float32`: outputs float32, inner softmaxes
-                    and sigmoids float32 inside; what counts as sensitive
+                    and sigmoids float32 inside, float token ids kept
+                    exact; what counts as sensitive
 
 Imports from kmp: errors, layer_policies, model_layers.
 """
@@ -15,12 +18,18 @@ from kmp.islands.float32_layers import MultiHeadAttention
 from kmp.islands.pin import activation_name
 from kmp.islands.pin import is_sensitive
 from kmp.islands.pin import pin_float32
+from kmp.islands.token_ids import EXACT_UP_TO
+from kmp.islands.token_ids import FloatIds
+from kmp.islands.token_ids import float_ids
 
 __all__ = [
+    "EXACT_UP_TO",
     "Float32Activation",
     "Float32Softmax",
+    "FloatIds",
     "MultiHeadAttention",
     "activation_name",
+    "float_ids",
     "is_sensitive",
     "pin_float32",
 ]

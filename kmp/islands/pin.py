@@ -12,6 +12,9 @@ them. What it pins:
 - Softmax, log-softmax and sigmoid layers inside the model, and the
   attention softmax of `MultiHeadAttention`, compute in float32 and hand
   the compute dtype to the next matmul (idiom (b), `kmp.layers`).
+- Token ids declared as floats keep their values: a layer that would
+  cast them to 16 bits before an embedding looks them up computes in
+  float32 (`token_ids`).
 """
 
 from typing import Iterable
@@ -20,6 +23,7 @@ import keras
 
 from kmp.errors import InputError
 from kmp.islands import float32_layers
+from kmp.islands.token_ids import float_ids
 from kmp.layer_policies import float32_policy
 from kmp.layer_policies import pin_to_float32
 from kmp.layer_policies import record_policies
@@ -79,6 +83,13 @@ def pin_float32(
       dtype (idiom (b)), so the next matmul stays on tensor cores. They
       become the matching `kmp.layers` classes, which keep their weights
       and are restored from `.keras` files.
+    - Token ids that a float input carries to an embedding (keras-io's
+      `layers.Input(shape=(maxlen,))` before its
+      `TokenAndPositionEmbedding`) stay exact: each layer on the way that
+      would cast them to 16 bits (float16 holds integers exactly only up
+      to 2048, bfloat16 up to 256) gets `dtype_policy="float32"`, when
+      the table is larger than that. Declaring the input
+      `dtype="int32"` is the better fix.
     - Layers matched by `also` get `dtype_policy="float32"`.
 
     Normalization layers are left alone: Keras computes them in float32
@@ -121,6 +132,11 @@ def pin_float32(
     pinned = [*outputs]  # what a .keras file must keep in float32
     for layer in outputs:
         pin_to_float32(layer)
+    for ids in float_ids(model):
+        if ids.rounded:
+            for layer in ids.casts:
+                pin_to_float32(layer)
+                pinned.append(layer)
     for layer in layers:
         if id(layer) in output_ids:
             continue

@@ -78,41 +78,132 @@ def test_a_scaler_keras_added_at_compile_time_is_a_saving_hazard():
     assert not has(quiet_audit(compiled(kmp.wrap("sgd"))), "Keras wrapped")
 
 
-def _keras_io_model(scale, wrap=True):
+def _keras_io_model(scale, wrap=True, cls=None):
     with kmp.policy_scope("mixed_float16"):
-        model = keras_io_steps.custom_model(scale=scale)
+        model = keras_io_steps.custom_model(scale=scale, cls=cls)
         sgd = keras.optimizers.SGD()
         model.compile(optimizer=kmp.wrap(sgd) if wrap else sgd, loss="mse")
     return model
 
 
+# The audit reads these steps' source; none of them runs.
+
+
 class ScalesItsLoss(keras.Model):
-    def train_step(self, data):  # never run: the audit reads the source
+    def train_step(self, data):
         loss = self.compute_loss(y=data[1], y_pred=self(data[0]))
         return self.optimizer.scale_loss(loss)
 
 
+class NeverScales(keras.Model):
+    def train_step(self, data):  # the guide's, short: no scaling anywhere
+        x, y = data
+        loss = self.compute_loss(y=y, y_pred=self(x, training=True))
+        self.optimizer.apply(self._gradients(loss), self.trainable_weights)
+        return {"loss": loss}
+
+    def _gradients(self, loss):
+        return [keras.ops.zeros_like(v) for v in self.trainable_weights]
+
+
+class ScalesInAHelper(keras.Model):
+    def _scaled(self, loss):
+        return self.optimizer.scale_loss(loss)
+
+    def _loss(self, data):
+        loss = self.compute_loss(y=data[1], y_pred=self(data[0]))
+        return self._scaled(loss)
+
+
+class HelperInABase(ScalesInAHelper):
+    def train_step(self, data):  # the scaling: two calls deep, in a base
+        return {"loss": self._loss(data)}
+
+
+class Deeper(keras.Model):
+    def train_step(self, data):
+        return self._a(data)
+
+    def _a(self, data):
+        return self._b(data)
+
+    def _b(self, data):
+        return self._c(data)
+
+    def _c(self, data):
+        return self._d(data)
+
+    def _d(self, data):
+        return self.optimizer.scale_loss(self.compute_loss(data))
+
+
+def _unreadable():
+    """A subclass whose helper has no source (made by `exec`, as in a
+    console)."""
+    namespace = {}
+    exec(
+        "def _scaled(self, loss):\n    return self.optimizer.scale_loss(loss)",
+        namespace,
+    )
+
+    class Unreadable(NeverScales):
+        def train_step(self, data):
+            return {"loss": self._scaled(self.compute_loss(data))}
+
+    Unreadable._scaled = namespace["_scaled"]
+    return Unreadable
+
+
 def test_a_train_step_of_one_s_own_is_reported_with_what_kmp_does():
-    # The guide's step, as written: its source never scales the loss.
-    report = quiet_audit(_keras_io_model(False))
-    assert has(report, "never scales the loss", "warning")
+    # A step that scales nowhere: "never scales", with what kmp does.
+    report = quiet_audit(_keras_io_model(False, cls=NeverScales))
+    assert has(report, "its source never scales the loss", "warning")
     assert has(report, "kmp applies the gradients unscaled")
     # A step whose source scales: noted, not warned about.
-    with kmp.policy_scope("mixed_float16"):
-        inputs = keras.Input((4,))
-        model = ScalesItsLoss(inputs, keras.layers.Dense(1)(inputs))
-        model.compile(optimizer=kmp.wrap("sgd"), loss="mse")
-    assert has(quiet_audit(model), "overrides train_step and scales", "info")
+    report = quiet_audit(_keras_io_model(False, cls=ScalesItsLoss))
+    assert has(report, "overrides train_step and scales", "info")
     # Keras's own train_step: nothing to say.
     kmp.enable("mixed_float16")
     plain = compiled_for_audit(small_mlp(out="float32"))
     assert not has(quiet_audit(plain), "train_step")
 
 
+def test_a_helper_method_that_scales_is_followed():
+    # Issue 39: the scaling sat in a helper method, and the audit said
+    # "never scales". It follows self's methods, base classes included.
+    report = quiet_audit(_keras_io_model(False, cls=HelperInABase))
+    assert has(report, "scales its loss (optimizer, in ScalesInAHelper.")
+    assert not has(report, "never scales")
+    # Past source_reading.DEPTH calls, or where a helper has no source,
+    # it cannot tell, and says so.
+    report = quiet_audit(_keras_io_model(False, cls=Deeper))
+    assert has(report, "more than 3 calls deep", "warning")
+    report = quiet_audit(_keras_io_model(False, cls=_unreadable()))
+    assert has(report, "cannot read the source of Unreadable._scaled")
+    assert not has(report, "never scales")
+
+
+def test_a_step_that_calls_a_function_which_may_scale_cannot_be_told():
+    # keras_io_steps's guides call `_scaling(...)`, a function outside
+    # the class that scales or not by its argument: kmp does not follow
+    # functions, and says it cannot tell, whichever the argument.
+    for scale in (False, True):
+        report = quiet_audit(_keras_io_model(scale))
+        assert has(report, "cannot tell whether it scales", "warning")
+        assert has(report, "calls _scaling, a function kmp does not follow")
+        assert not has(report, "never scales")
+
+
 def test_a_train_step_that_never_scales_under_the_stock_scaler_is_an_error():
-    model = _keras_io_model(False, wrap=False)  # Keras adds its scaler
+    model = _keras_io_model(False, wrap=False, cls=NeverScales)
     assert type(model.optimizer) is keras.optimizers.LossScaleOptimizer
     assert has(quiet_audit(model), "32768x too small", "error")
+    # Where kmp cannot tell, a warning that says what the stock scaler
+    # does to an unscaled loss, not an error.
+    report = quiet_audit(_keras_io_model(False, wrap=False))
+    assert has(report, "cannot tell", "warning")
+    assert has(report, "32768x too small", "warning")
+    assert not has(report, "32768x", "error")
 
 
 def test_a_gan_s_two_optimizers_are_named():

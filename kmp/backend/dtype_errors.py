@@ -1,0 +1,295 @@
+"""The line kmp adds to an error where a user's layer or train step mixes
+16-bit and float32 tensors under a kmp policy.
+
+Under `mixed_float16` a layer computes in float16, and a tensor it makes
+itself in float32 (`keras.random.normal(shape)`, a constant, the step's
+data) meets its float16 tensors. Keras's ops promote, and so do JAX and
+torch for most ops; TensorFlow's own ops do not (`a * b` on TensorFlow
+tensors, `tf.concat`), nor torch's matmuls: the user reads "Input 'y' of
+'Mul' Op has type float32 that does not match type float16 of argument
+'x'" from deep inside the framework. While a 16-bit kmp policy is in
+force (`kmp.enable`, `kmp.policy_scope`), such an error ends with one
+line naming the user's layer, the two dtypes and the fix:
+
+    kmp: Sampling 'sampling' computes in float16 (mixed_float16) and
+    its call mixed float16 with float32: give the float32 tensor the
+    layer's dtype (keras.random.normal(..., dtype=self.compute_dtype),
+    ...), or run the layer in float32: ...
+
+Where the line comes from (BUILD_NOTES, "What kmp reaches in Keras's
+private code"): `install` wraps `Layer._open_name_scope`, the name scope
+that `Layer.__call__` opens around `build` and around the call itself
+(symbolic, eager or traced). The scope's `__exit__` sees the exception
+Keras raises, after Keras has rewritten it ("Exception encountered when
+calling ..."), and adds the note; an `__exit__` adds no frame to the
+traceback. A train step's error passes through no layer: `install` also
+wraps `keras.Model`'s `fit`, `evaluate`, `predict` and their `*_on_batch`
+forms, which the user calls (one frame of kmp's in such a traceback).
+The layer named is the innermost frame of the traceback whose `self` is
+a layer of the user's (not of Keras, KerasHub or kmp); the line is added
+once. The exception's type and message are Keras's. A layer call that
+succeeds goes through one more `__enter__`/`__exit__` per scope, two per
+call (`benchmarks/dtype_notes_cost.py`); a compiled step runs none.
+"""
+
+import functools
+import re
+import traceback
+
+import keras
+
+from kmp_config.names import HALF_DTYPES
+
+PREFIX = "kmp: "
+
+# Packages whose layers and frames are not the user's.
+LIBRARIES = frozenset(
+    ("keras", "keras_hub", "keras_nlp", "keras_cv", "kmp", "tf_keras")
+    + ("tensorflow", "jax", "jaxlib", "torch", "numpy", "optree")
+)
+
+# The Model methods a user calls to run a step (`train_step`, ...).
+ENTRY_POINTS = (
+    "fit",
+    "evaluate",
+    "predict",
+    "train_on_batch",
+    "test_on_batch",
+    "predict_on_batch",
+)
+
+# How TensorFlow (graph and eager), torch and JAX name the two dtypes of
+# a mismatch. Each pattern captures the dtypes it names.
+_MISMATCHES = (
+    # TensorFlow, traced: "Input 'y' of 'Mul' Op has type float32 that
+    # does not match type float16 of argument 'x'."
+    r"has type (\w+) that does not match type (\w+)",
+    # TensorFlow, traced list: "... 'ConcatV2' Op have types [float16,
+    # float32] that don't all match."
+    r"have types \[([\w, ]+)\] that don't all match",
+    # TensorFlow, eager: "... was expected to be a half tensor but is a
+    # float tensor"
+    r"expected to be a (\w+) tensor but is a (\w+) tensor",
+    # torch: "expected m1 and m2 to have the same dtype, but got:
+    # c10::Half != float", "mat1 and mat2 must have the same dtype, but
+    # got Half and Float", "expected scalar type Half but found Float"
+    r"same dtype, but got:? ([\w:.]+) (?:!=|and) ([\w:.]+)",
+    r"expected scalar type (\w+) but found (\w+)",
+    # torch: "Input type (torch.HalfTensor) and weight type
+    # (torch.FloatTensor) should be the same"
+    r"Input type \(([\w:.]+)\) and \w+ type \(([\w:.]+)\) should be",
+    # JAX's lax: "lax.add requires arguments to have the same dtypes,
+    # got float16, float32."
+    r"to have the same dtypes, got ([\w, ]+)",
+)
+
+_NAMES = {
+    "half": "float16",
+    "float16": "float16",
+    "bfloat16": "bfloat16",
+    "float": "float32",
+    "float32": "float32",
+    "double": "float64",
+    "float64": "float64",
+}
+
+_installed = {}  # (owner, name) -> what the owner's __dict__ held, or None
+
+
+def mismatched_dtypes(error) -> tuple | None:
+    """The two floating dtypes an error says were mixed, 16-bit first, or
+    None if it is not such an error (or neither dtype is 16-bit)."""
+    message = str(error)
+    for pattern in _MISMATCHES:
+        found = re.search(pattern, message)
+        if found is None:
+            continue
+        named = ", ".join(found.groups()).split(",")
+        dtypes = {_canonical(name) for name in named} - {None}
+        half = sorted(dtypes & set(HALF_DTYPES))
+        if len(dtypes) == 2 and half:
+            return half[0], (dtypes - {half[0]}).pop()
+    return None
+
+
+def _canonical(name):
+    name = name.strip().lower().rsplit("::", 1)[-1].rsplit(".", 1)[-1]
+    return _NAMES.get(name.removesuffix("tensor"))
+
+
+def is_users(obj) -> bool:
+    """Whether a class or function is the user's code, not a library's."""
+    module = getattr(obj, "__module__", None) or ""
+    return module.split(".")[0] not in LIBRARIES
+
+
+def _culprit(error, layer):
+    """The innermost `(layer, method name)` of the user's in the error's
+    traceback (its frames' `self`), else `(layer, "call")` if `layer` is
+    the user's, else None."""
+    found = None
+    for frame, _ in traceback.walk_tb(error.__traceback__):
+        module = frame.f_globals.get("__name__", "")
+        if module.split(".")[0] in LIBRARIES:
+            continue
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, keras.layers.Layer) and is_users(type(owner)):
+            found = owner, frame.f_code.co_name
+    if found is None and layer is not None and is_users(type(layer)):
+        found = layer, "call"
+    return found
+
+
+def dtype_note(error, layer=None) -> str | None:
+    """Adds kmp's line to `error` if a user's layer (the innermost in its
+    traceback, or `layer`) mixed a 16-bit dtype with another under a
+    16-bit policy; returns the line, or None. Adds it once."""
+    if any(n.startswith(PREFIX) for n in getattr(error, "__notes__", ())):
+        return None
+    dtypes = mismatched_dtypes(error)
+    culprit = dtypes and _culprit(error, layer)
+    if not culprit:
+        return None
+    owner, method = culprit
+    policy = keras.config.dtype_policy()
+    if owner.compute_dtype not in HALF_DTYPES and (
+        policy.compute_dtype not in HALF_DTYPES
+    ):
+        return None
+    line = _line(owner, method, dtypes)
+    error.add_note(line)
+    return line
+
+
+def _line(owner, method, dtypes):
+    half, other = dtypes
+    cls = type(owner).__name__
+    if method.endswith("_step"):
+        pins = ", ".join(
+            f"kmp.pin_float32(self.{name})" for name in _half_outputs(owner)
+        )
+        return (
+            f"{PREFIX}{cls}.{method} runs under "
+            f"{keras.config.dtype_policy().name} and mixed {half} with "
+            f"{other} in an op that does not promote: cast one side "
+            f"(keras.ops.cast(x, '{other}')) or use keras.ops, which "
+            "promote; or make the sub-models' outputs float32"
+            + (f": {pins}." if pins else " (kmp.pin_float32).")
+        )
+    return (
+        f"{PREFIX}{cls} '{owner.name}' computes in {owner.compute_dtype} "
+        f"({owner.dtype_policy.name}) and its {method} mixed {half} with "
+        f"{other}: give the {other} tensor the layer's dtype "
+        "(keras.random.normal(..., dtype=self.compute_dtype), "
+        "keras.ops.cast(x, self.compute_dtype)), or run the layer in "
+        f"float32: {cls}(..., dtype='float32'), or kmp.pin_float32(model, "
+        f"also=['{owner.name}']) once the model is built."
+    )
+
+
+def _half_outputs(model):
+    """The attributes of `model` holding sub-models whose output layers
+    compute in 16 bits (a GAN's generator), by name."""
+    names = []
+    for name, value in vars(model).items():
+        outputs = getattr(value, "outputs", None)
+        if not isinstance(value, keras.Model) or not outputs:
+            continue
+        makers = [
+            t._keras_history.operation for t in keras.tree.flatten(outputs)
+        ]
+        if any(
+            getattr(maker, "compute_dtype", None) in HALF_DTYPES
+            for maker in makers
+        ):
+            names.append(name)
+    return names
+
+
+class _NotingScope:
+    """A layer's name scope whose exit notes a mixed-dtype error."""
+
+    __slots__ = ("scope", "layer")
+
+    def __init__(self, scope, layer):
+        self.scope = scope
+        self.layer = layer
+
+    def __enter__(self):
+        return self.scope.__enter__()
+
+    def __exit__(self, kind, error, tb):
+        if error is not None:
+            dtype_note(error, self.layer)
+        return self.scope.__exit__(kind, error, tb)
+
+
+def _noting_scope(open_scope):
+    @functools.wraps(open_scope)
+    def _open_name_scope(self):
+        return _NotingScope(open_scope(self), self)
+
+    _open_name_scope._kmp_original = open_scope
+    return _open_name_scope
+
+
+def _noting_entry(method):
+    @functools.wraps(method)
+    def entry(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as error:
+            dtype_note(error)
+            raise
+
+    entry._kmp_original = method
+    return entry
+
+
+def _targets():
+    layer = keras.layers.Layer
+    yield layer, "_open_name_scope", _noting_scope
+    for name in ENTRY_POINTS:
+        yield keras.Model, name, _noting_entry
+
+
+def install() -> None:
+    """Adds kmp's line to mixed-dtype errors of the user's layers and
+    steps (idempotent; `remove` undoes it)."""
+    if _installed:
+        return
+    for owner, name, wrap in _targets():
+        method = getattr(owner, name, None)
+        if method is None:  # a Keras without it: no line, nothing fails
+            continue
+        _installed[owner, name] = owner.__dict__.get(name)
+        setattr(owner, name, wrap(method))
+
+
+def remove() -> None:
+    """Undoes `install`: Keras's methods as they were."""
+    for (owner, name), held in _installed.items():
+        if not hasattr(owner.__dict__.get(name), "_kmp_original"):
+            continue  # wrapped again since (a test's spy): left as it is
+        if held is None:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, held)
+    _installed.clear()
+
+
+def dtype_notes_on() -> bool:
+    """Whether kmp's line is being added."""
+    return bool(_installed)
+
+
+def note_dtype_errors() -> bool:
+    """Adds kmp's line to mixed-dtype errors while the global policy
+    computes in 16 bits, and stops otherwise (`kmp.enable`,
+    `kmp.disable` and `kmp.policy_scope` call it); returns whether it is
+    on."""
+    if keras.config.dtype_policy().compute_dtype in HALF_DTYPES:
+        install()
+    else:
+        remove()
+    return dtype_notes_on()

@@ -1,0 +1,222 @@
+"""kmp's line at the end of an error where a user's layer or train step
+mixes 16-bit and float32 tensors (`kmp.backend.dtype_errors`): on
+keras-io's VAE and DCGAN as written (`keras_io_models`, TensorFlow, the
+backend whose ops refuse to mix), and on each backend's own refusals.
+"""
+
+import keras
+import numpy as np
+import pytest
+from keras_io_models import LATENT_DIM
+from keras_io_models import Sampling
+from keras_io_models import compiled_gan
+from keras_io_models import dcgan_discriminator
+from keras_io_models import dcgan_generator
+from keras_io_models import face_images
+from keras_io_models import gan_class
+from keras_io_models import vae_encoder
+
+import kmp
+from kmp import backend
+
+TENSORFLOW = backend.name() == "tensorflow"
+tensorflow_only = pytest.mark.skipif(
+    not TENSORFLOW,
+    reason="keras-io's step uses tf.GradientTape; JAX and torch promote "
+    "float16 * float32 (tests/auditing/dtype_checks_test.py)",
+)
+
+
+@pytest.fixture(autouse=True)
+def _notes_off_after():
+    yield
+    kmp.disable()  # the line off; conftest then restores the policy
+
+
+def _refuse(x):
+    """An op of the running framework that refuses float16 with float32
+    (Keras's own ops would promote)."""
+    if backend.name() == "tensorflow":
+        import tensorflow as tf
+
+        return tf.concat([x, tf.ones_like(x, dtype="float32")], 0)
+    if backend.name() == "torch":
+        import torch
+
+        return torch.matmul(x, torch.ones_like(x, dtype=torch.float32).T)
+    import jax
+
+    return jax.lax.add(x, jax.numpy.ones(x.shape, "float32"))
+
+
+class Inner(keras.layers.Layer):
+    def call(self, x):
+        return _refuse(x)
+
+
+class Outer(keras.layers.Layer):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(4)
+        self.inner = Inner(name="inner")
+
+    def call(self, x):
+        return self.inner(self.dense(x))
+
+
+def _raised(call):
+    with pytest.raises(Exception) as caught:
+        call()
+    return caught.value
+
+
+def _kmp_notes(error):
+    return [n for n in getattr(error, "__notes__", ()) if n.startswith("kmp")]
+
+
+@pytest.mark.parametrize("half", ["float16", "bfloat16"])
+def test_each_framework_s_refusal_is_read(half):
+    x = keras.ops.ones((2, 2), dtype=half)
+    error = _raised(lambda: _refuse(x))
+    assert backend.mismatched_dtypes(error) == (half, "float32")
+    if TENSORFLOW:
+        import tensorflow as tf
+
+        traced = _raised(lambda: tf.function(_refuse, autograph=False)(x))
+        assert backend.mismatched_dtypes(traced) == (half, "float32")
+        product = _raised(lambda: x * tf.ones((2, 2), "float32"))
+        assert backend.mismatched_dtypes(product) == (half, "float32")
+    # Errors that name dtypes without a mismatch are not read as one.
+    shape = _raised(lambda: keras.ops.reshape(x, (3,)))
+    assert backend.mismatched_dtypes(shape) is None
+    assert backend.mismatched_dtypes(ValueError("float16 and float32")) is None
+
+
+@pytest.mark.filterwarnings("ignore:Layer .o2. looks like it has unbuilt state")
+def test_the_line_names_the_innermost_user_layer_once():
+    kmp.enable("mixed_float16")
+    error = _raised(lambda: Outer(name="outer")(np.ones((2, 4), "float32")))
+    (line,) = _kmp_notes(error)
+    assert line.startswith("kmp: Inner 'inner' computes in float16")
+    assert "mixed float16 with float32" in line
+    assert "kmp.pin_float32(model, also=['inner'])" in line
+    if backend.name() != "torch":  # torch's meta tensors do not refuse
+        error = _raised(lambda: Outer(name="o2")(keras.Input((4,))))
+        assert len(_kmp_notes(error)) == 1
+        assert "Inner 'inner'" in _kmp_notes(error)[0]
+
+
+def test_the_line_is_on_only_under_a_16_bit_kmp_policy():
+    original = keras.layers.Layer.__dict__["_open_name_scope"]
+    fit = keras.Model.fit
+    kmp.enable("mixed_bfloat16")
+    assert backend.dtype_notes_on()
+    assert keras.layers.Layer._open_name_scope is not original
+    kmp.disable()
+    assert not backend.dtype_notes_on()
+    assert keras.layers.Layer.__dict__["_open_name_scope"] is original
+    assert keras.Model.fit is fit and "fit" not in keras.Model.__dict__
+    with kmp.policy_scope("mixed_float16"):
+        assert backend.dtype_notes_on()
+    assert not backend.dtype_notes_on()
+    # Keras's policy set directly: no line.
+    keras.config.set_dtype_policy("mixed_float16")
+    error = _raised(lambda: Inner()(np.ones((2, 2), "float32")))
+    assert not _kmp_notes(error)
+
+
+def test_other_errors_and_other_code_get_no_line():
+    kmp.enable("mixed_float16")
+    mismatch = TypeError(
+        "Input 'y' of 'Mul' Op has type float32 that does not match type "
+        "float16 of argument 'x'."
+    )
+    # Keras's layer, no frame of the user's: not the user's to fix.
+    assert backend.dtype_note(mismatch, keras.layers.Dense(2)) is None
+    # A user's layer in float32 under a float32 policy.
+    keras.config.set_dtype_policy("float32")
+    assert backend.dtype_note(mismatch, Inner(dtype="float32")) is None
+    # Another error in a user's layer under a 16-bit policy.
+    kmp.enable("mixed_float16")
+
+    class Reshapes(keras.layers.Layer):
+        def call(self, x):
+            return keras.ops.reshape(x, (7,))
+
+    assert not _kmp_notes(_raised(lambda: Reshapes()(np.ones((2, 2)))))
+
+
+@tensorflow_only
+@pytest.mark.parametrize(
+    "policy", ["mixed_float16", "mixed_bfloat16", "bfloat16"]
+)
+def test_keras_io_s_vae_error_ends_with_kmp_s_line(policy):
+    # Issue 39: Sampling's float32 draw meets its 16-bit inputs while
+    # the encoder is built (TensorFlow traces call() for the output spec).
+    kmp.enable(keras.DTypePolicy(policy))
+    half = keras.config.dtype_policy().compute_dtype
+    error = _raised(vae_encoder)
+    (line,) = _kmp_notes(error)
+    assert line == error.__notes__[-1]  # the error ends with it
+    assert line.startswith(f"kmp: Sampling 'sampling' computes in {half}")
+    assert f"mixed {half} with float32" in line
+    assert "dtype=self.compute_dtype" in line
+    assert "kmp.pin_float32(model, also=['sampling'])" in line
+    # Type and message as Keras raises them without kmp (its policy set
+    # by Keras, the names started again).
+    kmp.disable()
+    keras.utils.clear_session(free_memory=False)
+    keras.config.set_dtype_policy(policy)
+    bare = _raised(vae_encoder)
+    assert type(bare) is type(error) is TypeError
+    assert str(bare) == str(error)
+    assert not getattr(bare, "__notes__", None)
+
+
+@tensorflow_only
+def test_keras_io_s_sampling_called_eagerly_and_traced_gets_the_line():
+    kmp.enable("mixed_float16")
+    z = np.zeros((2, 2), "float16")
+    eager = _raised(lambda: Sampling(name="eager")([z, z]))
+    assert "Sampling 'eager'" in _kmp_notes(eager)[0]
+
+    class Encoder(keras.Model):  # Sampling inside a subclassed model
+        def __init__(self):
+            super().__init__()
+            self.mean = keras.layers.Dense(2)
+            self.log_var = keras.layers.Dense(2)
+            self.sampling = Sampling(name="traced")
+            self.out = keras.layers.Dense(1, dtype="float32")
+
+        def call(self, x):
+            return self.out(self.sampling([self.mean(x), self.log_var(x)]))
+
+    model = Encoder()
+    model.compile(optimizer=kmp.wrap("sgd"), loss="mse")
+    x = np.ones((4, 3), "float32")
+    traced = _raised(lambda: model.fit(x, x[:, :1], verbose=0))
+    (line,) = _kmp_notes(traced)
+    assert "Sampling 'traced'" in line
+
+
+@tensorflow_only
+def test_keras_io_s_dcgan_step_error_ends_with_kmp_s_line():
+    # The example as its .py writes it: tf.concat of the generator's
+    # float16 images and the float32 real ones, in train_step.
+    kmp.enable("mixed_float16")
+    images = face_images()
+    gan = compiled_gan(
+        gan_class(), dcgan_discriminator(), dcgan_generator(), kmp.wrap
+    )
+    error = _raised(lambda: gan.fit(images, batch_size=2, verbose=0))
+    assert type(error) is TypeError and "ConcatV2" in str(error)
+    (line,) = _kmp_notes(error)
+    assert line.startswith("kmp: GAN.train_step runs under mixed_float16")
+    assert "mixed float16 with float32" in line
+    assert "kmp.pin_float32(self.generator)" in line
+    # The fix the line names: the generator's output in float32.
+    generator = kmp.pin_float32(dcgan_generator())
+    assert generator(np.zeros((1, LATENT_DIM))).dtype == "float32"
+    gan = compiled_gan(gan_class(), dcgan_discriminator(), generator, kmp.wrap)
+    logs = gan.fit(images, batch_size=2, verbose=0).history
+    assert np.isfinite(logs["d_loss"][-1]) and np.isfinite(logs["g_loss"][-1])
