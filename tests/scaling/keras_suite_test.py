@@ -67,7 +67,7 @@ class TestStockKerasBehaviour(stock_tests.LossScaleOptimizerTest):
                 stock_tests, "LossScaleOptimizer", kmp.LossScaleOptimizer
             ),
             mock.patch.object(
-                scaled_losses, "loss_was_unscaled", lambda *_: False
+                scaled_losses, "loss_was_unscaled", lambda *_, **__: False
             ),
         ):
             patcher.start()
