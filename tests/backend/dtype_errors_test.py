@@ -14,6 +14,9 @@ from keras_io_models import dcgan_discriminator
 from keras_io_models import dcgan_generator
 from keras_io_models import face_images
 from keras_io_models import gan_class
+from keras_io_models import mnist_digits
+from keras_io_models import vae_class
+from keras_io_models import vae_decoder
 from keras_io_models import vae_encoder
 
 import kmp
@@ -146,6 +149,21 @@ def test_other_errors_and_other_code_get_no_line():
     assert not _kmp_notes(_raised(lambda: Reshapes()(np.ones((2, 2)))))
 
 
+class DrawsInItsDtype(Sampling):
+    """keras-io's Sampling with the fix kmp's line names first."""
+
+    def call(self, inputs):
+        z_mean, z_log_var = inputs
+        batch = keras.ops.shape(z_mean)[0]
+        dim = keras.ops.shape(z_mean)[1]
+        epsilon = keras.random.normal(
+            shape=(batch, dim),
+            seed=self.seed_generator,
+            dtype=self.compute_dtype,
+        )
+        return z_mean + keras.ops.exp(0.5 * z_log_var) * epsilon
+
+
 @tensorflow_only
 @pytest.mark.parametrize(
     "policy", ["mixed_float16", "mixed_bfloat16", "bfloat16"]
@@ -171,6 +189,21 @@ def test_keras_io_s_vae_error_ends_with_kmp_s_line(policy):
     assert type(bare) is type(error) is TypeError
     assert str(bare) == str(error)
     assert not getattr(bare, "__notes__", None)
+    if policy == "mixed_float16":
+        _the_fixes_named_work()
+
+
+def _the_fixes_named_work():
+    """keras-io's VAE builds and trains with the line's first fix (the
+    draw in the layer's dtype), and builds with its second (the layer in
+    float32)."""
+    kmp.enable("mixed_float16")
+    vae_encoder(sampling=lambda: Sampling(dtype="float32"))
+    vae = vae_class()(vae_encoder(sampling=DrawsInItsDtype), vae_decoder())
+    vae.compile(optimizer=kmp.wrap(keras.optimizers.Adam()))
+    vae.run_eagerly = True  # seconds less than tracing, the same step
+    logs = vae.fit(mnist_digits(4), batch_size=2, verbose=0).history
+    assert np.isfinite(logs["loss"][-1])
 
 
 @tensorflow_only
