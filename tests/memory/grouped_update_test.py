@@ -71,8 +71,9 @@ def test_on_torch_groups_of_variables_update_at_once(monkeypatch):
     # Variable by variable (Keras's per-variable update_step: the same
     # float32 arithmetic in another order, and the decay rounded apart
     # from the step): other draws of the rounding, a few bfloat16 steps
-    # (2**-9 at 0.5) from the grouped run after four steps.
+    # (2**-9 at 0.5) from the grouped run after four steps: 2**-7 exactly
+    # on Keras 3.15.1, 0.0117 on 3.16's initial weights, so 2**-6.
     one_by_one, calls = _grouped_run(monkeypatch, in_groups=False)
     assert calls == []
     for a, b in zip(together, one_by_one):
-        np.testing.assert_allclose(a, b, atol=2**-7)
+        np.testing.assert_allclose(a, b, atol=2**-6)
