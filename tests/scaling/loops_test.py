@@ -10,6 +10,7 @@ distance between the mixed and the float32 update over the float32
 update's length, below 5 %.
 """
 
+import functools
 import linecache
 import logging
 
@@ -26,6 +27,13 @@ LOOPS = keras_io_loops.loops()
 # Small enough that 8 steps on inputs in [0, 255] stay near the start,
 # where the float32 and the float16 trajectories can be compared.
 LEARNING_RATE = 1e-5
+
+
+@functools.cache
+def _float32_update(kind):
+    """`_update` under float32, which three tests compare with (the same
+    weights each time: computed once)."""
+    return _update(kind, "float32")
 
 
 def _update(kind, policy, scale=False, stock=False):
@@ -57,7 +65,7 @@ def _told(caplog):
 
 @pytest.mark.parametrize("kind", list(LOOPS))
 def test_keras_io_loop_that_never_scales_trains_like_float32(kind, caplog):
-    float32 = _update(kind, "float32")
+    float32 = _float32_update(kind)
     with caplog.at_level(logging.WARNING, logger="kmp"):
         mixed = _update(kind, "mixed_float16")
     assert _off(mixed, float32) < 0.05
@@ -84,7 +92,7 @@ def test_keras_io_loop_that_never_scales_trains_like_float32(kind, caplog):
 def test_keras_s_own_scaler_shrinks_a_keras_io_loop_s_update(kind):
     # What the guide's loop gets from stock Keras's scaler: gradients
     # nobody multiplied, divided by 32768.
-    float32 = _update(kind, "float32")
+    float32 = _float32_update(kind)
     stock = _update(kind, "mixed_float16", stock=True)
     ratio = np.linalg.norm(stock) / np.linalg.norm(float32)
     assert ratio < 1e-3, ratio
