@@ -85,7 +85,7 @@ def float_ids(model) -> list[FloatIds]:
             continue
         start = dtype if dtype in HALF_DTYPES else None
         name = tensor._keras_history.operation.name  # the InputLayer's
-        _follow(graph, tensor, (), start, (name, found, set()))
+        _follow(graph, tensor, (), start, (name, found, set(), {}))
     return found
 
 
@@ -99,13 +99,18 @@ def _graph(layer):
     return None
 
 
-def _consumers(graph, tensor):
+def _consumers(graph, tensor, node_ids):
     """The nodes of `graph` that take `tensor`, with its position among
-    each node's flattened inputs."""
+    each node's flattened inputs. `node_ids`: graph id -> the ids of its
+    nodes (a model's own graph, not its uses elsewhere), filled once per
+    graph."""
     history = getattr(tensor, "_keras_history", None)
     if history is None:
         return []
-    nodes = {id(n) for ns in graph._nodes_by_depth.values() for n in ns}
+    if id(graph) not in node_ids:
+        nodes = graph._nodes_by_depth.values()
+        node_ids[id(graph)] = {id(n) for ns in nodes for n in ns}
+    nodes = node_ids[id(graph)]
     found = []
     for node in history.operation._outbound_nodes:
         if id(node) not in nodes:
@@ -129,12 +134,12 @@ def _casts(layer):
 def _follow(graph, tensor, casts, dtype, walk, depth=0):
     """Follows `tensor` to the lookups that take it, through the layers
     that keep its values. `casts` and `dtype`: the 16-bit casts on the
-    way so far; `walk`: `(input name, found, tensors seen)`."""
-    name, found, seen = walk
+    way so far; `walk`: `(input name, found, tensors seen, node ids)`."""
+    name, found, seen, node_ids = walk
     if depth > _DEEPEST or id(tensor) in seen:
         return
     seen.add(id(tensor))
-    for node, position in _consumers(graph, tensor):
+    for node, position in _consumers(graph, tensor, node_ids):
         layer = node.operation
         here = casts + (layer,) if _casts(layer) else casts
         cast_to = dtype or (layer.compute_dtype if here != casts else None)
