@@ -118,9 +118,10 @@ def _canonical(name):
 
 
 def is_users(obj) -> bool:
-    """Whether a class or function is the user's code, not a library's."""
-    module = getattr(obj, "__module__", None) or ""
-    return module.split(".")[0] not in LIBRARIES
+    """Whether a class or function, or a module given by name, is the
+    user's code, not a library's."""
+    module = obj if isinstance(obj, str) else getattr(obj, "__module__", "")
+    return (module or "").split(".")[0] not in LIBRARIES
 
 
 def _culprit(error, layer):
@@ -129,8 +130,7 @@ def _culprit(error, layer):
     the user's, else None."""
     found = None
     for frame, _ in traceback.walk_tb(error.__traceback__):
-        module = frame.f_globals.get("__name__", "")
-        if module.split(".")[0] in LIBRARIES:
+        if not is_users(frame.f_globals.get("__name__", "")):
             continue
         owner = frame.f_locals.get("self")
         if isinstance(owner, keras.layers.Layer) and is_users(type(owner)):

@@ -72,9 +72,8 @@ _IN_A_LOOP = "loop"
 # two optimizers make one line), and lines of loops ("file:line").
 _told = weakref.WeakSet()
 _told_loops = set()
-# Frames that are not the user's loop: the frameworks' and Python's own
-# (unittest, contextlib).
-_LIBRARIES = ("kmp", "keras", "tensorflow", "jax", "torch", "optree")
+# Python's own frames are not the user's loop either (unittest,
+# contextlib).
 _STDLIB = sysconfig.get_paths()["stdlib"]
 
 
@@ -101,16 +100,14 @@ def train_step_frame():
 
 def loop_line() -> str:
     """Where the user's own code on this thread's stack calls in: the
-    innermost frame that is not kmp's, Keras's, a framework's or
-    Python's, as "file:line" (a `tf.function`'s body by its source
-    line, `backend.written_at`), or "?"."""
+    innermost frame that is not kmp's, Keras's, a framework's
+    (`backend.is_users`) or Python's, as "file:line" (a `tf.function`'s
+    body by its source line, `backend.written_at`), or "?"."""
     frame = sys._getframe(1)
     while frame is not None:
-        module = frame.f_globals.get("__name__") or ""
         path = frame.f_code.co_filename
-        if not (
-            module.split(".")[0] in _LIBRARIES
-            or (path.startswith(_STDLIB) and "-packages" not in path)
+        if backend.is_users(frame.f_globals.get("__name__")) and not (
+            path.startswith(_STDLIB) and "-packages" not in path
         ):
             written = backend.written_at(frame)
             if written is not None:
