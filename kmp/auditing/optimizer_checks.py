@@ -237,10 +237,15 @@ def _names_scaling(tree) -> bool:
     )
 
 
-def step_scales(model):
+def step_scales(model, reached=None):
     """Whether the model's `train_step` scales its loss, read from its
     source and the methods of `self` it reaches (`source_reading`, to
     `source_reading.DEPTH` calls deep).
+
+    Args:
+        model: The model.
+        reached: What `source_reading.reachable` gave for its
+            `train_step`, if the caller has it.
 
     Returns:
         `(scales, why)`: `scales` is True where a method the step
@@ -248,7 +253,9 @@ def step_scales(model):
         none does and everything the step reaches was read, None where
         kmp cannot tell (`why` says what it could not read or follow).
     """
-    methods, deeper = source_reading.reachable(type(model), "train_step")
+    methods, deeper = reached or source_reading.reachable(
+        type(model), "train_step"
+    )
     for method in methods:
         if method.tree is not None and _names_scaling(method.tree):
             return True, method.where
@@ -279,14 +286,14 @@ def check_train_step(model, optimizer, findings):
     """
     if type(model).train_step is keras.Model.train_step:
         return
-    methods, _ = source_reading.reachable(type(model), "train_step")
-    scalers = _scalers(model, optimizer, _step_source(methods))
+    reached = source_reading.reachable(type(model), "train_step")
+    scalers = _scalers(model, optimizer, _step_source(reached[0]))
     if not scalers:
         return
     cls = type(model).__name__
     names = ", ".join(name for name, _ in scalers)
     stock = [n for n, s in scalers if not isinstance(s, LossScaleOptimizer)]
-    scales, why = step_scales(model)
+    scales, why = step_scales(model, reached)
     fix = "; ".join(scaled_losses.fix(name) for name, _ in scalers)
     fix += " before taking the gradients"
     if model in scaled_losses.models_told():
