@@ -7,8 +7,10 @@ once: `kmp --help`, a command's `--help`, and every flag or path the
 command refuses (one line, exit status 2). Then it sets up the command's
 stderr, imports kmp and runs the command (`kmp.app.cli.run`).
 
-    parser   the command line: argparse, and each command's checks
-    logs     stderr: TensorFlow's C++ log lines filtered while it loads
+    parser      the command line: argparse, and each command's checks
+    logs        stderr: TensorFlow's C++ log lines filtered while it loads
+    interrupts  Ctrl-C: one line (where a run stopped, how it resumes),
+                exit status 130, on every backend
 
 The flags of `kmp train` and `kmp doctor`, the examples' settings they
 fill and `fail` are the leaf's (`kmp_config`), which the application
@@ -21,6 +23,7 @@ the application, which never imports it back.
 import os
 import sys
 
+from kmp_cli import interrupts
 from kmp_cli import logs
 from kmp_cli import parser
 
@@ -39,6 +42,18 @@ def main(argv=None) -> int:
         print(args.help_text)
         return 0
     _start_afresh_for_another_backend(args, argv)
+    interrupts.install()
+    try:
+        return _run(args)
+    except KeyboardInterrupt:
+        # Ctrl-C: one line, not a traceback through fit; a progress bar
+        # may have left the terminal's line unfinished.
+        start = "\n" if sys.stderr.isatty() else ""
+        print(start + interrupts.line(args), file=sys.stderr)
+        return 130  # the shell's status for a SIGINT
+
+
+def _run(args) -> int:
     try:
         logs.quiet_start(
             verbose=args.verbose, tensorflow=args.command in RUNS_MODELS
