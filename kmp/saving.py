@@ -20,7 +20,8 @@ What cannot come back is said, never hidden: the optimizer state of a
 file whose optimizer differs from the one the load builds (a scaler that
 Keras's `compile` added under mixed_float16, loaded under float32) is one
 warning line naming the fix. Bad input is a `kmp.InputError`: a file that
-is not a Keras archive, a class that nothing imported registers.
+is not a Keras archive or is a damaged one, a class that nothing
+imported registers.
 """
 
 import contextlib
@@ -28,6 +29,7 @@ import json
 import re
 import warnings
 import zipfile
+import zlib
 
 import keras
 
@@ -92,8 +94,9 @@ def load_model(
         The model.
 
     Raises:
-        kmp.InputError: `filepath` is not a `.keras` Keras archive, or
-            names a class that nothing imported registers.
+        kmp.InputError: `filepath` is not a `.keras` Keras archive, is a
+            damaged one (a member whose checksum fails), or names a
+            class that nothing imported registers.
 
     Example:
 
@@ -106,7 +109,7 @@ def load_model(
     config = _read_config(filepath)
     if policy == "saved":
         policy = saved_policy(config)
-    with _global_policy(policy):
+    with _global_policy(policy), _damaged_archive(filepath):
         model = _keras_load(filepath, custom_objects, compile, safe_mode)
         if compile and type(model).compile is not keras.Model.compile:
             _compile_as_saved(
@@ -156,6 +159,21 @@ def _read_config(filepath):
     except (zipfile.BadZipFile, KeyError, ValueError) as error:
         raise InputError(
             f"{path} is not a Keras archive ({error}); save the model with "
+            "model.save('model.keras')."
+        ) from None
+
+
+@contextlib.contextmanager
+def _damaged_archive(filepath):
+    """A member of the archive that does not read back (a checksum that
+    does not match, a truncated or corrupt stream) as an `InputError`:
+    the zip's directory and `config.json` were fine, the weights not."""
+    try:
+        yield
+    except (zipfile.BadZipFile, zlib.error, EOFError) as error:
+        raise InputError(
+            f"{filepath} is a damaged Keras archive ({type(error).__name__}:"
+            f" {error}); copy it again, or save the model again with "
             "model.save('model.keras')."
         ) from None
 

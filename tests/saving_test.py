@@ -1,6 +1,8 @@
 """kmp.load_model: what Keras's load leaves out, put back."""
 
+import pathlib
 import warnings
+import zipfile
 
 import keras
 import keras_hub
@@ -103,6 +105,34 @@ def test_other_files_are_refused_with_keras_s_loader_named(tmp_path):
     junk.write_text("not a zip")
     with pytest.raises(kmp.InputError, match="is not a Keras archive"):
         kmp.load_model(str(junk))
+
+
+def damage(path, member="model.weights.h5"):
+    """Flips one byte in the middle of `member`'s data in the `.keras`
+    archive at `path`: its zip checksum no longer matches."""
+    with zipfile.ZipFile(path) as archive:
+        info = archive.getinfo(member)
+    data = bytearray(pathlib.Path(path).read_bytes())
+    # The local header: 30 bytes, then the name and the extra field.
+    start = info.header_offset + 30 + len(info.filename) + len(info.extra)
+    data[start + info.compress_size // 2] ^= 0xFF
+    pathlib.Path(path).write_bytes(bytes(data))
+
+
+def test_a_damaged_archive_is_one_input_error(tmp_path):
+    # The zip's directory and config.json read fine; the weights fail
+    # their checksum inside Keras's load.
+    path = str(tmp_path / "damaged.keras")
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+    model.compile(optimizer="adam", loss="mse")
+    model.save(path)
+    damage(path)
+    with pytest.raises(kmp.InputError) as error:
+        kmp.load_model(path)
+    message = str(error.value)
+    assert message.startswith(f"{path} is a damaged Keras archive")
+    assert "Bad CRC-32 for file 'model.weights.h5'" in message
+    assert "\n" not in message
 
 
 def test_lost_optimizer_state_is_said_in_one_line_with_the_fix(tmp_path):

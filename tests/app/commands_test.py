@@ -98,6 +98,27 @@ def test_audit_command_rejects_a_path_that_is_not_a_keras_file(
     assert fails_in_one_line(argv, "is not a Keras archive", capsys) == 2
 
 
+def test_a_damaged_keras_file_is_one_line_for_audit_and_doctor(
+    tmp_path, capsys
+):
+    # One byte flipped inside the weights: a zip checksum error in
+    # Keras's load, 73 lines of traceback before issue 40.
+    import keras
+    import numpy as np
+    from saving_test import damage
+
+    path = str(tmp_path / "damaged.keras")
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+    model.compile(optimizer="adam", loss="mse")
+    model.save(path)
+    damage(path)
+    data = str(tmp_path / "data.npz")
+    np.savez(data, x=np.zeros((8, 4)), y=np.zeros((8, 3)))
+    for argv in (["audit", path], ["doctor", path, f"--data={data}"]):
+        status = fails_in_one_line(argv, "is a damaged Keras archive", capsys)
+        assert status == 2
+
+
 @pytest.mark.slow
 @pytest.mark.backend_independent
 def test_train_runs_the_example_and_prints_the_table(tmp_path, capsys):
