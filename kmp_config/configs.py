@@ -165,7 +165,13 @@ class RunConfig:
         names.MASTER_WEIGHTS,
     )
     synthetic_size: int = flag(25_000, SYNTHETIC_SIZE_HELP, lower_bound=1)
-    verbose: int = flag(1, "fit's verbosity (0, 1, 2).", lower_bound=0)
+    verbose: int = flag(
+        1,
+        "fit's verbosity: 0 silent, 1 a progress bar, 2 a line per epoch "
+        "(kmp train's default where stdout is no terminal, or NO_COLOR is "
+        "set).",
+        lower_bound=0,
+    )
     compile_cache: str = flag(
         "auto",
         "Persistent XLA compilation cache: a directory, 'auto' (~/.cache/"

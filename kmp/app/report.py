@@ -13,24 +13,37 @@ import keras
 from kmp import backend
 from kmp.console import make_console
 
-# (key in the results dict, column title, format)
+# (key in the results dict, column title, format[, factor]); a dotted key
+# reads a nested dict ("config.master_weights": the run's flag).
 COLUMNS = (
     ("policy", "policy", "{}"),
+    ("config.master_weights", "master weights", "{}"),
+    ("config.optimizer_states", "optimizer state", "{}"),
     ("data", "data", "{}"),
     ("epochs", "epochs", "{}"),
     ("examples_per_s", "examples/s", "{:.0f}"),
     ("step_time_s", "step time (ms)", "{:.1f}", 1000.0),
     ("peak_memory_mib", "peak memory (MiB)", "{:.0f}"),
-    ("final_loss", "final loss", "{:.4f}"),
-    ("accuracy", "accuracy", "{:.4f}"),
+    # Keras's running mean over the last epoch's steps; the accuracy is
+    # the test split's (the last epoch's validation).
+    ("final_loss", "training loss (last epoch)", "{:.4f}"),
+    ("accuracy", "test accuracy", "{:.4f}"),
     ("loss_scale", "loss scale", "{:g}"),
     ("skipped_steps", "skipped steps", "{:g}"),
 )
 
 
+def _value(results, key):
+    for part in key.split("."):
+        if not isinstance(results, dict):
+            return None
+        results = results.get(part)
+    return results
+
+
 def _cell(results, column):
     key, _, fmt, *factor = column
-    value = results.get(key)
+    value = _value(results, key)
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     if factor:
@@ -67,8 +80,11 @@ def show(runs, title, columns=COLUMNS, note=None) -> None:
             table.add_row(name, value)
     else:
         for name in header:
+            # Headers wrap where the columns are many; values do not.
             table.add_column(
-                name, justify="left" if name == "policy" else "right"
+                name,
+                justify="left" if name == "policy" else "right",
+                min_width=max(len(row[len(table.columns)]) for row in body),
             )
         for row in body:
             table.add_row(*row)

@@ -18,6 +18,19 @@ def test_train_gets_the_example_s_config_and_the_flags_given():
     assert args.help_text is None
 
 
+def test_train_s_progress_is_a_line_per_epoch_in_a_file(monkeypatch):
+    # Keras's progress bar writes ANSI codes: not into a file or a pipe
+    # (stdout here is pytest's capture), nor under NO_COLOR.
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    assert parser.parse(["train", "cifar10"]).config.verbose == 2
+    given = parser.parse(["train", "cifar10", "--verbose=1"])
+    assert given.config.verbose == 1
+    monkeypatch.setattr("sys.stdout.isatty", lambda: True)
+    assert parser.parse(["train", "cifar10"]).config.verbose == 1
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert parser.parse(["train", "cifar10"]).config.verbose == 2
+
+
 def test_doctor_gets_the_example_s_config_with_the_doctor_s_defaults():
     args = parser.parse(["doctor", "imdb", "--batches=1", "--d_model=32"])
     assert isinstance(args.config, configs.ImdbConfig)

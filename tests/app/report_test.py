@@ -17,6 +17,7 @@ RUN = {
     "accuracy": 0.5,
     "loss_scale": 32768.0,
     "skipped_steps": 3.0,
+    "config": {"master_weights": "bfloat16", "optimizer_states": "float32"},
 }
 
 
@@ -24,20 +25,25 @@ RUN = {
 def test_markdown_formats_every_column():
     table = report.markdown([RUN])
     header, rule, row = table.splitlines()
-    assert header.startswith("| policy | data | epochs | examples/s |")
-    assert rule == "|" + "---|" * 10
+    assert header == (
+        "| policy | master weights | optimizer state | data | epochs | "
+        "examples/s | step time (ms) | peak memory (MiB) | "
+        "training loss (last epoch) | test accuracy | loss scale | "
+        "skipped steps |"
+    )
+    assert rule == "|" + "---|" * 12
     assert row == (
-        "| mixed_float16 | synthetic | 2 | 1234 | 25.6 | 100 | 0.1235 "
-        "| 0.5000 | 32768 | 3 |"
+        "| mixed_float16 | bfloat16 | float32 | synthetic | 2 | 1234 | 25.6 "
+        "| 100 | 0.1235 | 0.5000 | 32768 | 3 |"
     )
 
 
 @pytest.mark.backend_independent
 def test_missing_and_nan_values_show_as_a_dash():
     run = dict(RUN, loss_scale=None, accuracy=math.nan)
-    del run["peak_memory_mib"]
+    del run["peak_memory_mib"], run["config"]
     _, (row,) = report.rows([run])
-    assert row[5] == row[7] == row[8] == "-"
+    assert row[1] == row[2] == row[7] == row[9] == row[10] == "-"
 
 
 @pytest.mark.backend_independent
