@@ -24,8 +24,16 @@ resumes at. A backup made without a record (an older kmp) resumes as
 Keras does. Keras deletes the directory, record included, when `fit`
 ends.
 
-In a multi-process JAX job every process keeps its own backup (the
-`Run` gives each its directory) and its record; when `fit` starts, before
+Keras's backup holds the weights and the optimizer's state, not the
+state of the layers' random draws (`keras.random.SeedGenerator`, e.g.
+Dropout's): the record keeps it per epoch, and the rerun restores the
+resumed epoch's after Keras's restore. The data of an epoch is a
+function of (seed, epoch) (`kmp.app.feeding`), which starts at
+`resumed_epoch`: a resumed run trains as the uninterrupted one did, to
+the bit.
+
+In a multi-process JAX job every process keeps its own backup
+(`directory` gives each its own) and its record; when `fit` starts, before
 Keras's restore, the processes compare the epochs they resume at, and
 different ones (a process stopped between the others' backup and its
 own) are refused in one line before any step runs: a collective step
@@ -42,6 +50,33 @@ import kmp
 from kmp import backend
 
 RECORD = "run.json"
+# Keras's own record of the epochs done (`BackupAndRestore`).
+KERAS_RECORD = "training_metadata.json"
+
+
+def directory(config) -> str:
+    """This process's backup directory in `config.output_dir`: each JAX
+    process backs up on its own (Keras's backup writes from every
+    process, which would race on one directory)."""
+    process = backend.processes()[0]
+    name = "backup" if process == 0 else f"backup_process_{process}"
+    return os.path.join(config.output_dir, name)
+
+
+def resumed_epoch(config) -> int:
+    """The epoch a run of `config` starts at: the epochs its backup
+    holds (0 without one, or with `--restart`). The data pipelines start
+    there (`kmp.app.feeding`); the backup checks, once Keras has
+    restored, that it resumed there too."""
+    return 0 if config.restart else _epochs_done(directory(config))
+
+
+def _epochs_done(backup_dir) -> int:
+    path = os.path.join(backup_dir, KERAS_RECORD)
+    if not os.path.exists(path):
+        return 0
+    with open(path) as f:
+        return int(json.load(f)["epoch"])
 
 
 class Backup:
@@ -78,6 +113,9 @@ class Backup:
         if config.restart and self.owned:
             shutil.rmtree(backup_dir, ignore_errors=True)
         self.previous = self._read()
+        # Where the data starts (`resumed_epoch`), read before Keras's
+        # restore.
+        self.initial_epoch = _epochs_done(backup_dir)
         keras_backup = keras.callbacks.BackupAndRestore(backup_dir)
         self.record = _EpochRecord(self, per_step)
         self.callbacks = [
@@ -88,6 +126,7 @@ class Backup:
             # Before Keras's backup: see the module's docstring.
             self.record,
             keras_backup,
+            _RandomState(self),  # after Keras's restore
         ]
 
     def _read(self) -> dict:
@@ -95,9 +134,9 @@ class Backup:
         without a record."""
         path = os.path.join(self.backup_dir, RECORD)
         if not os.path.exists(path):
-            return {"epochs": {}, "steps": []}
+            return {"epochs": {}, "steps": [], "seeds": []}
         with open(path) as f:
-            record = json.load(f)
+            record = {"seeds": [], **json.load(f)}  # older records: none
         saved = record["key"]
         differ = sorted(
             name
@@ -141,10 +180,15 @@ class Backup:
             float(x) for x in now
         ]
 
-    def _write(self, epochs: dict, steps: list) -> None:
+    def _write(self, epochs: dict, steps: list, seeds: list) -> None:
         os.makedirs(self.backup_dir, exist_ok=True)
         path = os.path.join(self.backup_dir, RECORD)
-        record = {"key": self.key, "epochs": epochs, "steps": steps}
+        record = {
+            "key": self.key,
+            "epochs": epochs,
+            "steps": steps,
+            "seeds": seeds,
+        }
         # Whole or not at all: a run killed while writing leaves the
         # previous record.
         with open(path + ".tmp", "w") as f:
@@ -160,13 +204,14 @@ class _EpochRecord(keras.callbacks.Callback):
     def __init__(self, backup, per_step):
         super().__init__()
         self.backup, self.per_step = backup, per_step
-        self.epochs = self.steps = None
+        self.epochs = self.steps = self.seeds = None
 
     def on_epoch_end(self, epoch, logs=None):
         if self.epochs is None:  # the first epoch of this fit
             previous = self.backup.previous
             self.epochs = {n: v[:epoch] for n, v in previous["epochs"].items()}
             self.steps = previous["steps"][:epoch]
+            self.seeds = previous["seeds"][:epoch]
             self._recorded = {}  # of this fit's steps, per series
         for name, value in (logs or {}).items():
             self.epochs.setdefault(name, []).append(float(value))
@@ -178,8 +223,44 @@ class _EpochRecord(keras.callbacks.Callback):
             }
         )
         self._recorded = {name: len(v) for name, v in series.items()}
+        self.seeds.append(
+            [keras.ops.convert_to_numpy(v).tolist() for v in _seeds(self.model)]
+        )
         if self.backup.owned:
-            self.backup._write(self.epochs, self.steps)
+            self.backup._write(self.epochs, self.steps, self.seeds)
+
+
+def _seeds(model) -> list:
+    """The state of the model's random draws (`SeedGenerator`s, e.g.
+    Dropout's): its variables that are not weights, which Keras's backup
+    does not save."""
+    weights = {id(v) for v in model.weights}
+    return [v for v in model.variables if id(v) not in weights]
+
+
+class _RandomState(keras.callbacks.Callback):
+    """After Keras's restore: checks that it resumed where the data
+    starts, and restores the random draws' state of the epoch it resumed
+    at (a record made before this one had none: they start over)."""
+
+    def __init__(self, backup):
+        super().__init__()
+        self.backup = backup
+
+    def on_train_begin(self, logs=None):
+        epoch = self.model._initial_epoch or 0  # Keras's restore sets it
+        if epoch != self.backup.initial_epoch:
+            raise kmp.InputError(
+                f"the backup in {self.backup.backup_dir} was unreadable "
+                f"at epoch {self.backup.initial_epoch}; Keras restored its "
+                f"copy of epoch {epoch} instead, after the data had "
+                "started at the former. Rerun the same command: it "
+                f"resumes from epoch {epoch}."
+            )
+        saved = self.backup.previous["seeds"]
+        if 0 < epoch <= len(saved):
+            for variable, value in zip(_seeds(self.model), saved[epoch - 1]):
+                variable.assign(value)
 
 
 class _SameEpochEverywhere(keras.callbacks.Callback):

@@ -47,12 +47,18 @@ def padded_rows(size: int, batch_size: int, steps: int | None = None):
 class DeviceBatches(keras.utils.PyDataset):
     """Full batches of arrays that live on the device, for `fit`.
 
-    Training (`shuffle=True`) draws a new permutation at the start of each
-    pass over the data and drops the last partial batch; evaluation
+    Training (`shuffle=True`) draws a new permutation for each pass over
+    the data and drops the last partial batch; evaluation
     (`shuffle=False`) pads the split with `padded_rows` and yields
     `(x, y, sample_weight)`. A `transform(x, key)` runs on the device in
     the same jitted function as the gather, `key` a JAX PRNG key of its
     own per batch (for random augmentation); it must keep the shape.
+
+    The batches a run trains on are one stream: batch `b` is batch
+    `b % len(self)` of pass `b // len(self)`, whose permutation and keys
+    are drawn from (`seed`, pass) alone. A run resumed at epoch `k`
+    starts the stream where the uninterrupted run was at epoch `k`
+    (`start`), so the two train on the same batches.
 
     Args:
         x: Inputs, a NumPy array (any dtype; uint8 images stay uint8 on
@@ -67,6 +73,8 @@ class DeviceBatches(keras.utils.PyDataset):
             ask for more batches than one pass has).
         steps: Evaluation only: use the first `steps` batches.
         seed: The permutations and transform keys derive from it.
+        start: The first batch's place in the stream: 0, or on a resumed
+            run the epochs done times the batches of an epoch.
 
     Example:
 
@@ -88,6 +96,7 @@ class DeviceBatches(keras.utils.PyDataset):
         repeat=False,
         steps=None,
         seed=0,
+        start=0,
     ):
         import jax
 
@@ -120,7 +129,8 @@ class DeviceBatches(keras.utils.PyDataset):
             self._batches = len(rows) // batch_size
             self._order = jax.device_put(rows)
             self._weights = weights  # sliced on the host, sent with x
-        self._passes = 0
+        self._start, self._first = start, None
+        self._pass = None
         self._cut = jax.jit(self._batch)
 
     def __len__(self):
@@ -141,22 +151,29 @@ class DeviceBatches(keras.utils.PyDataset):
             inputs = self.transform(inputs, jax.random.fold_in(key, position))
         return inputs, y[rows]
 
-    def _new_pass(self):
-        """A new pass (Keras restarts at 0 each epoch; a repeating dataset
-        counts on): a new order, new augmentation keys. Once per pass, so
-        a batch costs one dispatch of the jitted cut."""
+    def _new_pass(self, number):
+        """Pass `number`'s order and augmentation keys, drawn from the
+        seed and `number` alone. Once per pass, so a batch costs one
+        dispatch of the jitted cut."""
         import jax
 
-        self._passes += 1
+        self._pass = number
         if self.shuffle:
-            key = jax.random.fold_in(self._order_key, self._passes)
+            key = jax.random.fold_in(self._order_key, number)
             self._order = jax.random.permutation(key, len(self._y))
-        self._pass_key = jax.random.fold_in(self._augment_key, self._passes)
+        self._pass_key = jax.random.fold_in(self._augment_key, number)
 
     def __getitem__(self, index):
-        position = index % self._batches
-        if position == 0 or self._passes == 0:
-            self._new_pass()
+        # The stream's batch at `index`: a repeating dataset's index
+        # counts on over epochs; Keras restarts the others at 0 each
+        # epoch, which begins the next pass.
+        if self._first is None:
+            self._first = self._start
+        elif index == 0 and not self.repeat:
+            self._first += self._batches
+        number, position = divmod(self._first + index, self._batches)
+        if number != self._pass:
+            self._new_pass(number)
         x, y = self._cut(
             self._x, self._y, self._order, position, self._pass_key
         )

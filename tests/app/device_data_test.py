@@ -86,6 +86,26 @@ def test_each_training_pass_is_a_new_permutation_without_remainder():
 
 
 @jax_only
+def test_a_feed_started_at_batch_k_is_the_stream_from_batch_k():
+    # A resumed run's feed (`start` = epochs done times an epoch's
+    # batches) gives the batches the uninterrupted run trained on.
+    x, y = np.arange(50, dtype="float32")[:, None], np.arange(50)
+
+    def labels(data, indices):
+        return [np.asarray(data[i][1]).tolist() for i in indices]
+
+    def feed(**kwargs):
+        return device_data.DeviceBatches(
+            x, y, 16, shuffle=True, seed=3, **kwargs
+        )
+
+    stream = labels(feed(repeat=True), range(9))  # 3 passes of 3
+    assert labels(feed(repeat=True, start=4), range(5)) == stream[4:]
+    # Not repeating, Keras starts each epoch at 0: the next pass.
+    assert labels(feed(start=3), [0, 1, 2, 0, 1, 2]) == stream[3:]
+
+
+@jax_only
 def test_crop_and_flip_moves_pixels_without_changing_them():
     import jax
 
