@@ -83,6 +83,20 @@ def batch_flag(default, help):
     )
 
 
+def bytes_flag(default, help):
+    """A size in bytes: a number, with or without a unit (`2G`,
+    `512MiB`; `kmp_config.flags.parse_bytes`)."""
+    field = flag(
+        default,
+        help + " Bytes, or with K, M, G or T (powers of 1024, alone or "
+        "with B or iB: 2G = 2GB = 2GiB = 2 * 2**30; 1.5G, 512MiB).",
+        lower_bound=0,
+    )
+    return dataclasses.field(
+        default=default, metadata={**field.metadata, "unit": "bytes"}
+    )
+
+
 @dataclasses.dataclass
 class RunConfig:
     """The flags every example takes; each example subclasses it."""
@@ -92,11 +106,11 @@ class RunConfig:
     )
     epochs: int = flag(10, "Epochs.", lower_bound=1)
     batch_size: int = batch_flag(64, "Global batch (all replicas).")
-    memory_limit: int = flag(
+    memory_limit: int = bytes_flag(
         0,
-        "Bytes a train step may take, for --batch_size=max (0: the "
-        "device's memory).",
-        lower_bound=0,
+        "What a train step may take, for --batch_size=max (0: the "
+        "accelerator's memory; on a CPU, 4G or half the memory available, "
+        "the smaller).",
     )
     steps: int = flag(
         0,

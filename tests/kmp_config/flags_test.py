@@ -91,3 +91,33 @@ def test_help_text_lists_every_flag_without_absl_s_own():
     assert text.startswith("usage: x\n\nflags (--name=value):\n")
     assert "--width" in text and "--flagfile" not in text
     assert "kmp_config" not in text  # absl's heading: the defining module
+
+
+@pytest.mark.parametrize(
+    "text, size",
+    [
+        ("1000000", 1000000),
+        ("2G", 2 * 2**30),
+        ("2GB", 2 * 2**30),
+        ("2GiB", 2 * 2**30),
+        ("512M", 512 * 2**20),
+        ("512MiB", 512 * 2**20),
+        ("1.5G", 3 * 2**29),
+        ("64k", 64 * 1024),
+    ],
+)
+def test_memory_limit_takes_sizes_with_units(text, size):
+    assert flags.parse_bytes(text) == size
+    config, _ = flags.parse_example(
+        "kmp train lm", "lm", ["--batch_size=max", f"--memory_limit={text}"]
+    )
+    assert config.memory_limit == size
+
+
+def test_a_bad_size_is_one_line_naming_the_forms_allowed():
+    for bad in ("2X", "G", "-1G", "2GiBB", "1e9"):
+        with pytest.raises(absl_flags.IllegalFlagValueError) as error:
+            flags.parse_example("kmp train lm", "lm", [f"--memory_limit={bad}"])
+        assert f"got {bad!r}" in str(error.value)
+        assert "such as 2G, 512MiB" in str(error.value)
+        assert "\n" not in str(error.value)
