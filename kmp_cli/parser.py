@@ -15,7 +15,6 @@ is refused here, in one line with exit status 2 (`fail`).
 
 import argparse
 import os
-import sys
 
 from absl import flags as absl_flags
 
@@ -72,7 +71,9 @@ DOCTOR_EPILOG = f"""targets:
 {_listed([*CLASSIFIERS, ("PATH.keras", "a saved model, with --data=PATH.npz")])}
 
 `kmp doctor cifar10 --help` (or imdb, or PATH.keras) lists the flags:
-an example's, with the doctor's --batches and --loss_scale."""
+an example's that bear on the model and data, with the doctor's
+--batches and --loss_scale. Where no GPU is found, the sizes you do not
+set are the example's CPU sizes, as for `kmp train`."""
 
 AUDIT_EPILOG = """exit status:
   0  no finding is an error (warnings and notes are printed, not counted)
@@ -245,8 +246,8 @@ def parse(argv) -> argparse.Namespace:
     Returns argparse's namespace, plus: `argv`; `help_text` (not `None`:
     print it, run nothing); for `train`, `config` and `given` (the names
     of the flags on the command line); for `doctor`, `config` (`None`
-    for a saved model) and `flag_values`. Bad input ends the process
-    here (`fail`), or in argparse, with exit status 2."""
+    for a saved model), `given` and `flag_values`. Bad input ends the
+    process here (`fail`), or in argparse, with exit status 2."""
     argv = list(argv)
     args = build().parse_args(argv)
     args.argv, args.help_text = argv, None
@@ -267,12 +268,6 @@ def parse(argv) -> argparse.Namespace:
     return args
 
 
-def plain_output() -> bool:
-    """Whether stdout wants no colour or redrawing: it is not a terminal
-    (a file, a pipe), or `NO_COLOR` is set (no-color.org)."""
-    return bool(os.environ.get("NO_COLOR")) or not sys.stdout.isatty()
-
-
 def _parse_flags(args) -> None:
     """The flags after `kmp train EXAMPLE` or `kmp doctor TARGET`, into
     `args`: a help text, or the checked config and flags."""
@@ -281,30 +276,31 @@ def _parse_flags(args) -> None:
     name = f"kmp {args.command} {target}"
     if set(HELP) & set(args.flags):
         usage = f"usage: {name} [--flag=value ...]"
-        if not train:
-            args.help_text = flags.help_text(usage, flags.doctor_flags(target))
-            return
-        sizes = configs.EXAMPLES[target].CPU_SIZES
-        args.help_text = (
-            flags.help_text(usage, flags.example_flags(target))
-            + "\n\nWhere no GPU is found, the sizes not given are "
-            + ", ".join(f"--{k}={v}" for k, v in sizes.items())
-            + "."
+        values = (
+            flags.example_flags(target) if train else flags.doctor_flags(target)
         )
+        args.help_text = flags.help_text(usage, values)
+        if target in configs.EXAMPLES:
+            sizes = configs.EXAMPLES[target].CPU_SIZES
+            args.help_text += (
+                "\n\nWhere no GPU is found, the sizes not given are "
+                + ", ".join(f"--{k}={v}" for k, v in sizes.items())
+                + "."
+            )
         return
     try:
         if train:
             args.config, args.given = flags.parse_example(
                 name, target, args.flags
             )
-            if "verbose" not in args.given and plain_output():
-                # Keras's progress bar writes ANSI colour codes, and a
-                # line per update where it cannot redraw: a file gets
-                # fit's line per epoch instead.
-                args.config.verbose = 2
         else:
             args.config, args.flag_values = flags.parse_doctor(
                 name, target, args.flags
+            )
+            args.given = (
+                set()
+                if args.config is None
+                else flags.given(type(args.config), args.flag_values)
             )
     except absl_flags.Error as error:
         fail(name, error)

@@ -17,7 +17,6 @@ command prints it and exits with status 2.
 
 import dataclasses
 import os
-import re
 
 from absl import flags
 
@@ -25,12 +24,15 @@ from kmp_config import configs
 from kmp_config import names
 
 
-def define_flags(config_class, flag_values=None):
+def define_flags(config_class, flag_values=None, exclude=()):
     """Defines one absl flag per field of `config_class` (in absl's
-    global `flags.FLAGS` unless `flag_values` is given)."""
+    global `flags.FLAGS` unless `flag_values` is given), but for the
+    fields named in `exclude`."""
     where = flags.FLAGS if flag_values is None else flag_values
     for field in dataclasses.fields(config_class):
         meta, name = field.metadata, field.name
+        if name in exclude:
+            continue
         help_text = meta.get("help", name)
         if meta.get("choices"):
             flags.DEFINE_enum(
@@ -43,10 +45,6 @@ def define_flags(config_class, flag_values=None):
         elif field.type in (bool, "bool"):
             flags.DEFINE_boolean(
                 name, field.default, help_text, flag_values=where
-            )
-        elif meta.get("unit") == "bytes":
-            flags.DEFINE(
-                _Bytes(), name, field.default, help_text, flag_values=where
             )
         elif meta.get("words"):
             flags.DEFINE(
@@ -93,48 +91,17 @@ class _NumberOrWords(flags.IntegerParser):
         return f"int or {' or '.join(self.words)}"
 
 
-# A size's units: powers of 1024, as `docker run --memory` reads them
-# (and as the G of a GPU's "80GB" is meant), whatever the suffix.
-BYTE_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-_SIZE = re.compile(r"(\d+(?:\.\d*)?|\.\d+) ?(?:([KMGT])(?:i?B)?|B)?", re.I)
-
-
-def parse_bytes(text) -> int:
-    """Bytes from `text`: a number, with or without a unit (K, M, G or T:
-    powers of 1024, alone or followed by B or iB): `"2G"`, `"2GB"` and
-    `"2GiB"` are `2 * 2**30`, `"1.5G"` rounds down to a byte, `"512"`
-    is 512.
-
-    Raises:
-        ValueError: naming the text and the forms allowed.
-    """
-    match = _SIZE.fullmatch(str(text).strip())
-    if match is None:
-        raise ValueError(
-            f"expected a size in bytes, got {text!r}: a number, with or "
-            "without K, M, G or T (powers of 1024, alone or with B or "
-            "iB), such as 2G, 512MiB, 1.5GB or 1000000."
-        )
-    number, unit = match.group(1), (match.group(2) or "").upper()
-    return int(float(number) * BYTE_UNITS[unit])
-
-
-class _Bytes(flags.ArgumentParser):
-    """A size flag (`--memory_limit=2G`): `parse_bytes`."""
-
-    def parse(self, argument):
-        if isinstance(argument, int):
-            return argument  # the default, already parsed
-        return parse_bytes(argument)
-
-    def flag_type(self):
-        return "bytes"
-
-
 def config_from_flags(config_class, flag_values):
-    """The `config_class` instance that parsed `flag_values` describe."""
+    """The `config_class` instance that parsed `flag_values` describe
+    (its defaults for the fields they define no flag for)."""
     names = [field.name for field in dataclasses.fields(config_class)]
-    return config_class(**{name: flag_values[name].value for name in names})
+    return config_class(
+        **{
+            name: flag_values[name].value
+            for name in names
+            if name in flag_values
+        }
+    )
 
 
 def given(config_class, flag_values) -> set:
@@ -142,7 +109,7 @@ def given(config_class, flag_values) -> set:
     return {
         field.name
         for field in dataclasses.fields(config_class)
-        if flag_values[field.name].present
+        if field.name in flag_values and flag_values[field.name].present
     }
 
 
@@ -182,6 +149,10 @@ def parse_example(command, example, argv):
     return config, given(config_class, values)
 
 
+# The doctor's --verbose (an example's is fit's verbosity).
+VERBOSE_HELP = "Progress lines as each stage starts and ends (0: none)."
+
+
 @dataclasses.dataclass
 class SavedModelDoctor:
     """The flags of `kmp doctor PATH.keras` (an example's are its
@@ -198,6 +169,7 @@ class SavedModelDoctor:
     output_dir: str = configs.flag(
         "runs/doctor", "Where doctor.txt, doctor.json and doctor.png go."
     )
+    verbose: int = configs.flag(1, VERBOSE_HELP, lower_bound=0)
 
 
 @dataclasses.dataclass
@@ -212,17 +184,42 @@ class Doctor:
     )
 
 
+# An example's flags that change nothing the doctor measures, and why:
+# it runs --batches batches through the model twice, in one process on
+# one device, and takes no training step. Refused, not dropped.
+_TRAINS_NOTHING = "the doctor takes no training step"
+_ONE_DEVICE = "the doctor runs in one process on one device"
+NOT_FOR_THE_DOCTOR = {
+    "epochs": _TRAINS_NOTHING,
+    "steps": _TRAINS_NOTHING,
+    "eval_steps": _TRAINS_NOTHING,
+    "learning_rate": _TRAINS_NOTHING,
+    "optimizer_states": _TRAINS_NOTHING + " (no optimizer update)",
+    "memory_limit": "it bounds --batch_size=max, which the doctor does "
+    "not take",
+    "restart": "the doctor keeps no backup to resume from",
+    "strategy": _ONE_DEVICE,
+    "distribution": _ONE_DEVICE,
+    "coordinator": _ONE_DEVICE,
+    "num_processes": _ONE_DEVICE,
+    "process_id": _ONE_DEVICE,
+    "process_timeout": _ONE_DEVICE,
+}
+
+
 def doctor_flags(target):
     """The doctor's flags for `target`: an example's flags with the
-    doctor's defaults, or those for a saved model; then its own."""
+    doctor's defaults (less `NOT_FOR_THE_DOCTOR`), or those for a saved
+    model; then its own."""
     values = flags.FlagValues()
     if target in configs.CLASSIFIERS:
-        define_flags(configs.EXAMPLES[target], values)
+        define_flags(configs.EXAMPLES[target], values, NOT_FOR_THE_DOCTOR)
         # Two batches need little data; the CIFAR cost figure is at 128.
         values.set_default("policy", "mixed_float16")
         values.set_default("batch_size", 128)
         values.set_default("synthetic_size", 2048)
         values.set_default("output_dir", f"runs/doctor_{target}")
+        values["verbose"].help = VERBOSE_HELP
     else:
         define_flags(SavedModelDoctor, values)
         # Not a config field: `import` is a Python keyword.
@@ -250,6 +247,16 @@ def parse_doctor(command, target, argv):
     values = doctor_flags(target)
     try:
         _parse(values, command, argv)
+    except flags.UnrecognizedFlagError as error:
+        name = error.flagname
+        if name.startswith("no") and name[2:] in NOT_FOR_THE_DOCTOR:
+            name = name[2:]  # --norestart
+        if example and name in NOT_FOR_THE_DOCTOR:
+            raise flags.Error(
+                f"--{name} does not apply to kmp doctor: "
+                f"{NOT_FOR_THE_DOCTOR[name]}; remove it."
+            ) from None
+        raise
     except flags.IllegalFlagValueError:
         data = [a for a in argv if a.startswith("--data=")]
         if example and data and data[-1].endswith(".npz"):
@@ -265,6 +272,11 @@ def parse_doctor(command, target, argv):
             f"(the mixed policy under test); got {values.policy!r}."
         )
     if example:
+        if values.batch_size == configs.MAX_BATCH:
+            raise flags.ValidationError(
+                "--batch_size=max sizes a training step; the doctor runs "
+                "batches of the size given: give a number (--batch_size=128)."
+            )
         config_class = configs.EXAMPLES[target]
         return _checked(config_from_flags(config_class, values)), values
     if not os.path.isfile(target):

@@ -2,9 +2,11 @@
 
 On an example, the doctor diagnoses exactly the model and data pipeline
 that `kmp train` trains (the example's own `compile_model` and
-`make_datasets`, under its flags); on a saved model, the arrays of a
-`.npz` file. It writes what it printed (doctor.txt), the report as JSON
-and the gradient histogram (PNG). Bad input is one line, not a traceback.
+`make_datasets`, under its flags, at the same CPU sizes where no GPU is
+found, said in one line); on a saved model, the arrays of a `.npz`
+file. A line says each stage as it starts (`--verbose=0`: none). It
+writes what it printed (doctor.txt), the report as JSON and the gradient
+histogram (PNG). Bad input is one line, not a traceback.
 """
 
 import contextlib
@@ -22,13 +24,17 @@ def doctor(args):
     parsed and checked by `kmp_config.flags.parse_doctor`); prints the
     table and writes doctor.txt, doctor.json and doctor.png."""
     name = f"kmp doctor {args.target}"
-    values, example = args.flag_values, args.config is not None
+    values, config = args.flag_values, args.config
+    example, verbose = config is not None, bool(values.verbose)
+    if verbose:
+        print(f"{name}: building the model, reading the data", flush=True)
     try:
-        model, data = (
-            _example_inputs(args.target, args.config)
-            if example
-            else _saved_inputs(args.target, values)
-        )
+        if example:
+            config, model, data = _example_inputs(
+                args.target, config, args.given
+            )
+        else:
+            model, data = _saved_inputs(args.target, values)
     except (kmp.InputError, OSError) as error:
         fail(name, error)
     try:
@@ -37,9 +43,10 @@ def doctor(args):
             data,
             loss=None if example else (values.loss or None),
             batches=values.batches,
-            batch_size=values.batch_size,
+            batch_size=config.batch_size if example else values.batch_size,
             loss_scale=values.loss_scale or None,
             policy=None if example else (values.policy or None),
+            verbose=verbose,
         )
     except kmp.InputError as error:  # diagnose's input checks
         fail(name, error)
@@ -59,20 +66,31 @@ def doctor(args):
     return report
 
 
-def _example_inputs(example, config):
-    """The example's compiled model (under --policy) and training data."""
+def _example_inputs(example, config, given):
+    """`(config, model, data)`: the config as `kmp train` sizes it, the
+    example's compiled model (under --policy and --master_weights) and
+    its training data."""
     import keras
 
     from kmp.app import protocol
+    from kmp.app import recipes  # called as recipes.X: it may move
 
     module = protocol.load_example(example)
-    config.check()  # a multi-worker run's cluster
+    config.check()
+    # As `kmp train` does, before the devices are listed (TensorFlow
+    # reads its cache's setting when it starts): the cache, then the CPU
+    # sizes for the sizes not given. Width 64, the GPU's ResNet-9, took
+    # 25 to 75 minutes on a 2-core CPU; width 16 about 2.
+    recipes.use_compile_cache(config)
+    config, note = recipes.device_sized(config, given)
+    if note:
+        print(note, flush=True)
     keras.utils.set_random_seed(config.seed)  # data order, augmentation
     splits = module.load_data(config)  # DataUnavailable: an InputError
     train_data, _ = module.make_datasets(splits, config)
-    with kmp.policy_scope(config.policy):
+    with kmp.policy_scope(config.policy, config.master_weights):
         model = module.compile_model(config, steps=1)
-    return model, train_data
+    return config, model, train_data
 
 
 def _saved_inputs(path, values):

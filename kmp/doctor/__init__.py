@@ -7,6 +7,7 @@ module, data flowing down this list; each module imports only the ones
 above it (and the core), and only `diagnose` imports the stages:
 
     numerics     the half formats' ranges and the counters (vocabulary)
+    _progress       a line as each stage starts, its seconds as it ends
     _inputs      1. check `diagnose`'s arguments -> `Inputs`
     _taps           taps on every layer's outputs; temporary policies
     _passes      2. per batch: float32 and mixed pass -> `PassResult`s

@@ -25,6 +25,7 @@ import math
 import numpy as np
 from keras import ops
 
+from kmp.doctor._progress import Progress
 from kmp.fp8 import float8_matmuls
 from kmp.fp8 import observe_operands
 
@@ -33,14 +34,17 @@ _E4M3_MAX = 448.0
 _E4M3_TINY = 2.0**-9
 
 
-def measure(model, batches) -> list:
+def measure(model, batches, progress=None) -> list:
     """One dict per float8 layer operand (see the module docstring),
-    over all `batches` (`(x, y)` pairs); `[]` without float8 layers."""
+    over all `batches` (`(x, y)` pairs); `[]` without float8 layers.
+    `progress` (the doctor's `Progress`; default: a quiet one) says the
+    run through them."""
     layers = float8_matmuls(
         model._flatten_layers(include_self=False, recursive=True)
     )
     if not layers:
         return []
+    progress = progress or Progress(verbose=False)
     index = {id(layer): i for i, layer in enumerate(layers)}
     seen = {}  # (layer index, operand) -> running statistics
 
@@ -61,9 +65,10 @@ def measure(model, batches) -> list:
         stats["amax"] = max(stats["amax"], current)
         stats["history_amax"] = past
 
-    with observe_operands(layers, record):
-        for x, _ in batches:
-            model(x, training=False)
+    with progress.step(f"float8 operands of {len(layers)} layer(s)"):
+        with observe_operands(layers, record):
+            for x, _ in batches:
+                model(x, training=False)
     return [
         _row(layers[index], name, stats)
         for (index, name), stats in sorted(seen.items())

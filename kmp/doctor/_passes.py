@@ -17,6 +17,7 @@ from typing import NamedTuple
 from keras import ops
 
 from kmp import backend
+from kmp.doctor._progress import Progress
 from kmp.doctor._taps import Taps
 from kmp.doctor._taps import dtype_policies
 from kmp.model_layers import all_layers
@@ -44,17 +45,20 @@ class PassResult(NamedTuple):
 
 
 @contextlib.contextmanager
-def two_passes(inputs, layers):
-    """Taps `layers` and yields `run(x, y) -> (reference, mixed)`.
+def two_passes(inputs, layers, progress=None):
+    """Taps `layers` and yields `run(x, y, label) -> (reference, mixed)`.
 
     Args:
         inputs: The doctor's `Inputs`.
         layers: The layers to observe; their outputs' keys are their
             indices in this list.
+        progress: A `Progress` that says each pass as it runs, after
+            `run`'s `label` ("batch 1/2"); default: a quiet one.
 
     Yields:
         `run`, which returns one `PassResult` per pass.
     """
+    progress = progress or Progress(verbose=False)
     model, scale = inputs.model, inputs.scale
     taps = Taps(layers)
     every_layer = all_layers(model)
@@ -62,14 +66,15 @@ def two_passes(inputs, layers):
     parameters = inspect.signature(model.call).parameters
     training = {"training": True} if "training" in parameters else {}
 
-    def make_pass(loss_multiplier):
+    def make_pass(loss_multiplier, reads):
         def loss_of(values, args, tap):
             x, y, non_trainable = args
             taps.start(tap)
             try:
-                y_pred, _ = model.stateless_call(
-                    values, non_trainable, x, **training
-                )
+                with reads():
+                    y_pred, _ = model.stateless_call(
+                        values, non_trainable, x, **training
+                    )
             finally:
                 taps.stop()
             return ops.multiply(inputs.loss_fn(y, y_pred), loss_multiplier)
@@ -79,13 +84,19 @@ def two_passes(inputs, layers):
     values = [v.value for v in model.trainable_variables]
     non_trainable = [v.value for v in model.non_trainable_variables]
     with taps:
-        reference_pass, mixed_pass = make_pass(1.0), make_pass(scale)
+        # The float32 pass reads every weight as float32: weights stored
+        # in bfloat16 (`master_weights="bfloat16"`) too, which a layer
+        # whose policy is float32 would otherwise get as stored.
+        reference_pass = make_pass(1.0, backend.float32_reads)
+        mixed_pass = make_pass(scale, contextlib.nullcontext)
 
-        def run(x, y):
-            with dtype_policies(every_layer, "float32"):
-                reference = reference_pass(values, x, y, non_trainable)
-            with dtype_policies(inputs.switched, inputs.policy):
-                mixed = mixed_pass(values, x, y, non_trainable)
+        def run(x, y, label="batch"):
+            with progress.step(f"{label}: float32 pass"):
+                with dtype_policies(every_layer, "float32"):
+                    reference = reference_pass(values, x, y, non_trainable)
+            with progress.step(f"{label}: {inputs.policy} pass"):
+                with dtype_policies(inputs.switched, inputs.policy):
+                    mixed = mixed_pass(values, x, y, non_trainable)
             # Drop the loss: the doctor measures tensors, not the loss.
             return PassResult(*reference[1:]), PassResult(*mixed[1:])
 

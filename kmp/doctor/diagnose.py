@@ -14,11 +14,13 @@ again observing the model's top-level layers only.
 
 import keras
 
+from kmp import backend
 from kmp.doctor import _float8
 from kmp.doctor import _inputs
 from kmp.doctor import _verdicts
 from kmp.doctor._counts import LayerCounts
 from kmp.doctor._passes import two_passes
+from kmp.doctor._progress import Progress
 from kmp.doctor._taps import LOOPING
 from kmp.doctor._taps import observed_layers
 from kmp.doctor.diagnosis import Diagnosis
@@ -75,7 +77,9 @@ def diagnose(
         jit_compile: Compile both passes with XLA; `"auto"`: the model's
             own `jit_compile` (Keras: XLA, except TensorFlow on a CPU-only
             machine).
-        verbose: Show a progress bar.
+        verbose: Print a line as each stage starts (reading the
+            batches, each batch's two passes, counting, the verdicts),
+            with its seconds as it ends.
 
     Returns:
         A `kmp.Diagnosis`: `.show()`, `.summary()`, `.to_json()`,
@@ -92,31 +96,44 @@ def diagnose(
     report.plot("doctor.png")  # gradient magnitudes vs float16's range
     ```
     """
-    inputs = _inputs.prepare(
-        model, data, loss, batches, loss_scale, policy, batch_size, jit_compile
-    )
-    layers, counts, notes = _observe(inputs, verbose)
-    return _verdicts.judge(
-        model=model,
-        layers=layers,
-        counts=counts,
-        policy=inputs.policy,
-        scale=inputs.scale,
-        batches=len(inputs.batches),
-        examples=sum(len(keras.tree.flatten(x)[0]) for x, _ in inputs.batches),
-        notes=notes + _coverage_notes(inputs, layers, counts),
-        scale_bounds=inputs.scale_bounds,
-        float8=_float8.measure(inputs.model, inputs.batches),
-    )
+    progress = Progress(verbose)
+    with progress.step(f"reading {batches} batch(es)"):
+        inputs = _inputs.prepare(
+            model,
+            data,
+            loss,
+            batches,
+            loss_scale,
+            policy,
+            batch_size,
+            jit_compile,
+        )
+    layers, counts, notes = _observe(inputs, progress)
+    float8 = _float8.measure(inputs.model, inputs.batches, progress)
+    with progress.step("verdicts"):
+        return _verdicts.judge(
+            model=model,
+            layers=layers,
+            counts=counts,
+            policy=inputs.policy,
+            scale=inputs.scale,
+            batches=len(inputs.batches),
+            examples=sum(
+                len(keras.tree.flatten(x)[0]) for x, _ in inputs.batches
+            ),
+            notes=notes + _coverage_notes(inputs, layers, counts),
+            scale_bounds=inputs.scale_bounds,
+            float8=float8,
+        )
 
 
-def _observe(inputs, verbose):
+def _observe(inputs, progress):
     """`(layers, counts, notes)`: every batch run and counted, observing
     nested layers, or the model's top-level layers where that fails."""
     layers = observed_layers(inputs.model)
     top_level = observed_layers(inputs.model, nested=False)
     try:
-        return layers, _count_batches(inputs, layers, verbose), []
+        return layers, _count_batches(inputs, layers, progress), []
     except Exception as error:
         if len(top_level) == len(layers):
             raise
@@ -124,8 +141,9 @@ def _observe(inputs, verbose):
         # transformation (lax.scan, tf.while_loop in a graph, remat),
         # where a tap cannot reach: observe the model's own layers only.
         # If that fails too, the first error is the one to see.
+        progress.say("observing the model's top-level layers only")
         try:
-            counts = _count_batches(inputs, top_level, verbose)
+            counts = _count_batches(inputs, top_level, progress)
         except Exception:
             raise error from None
         first_line = (str(error).splitlines() or [""])[0][:120]
@@ -140,15 +158,16 @@ def _observe(inputs, verbose):
         )
 
 
-def _count_batches(inputs, layers, verbose):
+def _count_batches(inputs, layers, progress):
     """Runs both passes over every batch and counts them."""
     counts = LayerCounts(inputs, layers)
-    progress = keras.utils.Progbar(len(inputs.batches), unit_name="batch")
-    with two_passes(inputs, layers) as run:
+    total = len(inputs.batches)
+    with two_passes(inputs, layers, progress) as run:
         for step, (x, y) in enumerate(inputs.batches):
-            counts.add(*run(x, y))
-            if verbose:
-                progress.update(step + 1)
+            label = f"batch {step + 1}/{total}"
+            reference, mixed = run(x, y, label)
+            with progress.step(f"{label}: counting"):
+                counts.add(reference, mixed)
     return counts
 
 
@@ -168,6 +187,13 @@ def _coverage_notes(inputs, layers, counts):
             f"float32 model: tested under {inputs.policy} with its outputs "
             "and softmax/sigmoid layers kept float32, as kmp.pin_float32 "
             "would"
+        )
+    stored = {backend.stored_dtype(v) for v in model.trainable_variables}
+    half = sorted(stored & set(HALF_DTYPES))
+    if half:
+        notes.append(
+            f"weights stored in {', '.join(half)} (master weights): the "
+            "float32 reference reads the same rounded weights, as float32"
         )
     if not getattr(model, "outputs", None):
         notes.append(

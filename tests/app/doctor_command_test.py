@@ -82,6 +82,10 @@ def test_doctor_reads_a_saved_model_and_npz(tmp_path, capsys):
         (["MODEL", "--data=NPZ"], "it needs x and y"),
         (["MODEL", "--data=XY"], "needs a loss"),  # saved uncompiled
         (["JUNK", "--data=XY"], "is not a Keras archive"),
+        (["cifar10", "--epochs=3"], "--epochs does not apply to kmp doctor"),
+        (["imdb", "--norestart"], "--restart does not apply"),
+        (["cifar10", "--strategy=mirrored"], "one process on one device"),
+        (["cifar10", "--batch_size=max"], "--batch_size=max sizes a training"),
     ],
 )
 def test_doctor_bad_input_is_one_line(tmp_path, argv, phrase, capsys):
@@ -128,6 +132,53 @@ def test_doctor_help_lists_example_and_doctor_flags(capsys):
     assert kmp_cli.main(["doctor", "cifar10", "--help"]) == 0
     out = capsys.readouterr().out
     assert "--width" in out and "--batches" in out and "--loss_scale" in out
+    assert "--master_weights" in out and "--epochs" not in out
+    assert "the sizes not given are --batch_size=128, --width=16" in out
+
+
+class _Diagnosed(Exception):
+    """Raised by a stand-in for `kmp.diagnose` once it has its inputs."""
+
+
+def test_doctor_sizes_the_example_as_train_does_with_every_flag(
+    monkeypatch, tmp_path, capsys
+):
+    import keras
+
+    import kmp
+    from kmp import backend
+
+    if backend.list_devices()[0].platform != "cpu":
+        pytest.skip("the CPU sizes are for a machine without a GPU")
+    seen = {}
+
+    def diagnose(model, data, **kwargs):
+        seen.update(model=model, **kwargs)
+        raise _Diagnosed
+
+    monkeypatch.setattr(kmp, "diagnose", diagnose)
+    argv = [
+        "doctor",
+        "cifar10",
+        "--data=synthetic",
+        "--synthetic_size=256",  # two batches of 128
+        "--policy=mixed_bfloat16",
+        "--master_weights=bfloat16",
+        "--verbose=0",
+        f"--output_dir={tmp_path}",
+    ]
+    with pytest.raises(_Diagnosed):
+        kmp_cli.main(argv)
+    out = capsys.readouterr().out
+    assert "kmp: no GPU found: width=16 (CPU sizes)" in out
+    assert "building the model" not in out  # --verbose=0
+    conv = [
+        layer
+        for layer in seen["model"]._flatten_layers()
+        if isinstance(layer, keras.layers.Conv2D)
+    ][0]
+    assert conv.filters == 16 and conv.kernel.dtype == "bfloat16"
+    assert seen["batch_size"] == 128 and seen["verbose"] is False
 
 
 def test_a_bug_inside_diagnose_keeps_its_traceback(monkeypatch, tmp_path):

@@ -353,6 +353,32 @@ class DoctorTest(parameterized.TestCase):
         assert _row(report, "probabilities").dtype == "float32"
         assert model.get_layer("hidden").compute_dtype == "float16"
 
+    def test_bfloat16_master_weights_are_read_as_float32_in_the_reference(
+        self,
+    ):
+        # `kmp doctor --master_weights=bfloat16`: a float32 convolution
+        # would get the bfloat16 kernel as stored and refuse it.
+        keras.utils.set_random_seed(0)
+        with kmp.policy_scope("mixed_bfloat16", master_weights="bfloat16"):
+            inputs = keras.Input((8, 8, 3))
+            x = keras.layers.Conv2D(4, 3, name="hidden")(inputs)
+            x = keras.layers.GlobalAveragePooling2D()(x)
+            model = keras.Model(inputs, keras.layers.Dense(10)(x))
+        model.compile(
+            optimizer=kmp.wrap("sgd"),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+        images = np.random.default_rng(0).normal(size=(32, 8, 8, 3))
+        data = (images.astype("float32"), np.arange(32) % 10)
+        report = kmp.diagnose(model, data, verbose=False)
+        hidden = _row(report, "hidden")
+        assert hidden.dtype == "bfloat16"
+        # The same weights on both sides: bfloat16's rounding of the
+        # activations alone (2^-8 relative), not of the weights too.
+        assert 0 < hidden.activations.relative_error < 2.0**-7
+        assert any("weights stored in bfloat16" in n for n in report.notes)
+        assert model.get_layer("hidden").kernel.dtype == "bfloat16"
+
     def test_with_and_without_xla_agree(self):
         model, data = _mlp(), _classification()
         reports = [
