@@ -16,10 +16,20 @@ three ways, so that an example's `make_datasets` branches on one value:
 
 Under a keras.distribution Keras shards host batches itself, so the
 device feed is for one process's own devices without one.
+
+Training batches are one stream, of which each epoch takes the next
+`steps` (so `fit` gets `steps_per_epoch=steps`): pass `p` over the
+data is shuffled and augmented by draws from (`--seed`, `p`) alone, not
+from how many passes this process has made. A rerun resumed from the
+backup at epoch `k` (`kmp.app.backup.resumed_epoch`) starts the stream
+at batch `k * steps`, so it trains on the batches the uninterrupted run
+trained on. NumPy arrays ("arrays") are shuffled by `fit` itself, which
+a rerun does not resume.
 """
 
 import keras
 
+from kmp.app import backup as kmp_backup
 from kmp.app import data as kmp_data
 from kmp.app import device_data
 from kmp.app import recipes
@@ -35,6 +45,10 @@ class Feeding:
 
     Attributes:
         kind: "device", "tf.data" or "arrays".
+        steps: Training batches per epoch: `--steps`, or the full
+            batches of the training split.
+        first_epoch: The epoch this run starts at (its backup's, if it
+            resumes one).
         eval_steps: Validation batches: `--eval_steps`, the share
             `--steps` is of an epoch, or all (`None`).
 
@@ -50,6 +64,10 @@ class Feeding:
 
     def __init__(self, config, splits):
         self.config = config
+        self.steps = config.steps or max(
+            recipes.split_size(splits.train) // config.batch_size, 1
+        )
+        self.first_epoch = kmp_backup.resumed_epoch(config)
         self.eval_steps = recipes.evaluation_steps(config, splits)
         if recipes.feeds_device(config):
             self.kind = "device"
@@ -82,6 +100,7 @@ class Feeding:
                 transform=transform,
                 repeat=bool(config.steps),  # steps * epochs may exceed a pass
                 seed=config.seed,
+                start=self.first_epoch * self.steps,
             )
         return device_data.DeviceBatches(
             x, y, config.batch_size, transform=transform, steps=self.eval_steps
@@ -98,3 +117,59 @@ class Feeding:
         return recipes.padded_evaluation(
             split, self.config.batch_size, self.eval_steps
         )
+
+    def batches(self, split, prepare=None, shuffle=10_000):
+        """A `tf.data` split of `(x, y)` as the stream of training batches
+        (see the module): the run's, from its first epoch on.
+
+        Args:
+            split: Unbatched `(x, y)` pairs (cache a TFDS split first).
+            prepare: `prepare(x, y, seed) -> (x, y)` per example, after
+                the shuffle; `seed` (int64, shape `(2,)`) is the
+                example's own, for `tf.image.stateless_random_*`.
+            shuffle: The shuffle buffer; 0 keeps the split's order.
+        """
+        import tensorflow as tf
+
+        config, batch_size = self.config, self.config.batch_size
+        per_pass = recipes.split_size(split) // batch_size
+        first_pass, skipped = divmod(self.first_epoch * self.steps, per_pass)
+
+        def one_pass(number):
+            # The shuffle's graph-level seed fixed: the order is drawn from
+            # the pass's seed alone, not from TensorFlow's global seed too
+            # (which TensorFlow cannot combine with a tensor seed when it
+            # is 0, the default --seed).
+            tf.compat.v1.get_default_graph().seed = 1
+            seed = tf.random.stateless_uniform(
+                [], [config.seed, number], 0, 2**31 - 1, tf.int64
+            )
+            rows = split.shuffle(shuffle, seed, False) if shuffle else split
+            # Numbered before the skip: the same rows get the same seeds.
+            first_rows = tf.constant(skipped * batch_size, tf.int64)
+            rows = rows.enumerate().skip(
+                tf.where(number == first_pass, first_rows, 0)
+            )
+            if prepare is None:
+                rows = rows.map(lambda i, pair: pair)
+            else:
+                rows = rows.map(
+                    lambda i, pair: prepare(*pair, tf.stack([seed, i])),
+                    num_parallel_calls=tf.data.AUTOTUNE,
+                )
+            return rows.batch(batch_size, drop_remainder=True)
+
+        # The run's batches from this epoch on, and no more: `fit`
+        # without `steps_per_epoch` would take them as one epoch, not
+        # run forever.
+        left = max(config.epochs - self.first_epoch, 0) * self.steps
+        passes = tf.data.Dataset.range(first_pass, 2**62)
+        stream = passes.flat_map(one_pass).take(left)
+        return stream.prefetch(tf.data.AUTOTUNE)
+
+    def full_batches(self, split):
+        """An `(x, y)` pair of arrays cut to its full batches: an epoch of
+        `steps` batches then ends where the arrays do."""
+        x, y = split
+        rows = len(y) // self.config.batch_size * self.config.batch_size
+        return x[:rows], y[:rows]

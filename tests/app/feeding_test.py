@@ -85,3 +85,37 @@ def test_on_device_training_is_full_shuffled_batches_and_validation_padded():
     x, y, weights = test[2]
     assert np.asarray(x).tolist() == [[1.0] * 3] * 4  # the transform ran
     assert weights.tolist() == pytest.approx([1.2, 1.2, 0, 0])
+
+
+@pytest.mark.backend_independent
+def test_a_resumed_tf_data_stream_is_the_uninterrupted_one_from_its_epoch(
+    monkeypatch,
+):
+    import tensorflow as tf
+
+    splits = _splits(train=20)  # 5 batches of 4 a pass
+    config = _config(steps=3, epochs=4)  # 12 batches over 3 passes
+
+    def noise(x, y, seed):  # a stateless draw per example, as augmentation
+        return x + tf.random.stateless_uniform([], seed), y
+
+    def stream(first_epoch):
+        monkeypatch.setattr(
+            feeding_module.kmp_backup, "resumed_epoch", lambda c: first_epoch
+        )
+        # TensorFlow's global seed plays no part (0, the default, too).
+        tf.random.set_seed(first_epoch)
+        feeding = Feeding(config, splits)
+        data = tf.data.Dataset.from_tensor_slices(splits.train)
+        return [x for x, _ in feeding.batches(data, noise).as_numpy_iterator()]
+
+    whole = stream(0)
+    assert len(whole) == 12  # the run's batches, then the stream ends
+    first, second = np.concatenate(whole[:5]), np.concatenate(whole[5:10])
+    assert not np.array_equal(np.sort(first, 0), np.sort(second, 0))
+    # Epoch 2 starts at batch 6: inside pass 1, whose order and draws
+    # are the uninterrupted run's.
+    resumed = stream(2)
+    assert len(resumed) == 6
+    for got, expected in zip(resumed, whole[6:], strict=True):
+        np.testing.assert_array_equal(got, expected)
