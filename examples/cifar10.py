@@ -53,9 +53,8 @@ import kmp
 from kmp import backend
 from kmp.app import data as kmp_data
 from kmp.app import device_data
-from kmp.app import recipes
 from kmp.app.feeding import Feeding
-from kmp.app.session import Session
+from kmp.app.run import Run
 from kmp_config import configs
 
 MEAN = np.array([0.4914, 0.4822, 0.4465], "float32") * 255
@@ -70,10 +69,11 @@ STD = np.array([0.2470, 0.2435, 0.2616], "float32") * 255
 # this model's `width`. Defaults are GPU sizes (batch 512, width 64); where
 # no GPU is found, the sizes not given are batch 128, width 16, and the run
 # says so. The class is in kmp_config/configs.py, which imports no Keras, so
-# that `kmp train` refuses a bad flag before TensorFlow loads.
+# that `kmp train` refuses a bad flag before TensorFlow loads; it also holds
+# what `kmp bench` times (`BENCH_SIZES`) and the kernels
+# `--distribution=model` splits (`LAYOUT`).
 
 Config = configs.Cifar10Config
-TITLE = "cifar10 (ResNet-9)"
 
 
 # ## Data
@@ -200,24 +200,6 @@ def build_model(width=64, classes=10):
     return keras.Model(inputs, outputs, name="resnet9")
 
 
-def layout_map(config):
-    """`--distribution=model`: every convolution's output channels split
-    over the mesh's "model" axis (the wide layers hold most weights)."""
-
-    def layouts(mesh):
-        split = mesh.shape[mesh.axis_names.index("model")]
-        if config.width % split:
-            raise kmp.InputError(
-                f"--width={config.width} must split over the {split} "
-                "devices of the model axis."
-            )
-        layout = keras.distribution.LayoutMap(mesh)
-        layout[r"conv2d(_\d+)?/kernel"] = (None, None, None, "model")
-        return layout
-
-    return layouts
-
-
 def compile_model(config, steps):
     """The ResNet-9 with its float32 islands, compiled with SGD under
     `kmp.wrap` (dynamic loss scale) and a warm-up + cosine schedule over
@@ -270,47 +252,47 @@ def compile_model(config, steps):
 
 # ## Train
 #
-# `Session` does what every run does around the data, the model and
-# `fit` (processes, compile cache, seed, the dtype policy, the backup a
-# rerun resumes from, the results). The strategy decides where the
-# replicas are: on TensorFlow the model is built and compiled in its
-# scope, and `kmp.distribute` makes `fit` work under it (Keras alone
-# cannot run MultiWorkerMirroredStrategy); on JAX, `--distribution` sets
-# keras.distribution instead: DataParallel, or ModelParallel with
-# `layout_map`.
+# `kmp.enable` sets Keras's dtype policy before the model is built: float16
+# (or bfloat16) compute, float32 variables. A `Run` (kmp/app/run.py) does
+# what every run does around the data, the model and `fit`: start-up and
+# seed, the backup a rerun resumes from, the results; on leaving it, the
+# policy is the caller's again. It also places the replicas: on TensorFlow
+# the model is built and compiled in the strategy's scope and
+# `kmp.distribute` makes `fit` work under it (Keras alone cannot run
+# MultiWorkerMirroredStrategy); on JAX, `--distribution` sets
+# keras.distribution instead (DataParallel, or ModelParallel splitting the
+# config's `LAYOUT`).
 
 
 def train(config: Config) -> dict:
     """Trains and evaluates; returns the results (also written as JSON)."""
-    with Session(config, "cifar10", layouts=layout_map(config)) as session:
+    with Run(config) as run:
+        kmp.enable(config.policy, master_weights=config.master_weights)
         splits = load_data(config)
         train_data, test_data = make_datasets(splits, config)
-        session.start(splits)  # a rerun resumes from the backup
-        with session.scope():
-            model = compile_model(config, session.steps)
-        model = session.distribute(model)
+        steps = run.start(splits)  # a rerun resumes from the backup
+        with run.scope():
+            model = compile_model(config, steps)
+        model = run.distribute(model)  # kmp.distribute under a strategy
         history = model.fit(
-            **session.feed(train_data),
-            validation_data=session.validation(test_data),
-            validation_steps=session.eval_steps,
+            **run.data(train_data, test_data),  # and validation steps
             epochs=config.epochs,
             steps_per_epoch=config.steps or None,
-            callbacks=session.callbacks,
+            callbacks=run.callbacks,  # kmp's LossScaleMonitor, the backup
             verbose=config.verbose,
         )
         # The History of every epoch (those before an interruption too);
         # the test figures are the last epoch's validation.
-        results = session.results(model, history, "resnet9")
-        session.save(model, results)
-    return results
+        return run.finish(model, history, "resnet9")
 
 
 # ## Results
 #
-# `main` parses the flags (absl, like every Keras example), trains, and
-# prints a table and a one-line summary; --output_dir gets results.json
-# (with the History), results.png (loss and loss scale over steps) and
-# the trained model.
+# Run as a script (below, flags parsed by absl like every Keras example)
+# or as `kmp train cifar10`, a run prints a table and a one-line summary
+# and says where it wrote them: --output_dir gets results.json (with the
+# History), results.png (loss and loss scale over steps) and the trained
+# model.
 #
 # What it measured on one H100 (Keras 3.15.1 on JAX, 2026-11-25;
 # BENCHMARKS.md, "On an H100"): `kmp train cifar10 --data=synthetic
@@ -320,29 +302,11 @@ def train(config: Config) -> dict:
 # loss scale at 32768 and no step skipped.
 
 
-def main(argv):
-    del argv  # everything is in the flags
-    recipes.main("cifar10", TITLE, Config, train)
-
-
 # ## For `kmp bench` and `kmp doctor`
 #
-# What the commands read besides `train` (kmp.app.protocol): the sizes
-# and optimizer `kmp bench` times, and the inputs it feeds.
-
-# `kmp bench`'s sizes (a CPU's, a GPU's); a convnet has no matmuls for
-# `kmp.float8` to speed up but its head, so no float8 variants.
-BENCH_SIZES = {
-    "small": {"width": 16, "batch_size": 64},
-    "full": {"width": 64, "batch_size": 512},
-}
-BENCH_FLOAT8 = False
-
-
-def bench_optimizer():
-    """For `kmp bench`: SGD at 0.01 with momentum (a constant rate: the
-    bench times steps, it schedules nothing)."""
-    return keras.optimizers.SGD(0.01, momentum=0.9)
+# What the commands read besides `train` and `compile_model`
+# (kmp.app.protocol): the inputs `kmp bench` feeds (its sizes and
+# optimizer are the config's).
 
 
 def bench_inputs(config, count):
@@ -354,9 +318,8 @@ def bench_inputs(config, count):
 
 
 if __name__ == "__main__":
-    from absl import app
+    import sys
 
-    from kmp_config import flags
+    from kmp.app.run import main
 
-    flags.define_flags(Config)
-    app.run(main)
+    main(sys.modules[__name__])  # the flags, train, the table, the files

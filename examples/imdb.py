@@ -49,9 +49,8 @@ import keras
 import kmp
 from kmp import backend
 from kmp.app import data as kmp_data
-from kmp.app import recipes
 from kmp.app.feeding import Feeding
-from kmp.app.session import Session
+from kmp.app.run import Run
 from kmp_config import configs
 
 # ## Configuration
@@ -64,10 +63,11 @@ from kmp_config import configs
 # batch 32, d_model 64, sequence 128, and the run says so. The class is in
 # kmp_config/configs.py, which imports no Keras, so that `kmp train` refuses
 # a bad flag (`--heads` that do not divide `--d_model` too) before
-# TensorFlow loads.
+# TensorFlow loads; it also holds what `kmp bench` times (`BENCH_SIZES`)
+# and the kernels `--distribution=model` splits (`LAYOUT`: each
+# attention's heads, each feed-forward layer's hidden units).
 
 Config = configs.ImdbConfig
-TITLE = "imdb_reviews (Transformer encoder)"
 
 
 # ## Data
@@ -184,37 +184,6 @@ def build_model(config):
     return keras.Model(inputs, outputs, name=f"imdb_{config.model}")
 
 
-def layout_map(config):
-    """`--distribution=model`: each attention's heads and each
-    feed-forward layer's hidden units split over the mesh's "model" axis
-    (Megatron's split: the up projection by columns, the down projection
-    by rows, so each device multiplies its own part)."""
-
-    def layouts(mesh):
-        split = mesh.shape[mesh.axis_names.index("model")]
-        if config.heads % split or config.d_model % split:
-            raise kmp.InputError(
-                f"--heads={config.heads} and --d_model={config.d_model} "
-                f"must split over the {split} devices of the model axis."
-            )
-        layout = keras.distribution.LayoutMap(mesh)
-        layout[r"attention_\d+/(query|key|value)/kernel"] = (
-            None,
-            "model",
-            None,
-        )
-        layout[r"attention_\d+/attention_output/kernel"] = (
-            "model",
-            None,
-            None,
-        )
-        layout[r"ffn_up_\d+/kernel"] = (None, "model")
-        layout[r"ffn_down_\d+/kernel"] = ("model", None)
-        return layout
-
-    return layouts
-
-
 def compile_model(config, steps):
     """The model with its float32 islands, compiled with AdamW under
     `kmp.wrap` (dynamic loss scale) and a warm-up + cosine schedule over
@@ -257,62 +226,42 @@ def compile_model(config, steps):
 
 # ## Train
 #
-# As for CIFAR-10: `Session` around the data, the model and `fit`.
+# As for CIFAR-10 (examples/cifar10.py says what each line does):
+# `kmp.enable` before the model is built, a `Run` around the data, the
+# model and `fit`.
 
 
 def train(config: Config) -> dict:
     """Trains and evaluates; returns the results (also written as JSON)."""
-    with Session(config, "imdb", layouts=layout_map(config)) as session:
+    with Run(config) as run:
+        kmp.enable(config.policy, master_weights=config.master_weights)
         splits = load_data(config)
         train_data, test_data = make_datasets(splits, config)
-        session.start(splits)  # a rerun resumes from the backup
-        with session.scope():
-            model = compile_model(config, session.steps)
-        model = session.distribute(model)
+        steps = run.start(splits)  # a rerun resumes from the backup
+        with run.scope():
+            model = compile_model(config, steps)
+        model = run.distribute(model)  # kmp.distribute under a strategy
         history = model.fit(
-            **session.feed(train_data),
-            validation_data=session.validation(test_data),
-            validation_steps=session.eval_steps,
+            **run.data(train_data, test_data),
             epochs=config.epochs,
             steps_per_epoch=config.steps or None,
-            callbacks=session.callbacks,
+            callbacks=run.callbacks,
             verbose=config.verbose,
         )
-        results = session.results(model, history, f"imdb_{config.model}")
-        session.save(model, results)
-    return results
+        return run.finish(model, history, f"imdb_{config.model}")
 
 
 # ## Results
 #
 # As for CIFAR-10: a table and a summary line; results.json, results.png
-# and the model in --output_dir.
-
-
-def main(argv):
-    del argv  # everything is in the flags
-    recipes.main("imdb", TITLE, Config, train)
+# and the model in --output_dir, each path printed.
 
 
 # ## For `kmp bench` and `kmp doctor`
 #
-# What the commands read besides `train` (kmp.app.protocol): the sizes
-# and optimizer `kmp bench` times, and the inputs it feeds.
-
-# `kmp bench`'s sizes (a CPU's, a GPU's: d_model >= 512), and its float8
-# variants (the attention projections and feed-forward matmuls).
-BENCH_SIZES = {
-    "small": {"d_model": 64, "batch_size": 32, "sequence_length": 128},
-    "full": {"d_model": 512, "batch_size": 64, "sequence_length": 256},
-}
-BENCH_FLOAT8 = True
-
-
-def bench_optimizer():
-    """For `kmp bench`: Adam at 1e-4 (SGD at 0.01 drove the d_model 512
-    encoder to one class: loss 7.3 in every variant, measured on an
-    H100, 2026-11-22)."""
-    return keras.optimizers.Adam(1e-4)
+# What the commands read besides `train` and `compile_model`
+# (kmp.app.protocol): the inputs `kmp bench` feeds (its sizes, float8
+# variants and optimizer are the config's).
 
 
 def bench_inputs(config, count):
@@ -324,9 +273,8 @@ def bench_inputs(config, count):
 
 
 if __name__ == "__main__":
-    from absl import app
+    import sys
 
-    from kmp_config import flags
+    from kmp.app.run import main
 
-    flags.define_flags(Config)
-    app.run(main)
+    main(sys.modules[__name__])  # the flags, train, the table, the files

@@ -45,8 +45,7 @@ import numpy as np
 import kmp
 from kmp import backend
 from kmp.app import data as kmp_data
-from kmp.app import recipes
-from kmp.app.session import Session
+from kmp.app.run import Run
 from kmp_config import configs
 
 # ## Configuration
@@ -57,7 +56,6 @@ from kmp_config import configs
 # the sizes not given are a 2-layer, 64-wide model on 128-byte sequences.
 
 Config = configs.LmConfig
-TITLE = "next byte of Python's sources (GPT-2)"
 VOCABULARY = 256  # bytes: no tokenizer to download
 
 
@@ -183,7 +181,7 @@ def compile_model(config, steps):
         warmup_steps=max(config.epochs * steps // 10, 1),
     )
     # Memory: --optimizer_states=bfloat16 stores AdamW's moments in
-    # bfloat16; --master_weights=bfloat16 the weights too (Session enables
+    # bfloat16; --master_weights=bfloat16 the weights too (`train` enables
     # it), each update rounded stochastically under --seed.
     optimizer = kmp.wrap(
         keras.optimizers.AdamW(schedule, weight_decay=0.1),
@@ -206,40 +204,41 @@ def compile_model(config, steps):
 
 # ## Train
 #
-# As for the other examples: `Session` around the data, the model and
-# `fit` (one device, or JAX's data parallelism: no strategy, no layout).
+# As for the other examples (examples/cifar10.py says what each line
+# does): `kmp.enable` before the model is built, a `Run` around the data,
+# the model and `fit` (one device, or JAX's data parallelism: no
+# strategy, no layout). The record adds tokens/s and the float8 layers.
 
 
 def train(config: Config) -> dict:
     """Trains and evaluates; returns the results (also written as JSON),
     with tokens/s beside examples/s."""
-    with Session(config, "lm", strategies=False) as session:
+    with Run(config) as run:
+        kmp.enable(config.policy, master_weights=config.master_weights)
         splits = load_data(config)
-        session.start(splits)  # a rerun resumes from the backup
-        model = compile_model(config, session.steps)
-        train_data = session.feed(splits.train)
+        steps = run.start(splits)  # a rerun resumes from the backup
+        model = compile_model(config, steps)
         history = model.fit(
-            **train_data,
+            **run.data(splits.train, splits.test),
             shuffle=False,  # shuffled in load_data
-            validation_data=session.validation(splits.test),
-            validation_steps=session.eval_steps,
-            validation_batch_size=train_data["batch_size"],
             epochs=config.epochs,
             steps_per_epoch=config.steps or None,
-            callbacks=session.callbacks,
+            callbacks=run.callbacks,
             verbose=config.verbose,
         )
+
+        def more(results):
+            return {
+                "tokens_per_s": results["examples_per_s"]
+                * config.sequence_length,
+                "float8_layers": sum(
+                    getattr(layer, "quantization_mode", None) == "float8"
+                    for layer in model._flatten_layers()
+                ),
+            }
+
         name = "gpt2_float8" if config.float8 else "gpt2"
-        results = session.results(model, history, name)
-        results["tokens_per_s"] = (
-            results["examples_per_s"] * config.sequence_length
-        )
-        results["float8_layers"] = sum(
-            getattr(layer, "quantization_mode", None) == "float8"
-            for layer in model._flatten_layers()
-        )
-        session.save(model, results)
-    return results
+        return run.finish(model, history, name, more=more)
 
 
 def bench_inputs(config, count):
@@ -250,15 +249,9 @@ def bench_inputs(config, count):
     return kmp.pin_float32(build_model(config)), x, y
 
 
-def main(argv):
-    del argv  # everything is in the flags
-    recipes.main("lm", TITLE, Config, train)
-
-
 if __name__ == "__main__":
-    from absl import app
+    import sys
 
-    from kmp_config import flags
+    from kmp.app.run import main
 
-    flags.define_flags(Config)
-    app.run(main)
+    main(sys.modules[__name__])  # the flags, train, the table, the files

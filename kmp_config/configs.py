@@ -22,7 +22,18 @@ it, Keras not loaded); `check()` raises it as `kmp.InputError` (the
 examples' `train`). Besides its flags, a config says which of its fields
 an interrupted run must keep to resume from its backup (all but
 `RESUMES_WITH_CHANGED`) and the sizes to use where there is no GPU
-(`CPU_SIZES`).
+(`CPU_SIZES`). An example's config also declares, as class attributes
+(not flags), what the commands around its `train` need of it:
+
+    LAYOUT           `--distribution=model`: kernel path pattern -> the
+                     axes of its dimensions, "model" where it is split
+    LAYOUT_SPLITS    the fields that must divide over the "model" axis
+    BENCH_SIZES      `kmp bench`'s fields on a CPU ("small") and a GPU
+                     ("full") (the classifiers)
+    BENCH_FLOAT8     whether `kmp bench --float8` times `kmp.float8`
+                     variants of it
+    BENCH_OPTIMIZER  the optimizer `kmp bench` trains it with, as Keras
+                     serializes one (`keras.optimizers.get` reads it)
 """
 
 import dataclasses
@@ -333,6 +344,22 @@ class Cifar10Config(RunConfig):
     # took 380-900 s. A step's work goes with width^2 x batch: a 64th.
     CPU_SIZES = {"batch_size": 128, "width": 16}
 
+    # Every convolution's output channels split over "model" (the wide
+    # layers hold most weights).
+    LAYOUT = {r"conv2d(_\d+)?/kernel": (None, None, None, "model")}
+    LAYOUT_SPLITS = ("width",)
+    BENCH_SIZES = {
+        "small": {"width": 16, "batch_size": 64},
+        "full": {"width": 64, "batch_size": 512},
+    }
+    # A convnet has no matmuls for kmp.float8 to speed up but its head.
+    BENCH_FLOAT8 = False
+    # A constant rate: the bench times steps, it schedules nothing.
+    BENCH_OPTIMIZER = {
+        "class_name": "SGD",
+        "config": {"learning_rate": 0.01, "momentum": 0.9},
+    }
+
 
 @dataclasses.dataclass
 class ImdbConfig(RunConfig):
@@ -355,6 +382,27 @@ class ImdbConfig(RunConfig):
 
     # The sizes benchmarks/parity.py measures on a CPU.
     CPU_SIZES = {"batch_size": 32, "d_model": 64, "sequence_length": 128}
+
+    # Megatron's split over "model": each attention's heads, and each
+    # feed-forward layer's hidden units (the up projection by columns,
+    # the down projection by rows, so each device multiplies its part).
+    LAYOUT = {
+        r"attention_\d+/(query|key|value)/kernel": (None, "model", None),
+        r"attention_\d+/attention_output/kernel": ("model", None, None),
+        r"ffn_up_\d+/kernel": (None, "model"),
+        r"ffn_down_\d+/kernel": ("model", None),
+    }
+    LAYOUT_SPLITS = ("heads", "d_model")
+    # A GPU's size: d_model >= 512.
+    BENCH_SIZES = {
+        "small": {"d_model": 64, "batch_size": 32, "sequence_length": 128},
+        "full": {"d_model": 512, "batch_size": 64, "sequence_length": 256},
+    }
+    # The attention projections and feed-forward matmuls.
+    BENCH_FLOAT8 = True
+    # Adam at 1e-4: SGD at 0.01 drove the d_model 512 encoder to one
+    # class (loss 7.3 in every variant, measured on an H100, 2026-11-22).
+    BENCH_OPTIMIZER = {"class_name": "Adam", "config": {"learning_rate": 1e-4}}
 
     def problem(self) -> str | None:
         problem = super().problem()
@@ -426,6 +474,11 @@ class LmConfig(RunConfig):
                 f"hidden_dim ({self.hidden_dim}) must be a multiple of heads "
                 f"({self.heads}): each head gets hidden_dim / heads "
                 "dimensions. Change --hidden_dim or --heads."
+            )
+        if problem is None and self.strategy != "none":
+            problem = (
+                f"strategy={self.strategy}: the lm example runs on one "
+                "device, or on JAX under --distribution=data."
             )
         if (
             problem is None

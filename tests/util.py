@@ -279,22 +279,23 @@ def _raise_interrupted():
 
 
 def interrupt_runs(patch, after_epochs, interrupt=_raise_interrupted):
-    """Makes every example run (`kmp.app.recipes.Run`) call `interrupt()`
+    """Makes every example run (`kmp.app.run.Run`) call `interrupt()`
     (by default: raise `Interrupted`) at the end of epoch `after_epochs`,
     after its backup; `patch` is a `monkeypatch.context()`."""
-    from kmp.app import recipes
+    from kmp.app.run import Run
 
-    start = recipes.Run.__init__
+    start = Run.start
 
     def stop(epoch, logs):
         if epoch == after_epochs - 1:
             interrupt()
 
     def interrupted(self, *args):
-        start(self, *args)
+        steps = start(self, *args)
         self.callbacks.append(keras.callbacks.LambdaCallback(on_epoch_end=stop))
+        return steps
 
-    patch.setattr(recipes.Run, "__init__", interrupted)
+    patch.setattr(Run, "start", interrupted)
 
 
 def small_imdb_config(**changes):

@@ -6,16 +6,19 @@ example trainers and `kmp bench` share.
     _doctor_command  doctor
     protocol         what an example declares, so the commands run it
                      without knowing it
-    session          one run of an example: the engine under its
-                     `train` (processes, cache, seed, strategy, policy,
-                     backup, results, save)
+    run              one run of an example: `Run`, what its `train`
+                     uses around its data, model and fit (seed, strategy,
+                     backup, callbacks, the results record and its one
+                     writer), and `train_example`, `kmp train`'s engine
+    startup          before `train`: processes and compile cache (once),
+                     CPU sizes, `--batch_size=max` handed the example
     feeding          how an example's splits reach fit on this backend:
                      on the device, tf.data or arrays, in full batches
-    recipes          the examples' plumbing: CPU sizes, data for fit,
-                     callbacks, the results record
+    batching         a split's batches: their count, validation's steps
+                     and its padded full batches
     scale_out        where the replicas are: tf.distribute strategies,
-                     keras.distribution meshes, JAX processes, and each
-                     process's share of the data
+                     keras.distribution meshes and the config's layout,
+                     JAX processes, and each process's share of the data
     backup           the backup an interrupted run resumes from, and
                      the configuration and epochs it belongs to
     data             TFDS datasets, or synthetic twins that say so
@@ -33,10 +36,17 @@ then imports kmp and calls `cli.run`. Nothing here imports the launcher;
 the names every layer shares (configs, flags, policy names, `fail`) are
 the leaf's, `kmp_config`.
 
-The examples (`examples/`, installed as `kmp.examples`) belong here too:
-they import `session`, `feeding`, `data`, `device_data` and `recipes`
-(at most 6 names in all: `tests/app/protocol_test.py`); the commands reach them
-only through `protocol` (by name, never an import of an example). The
+The examples (`examples/`, installed as `kmp.examples`) belong here too.
+Each is a keras-io tutorial whose kmp lines are the ones a user copies:
+`kmp.enable(...)` before the model is built, `kmp.pin_float32` and
+`kmp.wrap` where it is compiled, `model.fit` with the run's callbacks.
+The surface they use is declared: `run.Run` (`start`, `scope`,
+`distribute`, `data`, `callbacks`, `finish`) and `run.main` for the
+script, and for their data `feeding`, `data` and `device_data` (at most
+6 names in all, at most 150 lines of code each:
+`tests/app/protocol_test.py`). The commands reach them only through
+`protocol` (by name, never an import of an example) and hand the module
+on (`batch_search`, `run.train_example`). The
 application uses the library through its public API (`import kmp`); no
 module of the core or of a wing imports it.
 """

@@ -176,19 +176,17 @@ def _import_user_module(command, module):
 def train(args) -> dict:
     """Runs examples/<name>.py's `train` on the config of its flags
     (parsed and checked by `kmp_cli`), with CPU sizes where no GPU is
-    found for the sizes not given; prints the table and summary."""
+    found for the sizes not given (`kmp.app.run.train_example`); prints
+    the table, the summary and where the files went."""
     import kmp
     from kmp.app import protocol
-    from kmp.app import recipes
+    from kmp.app import run
 
-    name = f"kmp train {args.example}"
-    module = protocol.load_example(args.example)
+    example = protocol.load_example(args.example)
     try:
-        return recipes.run_and_report(
-            args.example, name, args.config, args.given, module.train
-        )
+        return run.train_example(example, args.config, args.given)
     except kmp.InputError as error:  # data, cluster, backup, cache
-        fail(name, error)
+        fail(f"kmp train {args.example}", error)
 
 
 def bench(args) -> list:

@@ -73,7 +73,7 @@ def _example_inputs(example, config, given):
     import keras
 
     from kmp.app import protocol
-    from kmp.app import recipes  # called as recipes.X: it may move
+    from kmp.app import startup
 
     module = protocol.load_example(example)
     config.check()
@@ -81,8 +81,8 @@ def _example_inputs(example, config, given):
     # reads its cache's setting when it starts): the cache, then the CPU
     # sizes for the sizes not given. Width 64, the GPU's ResNet-9, took
     # 25 to 75 minutes on a 2-core CPU; width 16 about 2.
-    recipes.use_compile_cache(config)
-    config, note = recipes.device_sized(config, given)
+    startup.use_compile_cache(config)
+    config, note = startup.device_sized(config, given)
     if note:
         print(note, flush=True)
     keras.utils.set_random_seed(config.seed)  # data order, augmentation

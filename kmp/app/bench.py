@@ -24,6 +24,7 @@ or is not finite (training diverged), or the same loss to the last digit
 for every variant (the harness is not training what it times).
 """
 
+import copy
 import dataclasses
 import json
 import math
@@ -39,8 +40,8 @@ import kmp
 from kmp import backend
 from kmp.app import flops
 from kmp.app import protocol
-from kmp.app import recipes
 from kmp.app import report
+from kmp.app import startup
 from kmp_config import configs
 
 VARIANTS = {
@@ -56,14 +57,13 @@ FLOAT8_VARIANTS = {
     "fp16+kmp+fp8": ("mixed_float16", "kmp"),
 }
 # Sizes: "small" for a CPU, "full" for a GPU, each example's own
-# (`BENCH_SIZES`, from its config's fields).
+# (its config's `BENCH_SIZES`, in its config's fields).
 
 
 def sizes(size, models) -> dict:
-    """`{example: its BENCH_SIZES[size]}` for each of `models`."""
-    return {
-        name: protocol.load_example(name).BENCH_SIZES[size] for name in models
-    }
+    """`{example: its config's BENCH_SIZES[size]}` for each of
+    `models`."""
+    return {name: configs.EXAMPLES[name].BENCH_SIZES[size] for name in models}
 
 
 COLUMNS = (
@@ -112,9 +112,9 @@ def time_interleaved(runs, rounds, log=print, unit=None):
 
 
 def _optimizer(module, kind):
-    """The example's bench optimizer (`bench_optimizer`), under kmp's
-    scaler, Keras's, or none."""
-    inner = module.bench_optimizer()
+    """The example's bench optimizer (its config's `BENCH_OPTIMIZER`),
+    under kmp's scaler, Keras's, or none."""
+    inner = keras.optimizers.get(copy.deepcopy(module.Config.BENCH_OPTIMIZER))
     if kind == "kmp":
         return kmp.LossScaleOptimizer(inner)
     if kind == "stock":
@@ -211,7 +211,7 @@ def bench_model(
     Every row has the bytes of its weights and optimizer state."""
     batch = sizes[name]["batch_size"]
     variants = dict(VARIANTS)
-    if float8 and protocol.load_example(name).BENCH_FLOAT8:
+    if float8 and configs.EXAMPLES[name].BENCH_FLOAT8:
         variants.update(FLOAT8_VARIANTS)
     runs, before, models, inputs = {}, {}, {}, {}
     for variant in variants:
@@ -284,7 +284,7 @@ def run(
     (`memory=False` skips the per-variant memory processes; `float8` adds
     the `kmp.float8` variants where the model has matmul layers)."""
     if size == "auto":
-        size = "full" if recipes.has_accelerator() else "small"
+        size = "full" if startup.has_accelerator() else "small"
     results = []
     for name in models:
         results += bench_model(

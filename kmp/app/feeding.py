@@ -30,9 +30,9 @@ a rerun does not resume.
 import keras
 
 from kmp.app import backup as kmp_backup
+from kmp.app import batching
 from kmp.app import data as kmp_data
 from kmp.app import device_data
-from kmp.app import recipes
 
 
 class Feeding:
@@ -65,11 +65,11 @@ class Feeding:
     def __init__(self, config, splits):
         self.config = config
         self.steps = config.steps or max(
-            recipes.split_size(splits.train) // config.batch_size, 1
+            batching.split_size(splits.train) // config.batch_size, 1
         )
         self.first_epoch = kmp_backup.resumed_epoch(config)
-        self.eval_steps = recipes.evaluation_steps(config, splits)
-        if recipes.feeds_device(config):
+        self.eval_steps = batching.evaluation_steps(config, splits)
+        if batching.feeds_device(config):
             self.kind = "device"
         elif kmp_data.has_tensorflow():
             self.kind = "tf.data"
@@ -111,10 +111,10 @@ class Feeding:
         padded with rows of weight 0 and cut at `eval_steps`: a `tf.data`
         split as a batched dataset, an `(x, y)` pair as three arrays."""
         if isinstance(split, tuple):
-            return recipes.padded_arrays(
+            return batching.padded_arrays(
                 split, self.config.batch_size, self.eval_steps
             )
-        return recipes.padded_evaluation(
+        return batching.padded_evaluation(
             split, self.config.batch_size, self.eval_steps
         )
 
@@ -132,7 +132,7 @@ class Feeding:
         import tensorflow as tf
 
         config, batch_size = self.config, self.config.batch_size
-        per_pass = recipes.split_size(split) // batch_size
+        per_pass = batching.split_size(split) // batch_size
         first_pass, skipped = divmod(self.first_epoch * self.steps, per_pass)
 
         def one_pass(number):

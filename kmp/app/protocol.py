@@ -8,7 +8,8 @@ declares:
 
     Config                   its settings (`kmp_config.configs`): the flags
     train(config)            trains, evaluates, saves; returns the results
-                             (`kmp train`)
+                             (`kmp train`), its run in a
+                             `kmp.app.run.Run`
     compile_model(config, steps)    the compiled model, in the current
                                     dtype policy (`--batch_size=max`
                                     compiles its step at each batch tried)
@@ -21,12 +22,12 @@ and the examples `kmp bench` and `kmp doctor` take
 
     load_data(config)               the splits (`kmp.app.data.Splits`)
     make_datasets(splits, config)   `(train, test)` as `fit` takes them
-    bench_optimizer()               the optimizer `kmp bench` trains it
-                                    with (wrapped in each variant's scaler)
-    BENCH_SIZES                     `{"small": fields, "full": fields}`:
-                                    its config's sizes on a CPU, a GPU
-    BENCH_FLOAT8                    whether `kmp bench --float8` times
-                                    `kmp.float8` variants of it
+
+What is data, not code, its `Config` declares (no Keras there):
+`BENCH_SIZES` (`{"small": fields, "full": fields}`, its sizes on a CPU
+and a GPU), `BENCH_FLOAT8` and `BENCH_OPTIMIZER` for `kmp bench`
+(`CONFIG_CLASSIFIERS`), and `LAYOUT` for `--distribution=model` where it
+has one (`kmp.app.scale_out.layout_map`).
 
 A new example is its module, its config class in `EXAMPLES` and its
 test file: `tests/app/protocol_test.py` holds every registered example
@@ -48,10 +49,9 @@ EVERY_EXAMPLE = {
 CLASSIFIERS = {
     "load_data": 1,
     "make_datasets": 2,
-    "bench_optimizer": 0,
-    "BENCH_SIZES": None,
-    "BENCH_FLOAT8": None,
 }
+# What a classifier's Config declares for `kmp bench`.
+CONFIG_CLASSIFIERS = ("BENCH_SIZES", "BENCH_FLOAT8", "BENCH_OPTIMIZER")
 
 
 def declared(name) -> dict:
@@ -83,6 +83,15 @@ def problems(name, module) -> list:
                 )
     if getattr(module, "Config", None) is not configs.EXAMPLES.get(name):
         found.append(f"its Config is not configs.EXAMPLES[{name!r}]")
+    elif name in configs.CLASSIFIERS:
+        found += [
+            f"its Config declares no {attribute}"
+            for attribute in CONFIG_CLASSIFIERS
+            if not hasattr(module.Config, attribute)
+        ]
+        sizes = getattr(module.Config, "BENCH_SIZES", None)
+        if sizes is not None and set(sizes) != {"small", "full"}:
+            found.append("its Config's BENCH_SIZES are not small and full")
     return found
 
 

@@ -5,8 +5,10 @@ TensorFlow's `tf.distribute` strategies (`make_strategy`, `scope`,
 `prepare`), Keras's `keras.distribution` on JAX (`make_distribution`,
 its mesh and the batch split, `batch_replicas`), the processes of a
 multi-process JAX job (`start_processes`), and the rows each process
-feeds (`process_share`, `local_batch_size`). The examples call these
-beside `kmp.app.recipes`, whose `fit_data` and `Run` use them.
+feeds (`process_share`, `local_batch_size`, and `fit_arguments`, that
+share as `fit` takes it). `kmp.app.run.Run` calls these for the
+examples; `--distribution=model` splits the kernels an example's config
+names (its `LAYOUT`, `layout_map`).
 """
 
 import contextlib
@@ -114,6 +116,17 @@ def process_share(data, batch_size):
     return tuple(take(part) for part in data)
 
 
+def fit_arguments(data, batch_size) -> tuple[tuple, dict]:
+    """`(args, kwargs)` for `fit`: a batched dataset as is (its pipeline
+    shuffles; `fit` would warn that it cannot), an `(x, y)` pair of arrays
+    with `batch_size`; under many JAX processes, this process's share
+    (`process_share`)."""
+    data = process_share(data, batch_size)
+    if isinstance(data, tuple):
+        return data, {"batch_size": local_batch_size(batch_size)}
+    return (data,), {"shuffle": False}
+
+
 def batch_replicas() -> int:
     """Devices the batch is split over by the keras.distribution in force
     (1 without one)."""
@@ -126,14 +139,44 @@ def batch_replicas() -> int:
     return mesh.shape[mesh.axis_names.index(distribution.batch_dim_name)]
 
 
-def make_distribution(config, layout_map=None):
+def layout_map(config, mesh):
+    """The `keras.distribution.LayoutMap` of `config`'s example on
+    `mesh`: each kernel its config's `LAYOUT` names (a path pattern ->
+    the axes of its dimensions), split over the "model" axis; the
+    fields in `LAYOUT_SPLITS` must divide over that axis's devices.
+
+    Raises:
+        kmp.InputError: the config names no layout, or a field does not
+            split over the "model" axis.
+    """
+    layout = getattr(config, "LAYOUT", None)
+    if not layout:
+        raise kmp.InputError(
+            "distribution=model needs the model's layout (which kernels "
+            "split over the devices); this example has none: use "
+            "--distribution=data."
+        )
+    split = mesh.shape[mesh.axis_names.index("model")]
+    fields = config.LAYOUT_SPLITS
+    if any(getattr(config, name) % split for name in fields):
+        shown = " and ".join(f"--{n}={getattr(config, n)}" for n in fields)
+        raise kmp.InputError(
+            f"{shown} must split over the {split} devices of the model axis."
+        )
+    layouts = keras.distribution.LayoutMap(mesh)
+    for path, axes in layout.items():
+        layouts[path] = axes
+    return layouts
+
+
+def make_distribution(config):
     """Sets keras.distribution for `config.distribution` on JAX and
     returns it, or `None` for "none".
 
     "data": `DataParallel` over every device. "model": `ModelParallel`
     on a (devices / 2, 2) mesh of axes ("batch", "model") with the
-    kernels `layout_map(mesh)` names split over "model" (one device: a
-    1 x 1 mesh). The global batch must split over the "batch" axis.
+    kernels `layout_map` names split over "model" (one device: a 1 x 1
+    mesh). The global batch must split over the "batch" axis.
     """
     name = config.distribution
     if name == "none":
@@ -164,14 +207,8 @@ def make_distribution(config, layout_map=None):
         mesh = keras.distribution.DeviceMesh(
             (batch_axis, model_axis), ["batch", "model"], devices
         )
-        if layout_map is None:
-            raise kmp.InputError(
-                "distribution=model needs the model's layout (which "
-                "kernels split over the devices); this example has none: "
-                "use --distribution=data."
-            )
         distribution = keras.distribution.ModelParallel(
-            layout_map=layout_map(mesh), batch_dim_name="batch"
+            layout_map=layout_map(config, mesh), batch_dim_name="batch"
         )
     if config.batch_size % batch_axis:
         raise kmp.InputError(

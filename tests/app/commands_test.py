@@ -149,7 +149,7 @@ def test_bench_command_writes_markdown_and_json(tmp_path, monkeypatch, capsys):
     from kmp.examples import imdb
 
     monkeypatch.setitem(
-        imdb.BENCH_SIZES,
+        imdb.Config.BENCH_SIZES,
         "small",
         {"d_model": 16, "batch_size": 4, "sequence_length": 8},
     )

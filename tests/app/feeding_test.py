@@ -37,7 +37,7 @@ def test_the_kind_follows_the_backend_and_the_distribution():
 
 def test_without_tensorflow_the_feed_is_arrays(monkeypatch):
     monkeypatch.setattr(kmp_data, "has_tensorflow", lambda: False)
-    monkeypatch.setattr(feeding_module.recipes, "feeds_device", lambda c: 0)
+    monkeypatch.setattr(feeding_module.batching, "feeds_device", lambda c: 0)
     feeding = Feeding(_config(), _splits())
     assert feeding.kind == "arrays"
     x, y, weights = feeding.padded(_splits().test)

@@ -2,7 +2,9 @@
 example declares it, and the commands reach examples through it alone."""
 
 import ast
+import io
 import pathlib
+import tokenize
 import types
 
 import pytest
@@ -34,6 +36,7 @@ def test_what_a_module_lacks_is_named():
     found = protocol.problems("cifar10", module)
     assert "load_data takes 2 argument(s), not 1" in found
     assert "declares no bench_inputs" in found
+    assert "declares no make_datasets" in found
     # Every example declares compile_model and bench_inputs
     # (`--batch_size=max` compiles its step), the classifiers more.
     assert protocol.problems("lm", module) == [
@@ -78,12 +81,67 @@ def _app_names(path):
 @pytest.mark.parametrize("name", sorted(configs.EXAMPLES))
 def test_an_example_teaches_with_at_most_six_names_of_the_app(name):
     # An example reads like a keras-io tutorial: its own data, model and
-    # fit; the app does the run around them (the Session) and the
-    # backend's feed, in a handful of names.
+    # fit; the app does the run around them (a `Run`, and `run.main` for
+    # the script) and the backend's feed, in a handful of names.
     used = _app_names(EXAMPLES / f"{name}.py")
     assert 0 < len(used) <= 6, sorted(used)
 
 
 def test_the_names_of_the_app_are_counted():
     used = _app_names(EXAMPLES / "cifar10.py")
-    assert {"session.Session", "feeding.Feeding", "data.load"} <= used
+    assert {"run.Run", "run.main", "feeding.Feeding", "data.load"} <= used
+
+
+def code_lines(source) -> int:
+    """Lines of code in `source`: not blank, not comments, not the
+    docstrings of the module, its classes and functions."""
+    docstrings = set()
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(
+                node,
+                (
+                    ast.Module,
+                    ast.ClassDef,
+                    ast.FunctionDef,
+                    ast.AsyncFunctionDef,
+                ),
+            )
+            and ast.get_docstring(node, clean=False) is not None
+        ):
+            first = node.body[0]
+            docstrings.update(range(first.lineno, first.end_lineno + 1))
+    lines = set()
+    skipped = {
+        tokenize.COMMENT,
+        tokenize.NL,
+        tokenize.NEWLINE,
+        tokenize.INDENT,
+        tokenize.DEDENT,
+        tokenize.ENDMARKER,
+    }
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type not in skipped:
+            spanned = range(token.start[0], token.end[0] + 1)
+            lines.update(line for line in spanned if line not in docstrings)
+    return len(lines)
+
+
+def test_code_lines_count_neither_comments_nor_docstrings():
+    source = '"""Doc\nstring."""\n\n# a comment\ndef f(x):\n    """Doc."""\n'
+    source += "    return (x +\n            1)  # why\n"
+    assert code_lines(source) == 3  # def, and the return's two lines
+
+
+@pytest.mark.parametrize("name", sorted(configs.EXAMPLES))
+def test_an_example_is_a_tutorial_of_kmp_s_calls_in_150_lines(name):
+    # keras-io's tutorials run 35-62 lines of code; an example shows its
+    # data, model and fit, and the three calls it teaches: the policy
+    # before the model is built, the float32 islands, the wrapped
+    # optimizer. What every run does around them is kmp.app's.
+    source = (EXAMPLES / f"{name}.py").read_text()
+    assert code_lines(source) <= 150
+    for call in ("kmp.enable(", "kmp.pin_float32(", "kmp.wrap("):
+        assert call in source, call
+    train = source[source.index("def train(") :]
+    assert train.index("kmp.enable(") < train.index("compile_model(")

@@ -14,7 +14,6 @@ from util import torch_only
 
 import kmp
 from kmp import backend
-from kmp.app import recipes
 from kmp.app import scale_out
 from kmp_config import configs
 
@@ -152,11 +151,40 @@ def test_a_dataset_is_rebatched_and_sharded_alike(monkeypatch):
 
 
 @pytest.mark.backend_independent
-def test_fit_data_gives_each_process_its_rows_and_batch(monkeypatch):
+def test_fit_arguments_give_each_process_its_rows_and_batch(monkeypatch):
     as_process(monkeypatch, 1, 2)
-    (x, y), kwargs = recipes.fit_data((np.arange(8.0), np.arange(8)), 4)
+    data = (np.arange(8.0), np.arange(8))
+    (x, y), kwargs = scale_out.fit_arguments(data, 4)
     assert y.tolist() == [2, 3, 6, 7]
     assert kwargs == {"batch_size": 2}
+
+
+@pytest.mark.backend_independent
+def test_fit_arguments_pass_datasets_as_is_and_batch_arrays():
+    x, y = np.zeros((4, 2)), np.zeros(4)
+    args, kwargs = scale_out.fit_arguments((x, y), 2)
+    assert args == (x, y) and kwargs == {"batch_size": 2}
+    # A dataset shuffles in its pipeline: fit must not try (and warn).
+    assert scale_out.fit_arguments("dataset", 2) == (
+        ("dataset",),
+        {"shuffle": False},
+    )
+
+
+@pytest.mark.backend_independent
+def test_the_layout_is_the_config_s_and_must_split(monkeypatch):
+    mesh = type(
+        "Mesh", (), {"shape": (2, 2), "axis_names": ("batch", "model")}
+    )()
+    made = {}
+    monkeypatch.setattr(keras.distribution, "LayoutMap", lambda m: made)
+    layout = scale_out.layout_map(configs.ImdbConfig(heads=4, d_model=64), mesh)
+    assert layout[r"ffn_up_\d+/kernel"] == (None, "model")
+    assert len(layout) == 4
+    with pytest.raises(ValueError, match="--heads=3 and --d_model=63 must"):
+        scale_out.layout_map(configs.ImdbConfig(heads=3, d_model=63), mesh)
+    with pytest.raises(ValueError, match="use --distribution=data"):
+        scale_out.layout_map(configs.LmConfig(), mesh)
 
 
 @pytest.mark.backend_independent

@@ -12,7 +12,7 @@ import pytest
 
 import kmp
 from kmp.app import data
-from kmp.app import recipes
+from kmp.app import run
 from kmp.examples import cifar10
 
 
@@ -66,7 +66,7 @@ def test_trains_on_synthetic_data_with_float16_and_writes_results(tmp_path):
     ]
     with open(tmp_path / "results.json") as f:
         assert json.load(f)["accuracy"] == results["accuracy"]
-    assert "(SYNTHETIC data)" in recipes.summary("cifar10", results)
+    assert "(SYNTHETIC data)" in run.summary("cifar10", results)
     assert results["peak_memory_mib"] > 0
     # float32 masters under mixed_float16: 4 bytes per parameter; SGD
     # with momentum: one float32 slot per trainable weight, and scalars.

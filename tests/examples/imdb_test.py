@@ -10,7 +10,7 @@ from util import small_imdb_config
 
 import kmp
 from kmp.app import data
-from kmp.app import recipes
+from kmp.app import run
 from kmp.examples import imdb
 
 
@@ -57,7 +57,7 @@ def test_trains_on_synthetic_data_with_float16(trained):
         "results.json",
         "results.png",
     ]
-    assert "(SYNTHETIC data)" in recipes.summary("imdb", results)
+    assert "(SYNTHETIC data)" in run.summary("imdb", results)
 
 
 @pytest.mark.slow
