@@ -3,7 +3,7 @@
     python tests/jax_distribution.py data|model
 
 Prints one JSON line (prefix RESULT). A helper for
-tests/app/recipes_test.py: the device count must be set before JAX
+tests/app/scale_out_test.py: the device count must be set before JAX
 initialises, so it runs in its own process.
 """
 
