@@ -27,50 +27,90 @@ back to halving it:
 
 JAX only: TensorFlow and torch have no analysis of a compiled step
 before it runs (a clear error says so). The limit is `--memory_limit`,
-or the device's (`kmp.backend.device_memory_limit`).
+or the device's (`kmp.backend.device_memory_limit`); on a CPU, whose
+"device" is the host everyone shares, at most `CPU_LIMIT` and half the
+memory available now, said in one line. No batch is larger than what the
+data feeds: the training split's rows (per step under `--steps`, so
+that no epoch runs out of data); the search probes that batch first,
+and when its step fits it is the answer, after one compile (said so).
 """
 
 import dataclasses
+import os
 
 import keras
 
 import kmp
 from kmp import backend
-from kmp.app import protocol
+from kmp.app import batching
 from kmp_config import configs
 
 CAP = 1 << 20  # no batch beyond a million rows is looked for
 START = 8
+# A CPU's limit without --memory_limit: the host is shared (other
+# processes, the data, the Python heap), and a CPU's throughput stops
+# growing long before a batch fills gigabytes.
+CPU_LIMIT = 4 * 2**30
 
 
-def _limit(config):
+def available_memory() -> int:
+    """Bytes the host can hand out now without swapping: Linux's
+    `MemAvailable`, else the free pages."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def memory_limit(config, available=available_memory) -> tuple:
+    """`(bytes, source)`: what a train step may take under `config`:
+    `--memory_limit`; else the accelerator's memory; else (the host's
+    memory, on a CPU) `CPU_LIMIT` or half of `available()`, the smaller,
+    with a source that says so."""
     if config.memory_limit:
         return config.memory_limit, "--memory_limit"
     limit, source = backend.device_memory_limit()
-    return limit, source
+    if source != "host memory":
+        return limit, source
+    half = available() // 2
+    return min(CPU_LIMIT, half, limit), (
+        f"a CPU's default: the smaller of {CPU_LIMIT / 2**30:g} GiB and "
+        f"half the {2 * half / 2**30:.1f} GiB available; --memory_limit "
+        "sets it"
+    )
 
 
 def trained_model(example, config) -> tuple:
-    """`(model, x, y)`: `example`'s model compiled as `config` trains it
-    (policy, master weights, optimizer state, remat: call it inside the
-    config's `kmp.policy_scope`) and one synthetic example for it; the
-    batch a step is compiled for does not change the model."""
-    module = protocol.load_example(example)
+    """`(model, x, y)`: `example`'s model (its module) compiled as
+    `config` trains it (policy, master weights, optimizer state, remat:
+    call it inside the config's `kmp.policy_scope`) and one synthetic
+    example for it; the batch a step is compiled for does not change the
+    model."""
     probe_config = dataclasses.replace(config, batch_size=START)
     keras.utils.set_random_seed(config.seed)
-    model = module.compile_model(probe_config, 1)
-    _, x, y = module.bench_inputs(probe_config, 1)
+    model = example.compile_model(probe_config, 1)
+    _, x, y = example.bench_inputs(probe_config, 1)
     return model, x, y
 
 
-def largest_batch(example, config, show=print) -> tuple:
+def _name(example) -> str:
+    return example.__name__.rsplit(".", 1)[-1]
+
+
+def largest_batch(example, config, show=print, most=None) -> tuple:
     """`(batch_size, record)`: the largest batch of `example` under
     `config` whose compiled train step fits the limit, and the search.
 
     Args:
-        example: The example's name (`kmp train EXAMPLE`).
+        example: The example's module (`kmp.app.protocol.load_example`).
         config: Its config, `batch_size` being `configs.MAX_BATCH`.
         show: Where each probe's line goes (a progress line per compile).
+        most: The largest batch wanted (`data_bound`), or None: when its
+            step fits, it is the answer, after one compile.
 
     Returns:
         The batch, and `{"limit_bytes", "limit_source", "probes",
@@ -97,7 +137,7 @@ def largest_batch(example, config, show=print) -> tuple:
             f"{config.strategy} give --batch_size (per-device search is "
             "not done yet)."
         )
-    limit, source = _limit(config)
+    limit, source = memory_limit(config)
     with kmp.policy_scope(config.policy, config.master_weights):
         model, x, y = trained_model(example, config)
         probes = {}
@@ -114,11 +154,11 @@ def largest_batch(example, config, show=print) -> tuple:
             )
             return memory["footprint"]
 
-        batch = _search(footprint, limit)
+        batch = _bounded_search(footprint, limit, most)
     if batch == 0:
         one = probes[1]["footprint"]
         raise kmp.InputError(
-            f"Not one row fits: the {example} train step takes "
+            f"Not one row fits: the {_name(example)} train step takes "
             f"{one:,} bytes at batch 1, over the limit of {limit:,} "
             f"({source}). Shrink the model or raise --memory_limit."
         )
@@ -138,6 +178,14 @@ def largest_batch(example, config, show=print) -> tuple:
         "train_step": probes[batch],
     }
     return batch, record
+
+
+def _bounded_search(footprint, limit, most=None) -> int:
+    """`most` when its footprint fits (one probe), else `_search`'s
+    answer (below `most`: the footprint does not decrease)."""
+    if most is not None and footprint(most) <= limit:
+        return most
+    return _search(footprint, limit)
 
 
 def _search(footprint, limit) -> int:
@@ -203,15 +251,52 @@ def _secant(seen, limit, low, high, step):
     return min(max(guess, low + step), high - step)
 
 
+def data_bound(example, config) -> tuple:
+    """`(rows, what)`: the largest batch `example`'s training data under
+    `config` feeds whole: its training split's rows, or under `--steps`
+    the rows of one step (an epoch takes `steps` batches of the split,
+    and would run out of data); `(None, None)` for an example without
+    `load_data`."""
+    if not hasattr(example, "load_data"):
+        return None, None
+    rows = batching.split_size(example.load_data(config).train)
+    if config.steps:
+        return rows // config.steps, (
+            f"the {rows} training rows over --steps={config.steps}"
+        )
+    return rows, f"the {rows} training rows"
+
+
 def run_config(example, config, show=print) -> tuple:
     """`(config, record)`: `config` with the batch `--batch_size=max`
-    stands for, and the search; `config` and None for a given batch."""
+    stands for, and the search; `config` and None for a given batch.
+    The batch is at most what the data feeds (`data_bound`), said so.
+
+    Args:
+        example: The example's module (`kmp.app.protocol.load_example`).
+        config: Its config.
+        show: Where the search's lines go.
+    """
     if config.batch_size != configs.MAX_BATCH:
         return config, None
-    batch, record = largest_batch(example, config, show)
-    show(
-        f"kmp: --batch_size=max -> {batch} (train step "
-        f"{record['train_step']['footprint'] / 2**20:,.1f} MiB of "
-        f"{record['limit_bytes'] / 2**20:,.0f} MiB, {record['limit_source']})"
+    rows, what = data_bound(example, config)
+    if rows is not None and rows < 1:
+        raise kmp.InputError(
+            f"--batch_size=max: {what} leave not one row per step; lower "
+            "--steps or give more data."
+        )
+    batch, record = largest_batch(example, config, show, most=rows)
+    step = (
+        f"train step {record['train_step']['footprint'] / 2**20:,.1f} MiB "
+        f"of {record['limit_bytes'] / 2**20:,.0f} MiB, "
+        f"{record['limit_source']}"
     )
+    if batch == rows:
+        record["data_bound"] = rows
+        show(
+            f"kmp: --batch_size=max -> {batch}: {what}, the most the data "
+            f"feeds without repeating rows ({step})"
+        )
+    else:
+        show(f"kmp: --batch_size=max -> {batch} ({step})")
     return dataclasses.replace(config, batch_size=batch), record

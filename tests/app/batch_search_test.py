@@ -128,7 +128,7 @@ def _tiny_lm(tmp_path, **overrides):
 def test_the_lm_s_largest_batch_fits_and_the_next_does_not(tmp_path):
     lines = []
     batch, record = batch_search.largest_batch(
-        "lm", _tiny_lm(tmp_path), show=lines.append
+        lm, _tiny_lm(tmp_path), show=lines.append
     )
     limit = record["limit_bytes"]
     assert (limit, record["limit_source"]) == (20 * 2**20, "--memory_limit")
@@ -146,8 +146,89 @@ def test_other_backends_and_distributions_are_one_clear_error(tmp_path):
     if backend.name() == "jax":
         with pytest.raises(kmp.InputError, match="per-device search"):
             batch_search.largest_batch(
-                "lm", _tiny_lm(tmp_path, distribution="data")
+                lm, _tiny_lm(tmp_path, distribution="data")
             )
         return
     with pytest.raises(kmp.InputError, match="only the JAX backend"):
-        batch_search.largest_batch("lm", _tiny_lm(tmp_path))
+        batch_search.largest_batch(lm, _tiny_lm(tmp_path))
+
+
+def test_a_cpu_s_limit_is_bounded_and_said(tmp_path, monkeypatch):
+    from kmp import backend
+
+    config = _tiny_lm(tmp_path, memory_limit=0)
+    monkeypatch.setattr(
+        backend, "device_memory_limit", lambda: (64 * 2**30, "host memory")
+    )
+    # Half of what is available, when that is under CPU_LIMIT...
+    limit, source = batch_search.memory_limit(config, lambda: 3 * 2**30)
+    assert limit == 3 * 2**29
+    assert "half the 3.0 GiB available" in source
+    assert "--memory_limit sets it" in source
+    # ... else CPU_LIMIT, whatever the host holds.
+    limit, _ = batch_search.memory_limit(config, lambda: 60 * 2**30)
+    assert limit == batch_search.CPU_LIMIT == 4 * 2**30
+    # An accelerator's own limit, and --memory_limit, are kept as given.
+    monkeypatch.setattr(
+        backend, "device_memory_limit", lambda: (80 * 2**30, "H100 limit")
+    )
+    assert batch_search.memory_limit(config, lambda: 1) == (
+        80 * 2**30,
+        "H100 limit",
+    )
+    given = _tiny_lm(tmp_path, memory_limit=2**30)
+    assert batch_search.memory_limit(given) == (2**30, "--memory_limit")
+
+
+def test_the_batch_is_bounded_by_the_data(tmp_path):
+    # The language model's data: 8192 bytes cut into 63 windows of 128.
+    config = _tiny_lm(tmp_path, data="synthetic", text_bytes=8192)
+    config.sequence_length = 128
+    assert batch_search.data_bound(lm, config) == (63, "the 63 training rows")
+    # Five steps an epoch take five batches of the split.
+    config.steps = 5
+    rows, what = batch_search.data_bound(lm, config)
+    assert (rows, what) == (12, "the 63 training rows over --steps=5")
+
+
+def test_the_data_s_bound_is_probed_first():
+    # It fits: one compile. It does not: the search below it.
+    tried = []
+
+    def probe(batch):
+        tried.append(batch)
+        return batch
+
+    assert batch_search._bounded_search(probe, 100, most=60) == 60
+    assert tried == [60]
+    tried.clear()
+    assert batch_search._bounded_search(probe, 100, most=500) == 96
+    assert tried == [500, 8, 16, 96, 104]
+
+
+def test_run_config_gives_at_most_what_the_data_feeds(tmp_path, monkeypatch):
+    # The run: a CPU's search found 4664, the data held one such
+    # batch, and --steps=5 ran out of data after the first step.
+    def largest(example, config, show, most=None):
+        record = {"train_step": {"footprint": 2**30}, "limit_bytes": 2**31}
+        record["limit_source"] = "--memory_limit"
+        return min(4664, most or 4664), record
+
+    monkeypatch.setattr(batch_search, "largest_batch", largest)
+    config = _tiny_lm(tmp_path, data="synthetic", text_bytes=8192, steps=5)
+    config.sequence_length = 128
+    lines = []
+    sized, record = batch_search.run_config(lm, config, lines.append)
+    assert sized.batch_size == record["data_bound"] == 12
+    assert lines == [
+        "kmp: --batch_size=max -> 12: the 63 training rows over --steps=5, "
+        "the most the data feeds without repeating rows (train step "
+        "1,024.0 MiB of 2,048 MiB, --memory_limit)"
+    ]
+    # Not one row a step: refused before anything compiles.
+    config.steps = 64
+    with pytest.raises(kmp.InputError, match="leave not one row per step"):
+        batch_search.run_config(lm, config)
+    # A given batch is left alone, with no search.
+    given = _tiny_lm(tmp_path, batch_size=4664)
+    assert batch_search.run_config(lm, given) == (given, None)
