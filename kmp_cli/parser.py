@@ -15,6 +15,7 @@ is refused here, in one line with exit status 2 (`fail`).
 
 import argparse
 import os
+import sys
 
 from absl import flags as absl_flags
 
@@ -268,6 +269,12 @@ def parse(argv) -> argparse.Namespace:
     return args
 
 
+def plain_output() -> bool:
+    """Whether stdout wants no colour or redrawing: it is not a terminal
+    (a file, a pipe), or `NO_COLOR` is set (no-color.org)."""
+    return bool(os.environ.get("NO_COLOR")) or not sys.stdout.isatty()
+
+
 def _parse_flags(args) -> None:
     """The flags after `kmp train EXAMPLE` or `kmp doctor TARGET`, into
     `args`: a help text, or the checked config and flags."""
@@ -293,6 +300,11 @@ def _parse_flags(args) -> None:
             args.config, args.given = flags.parse_example(
                 name, target, args.flags
             )
+            if "verbose" not in args.given and plain_output():
+                # Keras's progress bar writes ANSI colour codes, and a
+                # line per update where it cannot redraw: a file gets
+                # fit's line per epoch instead.
+                args.config.verbose = 2
         else:
             args.config, args.flag_values = flags.parse_doctor(
                 name, target, args.flags

@@ -17,6 +17,7 @@ command prints it and exits with status 2.
 
 import dataclasses
 import os
+import re
 
 from absl import flags
 
@@ -45,6 +46,10 @@ def define_flags(config_class, flag_values=None, exclude=()):
         elif field.type in (bool, "bool"):
             flags.DEFINE_boolean(
                 name, field.default, help_text, flag_values=where
+            )
+        elif meta.get("unit") == "bytes":
+            flags.DEFINE(
+                _Bytes(), name, field.default, help_text, flag_values=where
             )
         elif meta.get("words"):
             flags.DEFINE(
@@ -89,6 +94,44 @@ class _NumberOrWords(flags.IntegerParser):
 
     def flag_type(self):
         return f"int or {' or '.join(self.words)}"
+
+
+# A size's units: powers of 1024, as `docker run --memory` reads them
+# (and as the G of a GPU's "80GB" is meant), whatever the suffix.
+BYTE_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+_SIZE = re.compile(r"(\d+(?:\.\d*)?|\.\d+) ?(?:([KMGT])(?:i?B)?|B)?", re.I)
+
+
+def parse_bytes(text) -> int:
+    """Bytes from `text`: a number, with or without a unit (K, M, G or T:
+    powers of 1024, alone or followed by B or iB): `"2G"`, `"2GB"` and
+    `"2GiB"` are `2 * 2**30`, `"1.5G"` rounds down to a byte, `"512"`
+    is 512.
+
+    Raises:
+        ValueError: naming the text and the forms allowed.
+    """
+    match = _SIZE.fullmatch(str(text).strip())
+    if match is None:
+        raise ValueError(
+            f"expected a size in bytes, got {text!r}: a number, with or "
+            "without K, M, G or T (powers of 1024, alone or with B or "
+            "iB), such as 2G, 512MiB, 1.5GB or 1000000."
+        )
+    number, unit = match.group(1), (match.group(2) or "").upper()
+    return int(float(number) * BYTE_UNITS[unit])
+
+
+class _Bytes(flags.ArgumentParser):
+    """A size flag (`--memory_limit=2G`): `parse_bytes`."""
+
+    def parse(self, argument):
+        if isinstance(argument, int):
+            return argument  # the default, already parsed
+        return parse_bytes(argument)
+
+    def flag_type(self):
+        return "bytes"
 
 
 def config_from_flags(config_class, flag_values):
