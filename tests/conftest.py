@@ -80,6 +80,12 @@ def _runs_under(item):
 
 
 def pytest_collection_modifyitems(config, items):
+    # Whole jobs first: the suite runs as two processes that steal each
+    # other's pending tests (pyproject: `--dist worksteal`), and a
+    # minutes-long job left for last would leave one process idle while
+    # the other ran it (a sort that keeps each group's order: the same in
+    # both processes, as xdist requires).
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     elsewhere = [
         item
         for item in items
