@@ -80,7 +80,8 @@ def _example_inputs(example, config, given):
     # As `kmp train` does, before the devices are listed (TensorFlow
     # reads its cache's setting when it starts): the cache, then the CPU
     # sizes for the sizes not given. Width 64, the GPU's ResNet-9, took
-    # 25 to 75 minutes on a 2-core CPU; width 16 about 2.
+    # 25 to 75 minutes on a 2-core CPU (issue 40); width 16, 198 s
+    # there (117 s of CPU time), with other jobs sharing it.
     startup.use_compile_cache(config)
     config, note = startup.device_sized(config, given)
     if note:
