@@ -62,14 +62,15 @@ def _swallowing_frame(frame):
 
 
 def _raise_on_next_line(frame):
-    """Raises `KeyboardInterrupt` in `frame` when it runs its next line.
+    """Raises `KeyboardInterrupt` in `frame` when it runs its next line
+    (or returns, if no line is left).
 
     A frame's `f_trace` is called only while a global trace function is
     set; this one traces nothing else (it returns None for every new
     frame) and is removed when the interrupt is raised."""
 
     def raise_here(traced, event, arg):
-        if event == "line":
+        if event in ("line", "return"):
             sys.settrace(None)
             traced.f_trace = None
             raise KeyboardInterrupt

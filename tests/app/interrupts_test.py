@@ -125,3 +125,20 @@ def test_ctrl_c_in_kmp_train_is_one_line_and_status_130(tmp_path):
         ]
         for done in (1, 2)
     )
+
+
+def _logs_read_last():
+    from keras.src.utils import python_utils
+
+    return python_utils.pythonify_logs({"loss": _SignalsWhenRead()})
+
+
+def test_the_interrupt_is_raised_where_the_caller_returns_at_once():
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        interrupts.install()
+        with pytest.raises(KeyboardInterrupt):
+            _logs_read_last()  # no line left after the call: its return
+        assert sys.gettrace() is None
+    finally:
+        signal.signal(signal.SIGINT, previous)
