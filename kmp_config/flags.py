@@ -192,8 +192,10 @@ def parse_example(command, example, argv):
     return config, given(config_class, values)
 
 
-# The doctor's --verbose (an example's is fit's verbosity).
+# The doctor's help where an example's field says what it does in training.
 VERBOSE_HELP = "Progress lines as each stage starts and ends (0: none)."
+OUTPUT_HELP = "Where doctor.txt, doctor.json and doctor.png go."
+POLICY_HELP = "The mixed policy to test: mixed_float16 or mixed_bfloat16."
 
 
 @dataclasses.dataclass
@@ -209,9 +211,7 @@ class SavedModelDoctor:
     loss: str = configs.flag(
         "", "A Keras loss name (default: the saved model's compiled loss)."
     )
-    output_dir: str = configs.flag(
-        "runs/doctor", "Where doctor.txt, doctor.json and doctor.png go."
-    )
+    output_dir: str = configs.flag("runs/doctor", OUTPUT_HELP)
     verbose: int = configs.flag(1, VERBOSE_HELP, lower_bound=0)
 
 
@@ -263,6 +263,8 @@ def doctor_flags(target):
         values.set_default("synthetic_size", 2048)
         values.set_default("output_dir", f"runs/doctor_{target}")
         values["verbose"].help = VERBOSE_HELP
+        values["output_dir"].help = OUTPUT_HELP
+        values["policy"].help = POLICY_HELP
     else:
         define_flags(SavedModelDoctor, values)
         # Not a config field: `import` is a Python keyword.

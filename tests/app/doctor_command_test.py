@@ -133,6 +133,9 @@ def test_doctor_help_lists_example_and_doctor_flags(capsys):
     out = capsys.readouterr().out
     assert "--width" in out and "--batches" in out and "--loss_scale" in out
     assert "--master_weights" in out and "--epochs" not in out
+    # An example's help where it speaks of training gives the doctor's.
+    assert "--output_dir: Where doctor.txt, doctor.json and doctor.png" in out
+    assert "--policy: The mixed policy to test" in out
     assert "the sizes not given are --batch_size=128, --width=16" in out
 
 
