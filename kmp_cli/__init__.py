@@ -42,15 +42,15 @@ def main(argv=None) -> int:
         print(args.help_text)
         return 0
     _start_afresh_for_another_backend(args, argv)
-    interrupts.install()
-    try:
-        return _run(args)
-    except KeyboardInterrupt:
-        # Ctrl-C: one line, not a traceback through fit; a progress bar
-        # may have left the terminal's line unfinished.
-        start = "\n" if sys.stderr.isatty() else ""
-        print(start + interrupts.line(args), file=sys.stderr)
-        return 130  # the shell's status for a SIGINT
+    with interrupts.handled():
+        try:
+            return _run(args)
+        except KeyboardInterrupt:
+            # Ctrl-C: one line, not a traceback through fit; a progress
+            # bar may have left the terminal's line unfinished.
+            start = "\n" if sys.stderr.isatty() else ""
+            print(start + interrupts.line(args), file=sys.stderr)
+            return 130  # the shell's status for a SIGINT
 
 
 def _run(args) -> int:

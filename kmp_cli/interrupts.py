@@ -8,15 +8,16 @@ traceback through Keras's `fit`. One place in Keras would swallow it:
 batch's logs to floats inside a bare `except: pass`. On JAX that is
 where the main thread waits for the step it dispatched (converting the
 loss blocks until the step is done), so a SIGINT there nearly always
-landed in it and training went on. `install`'s handler raises the
+landed in it and training went on. `handled`'s handler raises the
 interrupt at once, except inside that function: there it raises it in
 the function's caller, on the line after the call, through a trace
 function that lives until then (how `pdb.set_trace` stops a frame).
 
-    install   the SIGINT handler
+    handled   the SIGINT handler, in a `with` block
     line      the command's last line: where it stopped, how to resume
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -29,13 +30,20 @@ _SWALLOWING = (("keras/src/utils/python_utils.py", "pythonify_logs"),)
 _KERAS_BACKUP_RECORD = "training_metadata.json"
 
 
-def install() -> None:
-    """Handles SIGINT in this process as described in the module (a
-    no-op outside the main thread, where Python allows no handler)."""
+@contextlib.contextmanager
+def handled():
+    """Inside, SIGINT is handled as the module says; the handler before
+    comes back after (a no-op outside the main thread, where Python
+    allows no handler)."""
     try:
-        signal.signal(signal.SIGINT, _interrupt)
-    except ValueError:
-        pass  # not the main thread: leave Python's handler
+        previous = signal.signal(signal.SIGINT, _interrupt)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _interrupt(signum, frame):

@@ -74,10 +74,11 @@ def test_an_interrupt_inside_keras_s_bare_except_is_raised_after_it():
         signal.signal(signal.SIGINT, signal.default_int_handler)
         logs = _logs_read_with_a_sigint()
         assert isinstance(logs["loss"], _SignalsWhenRead)
-        interrupts.install()
-        with pytest.raises(KeyboardInterrupt):
+        with interrupts.handled(), pytest.raises(KeyboardInterrupt):
             _logs_read_with_a_sigint()
         assert sys.gettrace() is None  # the trace is gone with it
+        # Python's handler is back.
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGINT, previous)
 
@@ -134,11 +135,6 @@ def _logs_read_last():
 
 
 def test_the_interrupt_is_raised_where_the_caller_returns_at_once():
-    previous = signal.getsignal(signal.SIGINT)
-    try:
-        interrupts.install()
-        with pytest.raises(KeyboardInterrupt):
-            _logs_read_last()  # no line left after the call: its return
-        assert sys.gettrace() is None
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    with interrupts.handled(), pytest.raises(KeyboardInterrupt):
+        _logs_read_last()  # no line left after the call: its return
+    assert sys.gettrace() is None
