@@ -5,11 +5,13 @@ that `kmp train` trains (the example's own `compile_model` and
 `make_datasets`, under its flags, at the same CPU sizes where no GPU is
 found, said in one line); on a saved model, the arrays of a `.npz`
 file. A line says each stage as it starts (`--verbose=0`: none). It
-writes what it printed (doctor.txt), the report as JSON and the gradient
+writes what it printed (doctor.txt), the report as JSON (with the
+command, and an example's config as diagnosed) and the gradient
 histogram (PNG). Bad input is one line, not a traceback.
 """
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -60,6 +62,8 @@ def doctor(args):
         f.write(shown.getvalue())
     with open(os.path.join(values.output_dir, "doctor.json"), "w") as f:
         record = {"command": "kmp " + " ".join(args.argv)}
+        if example:  # with the CPU sizes it took
+            record["config"] = dataclasses.asdict(config)
         json.dump({**record, **json.loads(report.to_json())}, f, indent=2)
     report.plot(os.path.join(values.output_dir, "doctor.png"))
     print(f"wrote {values.output_dir}/doctor.txt, doctor.json and doctor.png")
@@ -80,8 +84,8 @@ def _example_inputs(example, config, given):
     # As `kmp train` does, before the devices are listed (TensorFlow
     # reads its cache's setting when it starts): the cache, then the CPU
     # sizes for the sizes not given. Width 64, the GPU's ResNet-9, took
-    # 25 to 75 minutes on a 2-core CPU (issue 40); width 16, 198 s
-    # there (117 s of CPU time), with other jobs sharing it.
+    # 25 to 75 minutes on a 2-core CPU (issue 40); width 16, 198 to
+    # 303 s there (117 to 135 s of CPU time), with other jobs on it.
     startup.use_compile_cache(config)
     config, note = startup.device_sized(config, given)
     if note:

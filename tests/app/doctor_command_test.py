@@ -34,6 +34,7 @@ def test_doctor_runs_an_example_and_writes_json_and_png(tmp_path, capsys):
     assert "kmp.pin_float32(model)" in out
     report = json.loads((tmp_path / "doctor.json").read_text())
     assert report["examples"] == 16 and report["pin"] == []
+    assert report["config"]["width"] == 8  # the config diagnosed
     assert (tmp_path / "doctor.png").read_bytes()[:4] == b"\x89PNG"
 
 
