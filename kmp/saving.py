@@ -154,8 +154,10 @@ def _read_config(filepath):
             "formats with keras.saving.load_model."
         )
     try:
-        with zipfile.ZipFile(path) as archive:
+        with zipfile.ZipFile(path) as archive, _damaged_archive(path):
             return json.loads(archive.read("config.json"))
+    except InputError:
+        raise  # a damaged member: said so
     except (zipfile.BadZipFile, KeyError, ValueError) as error:
         raise InputError(
             f"{path} is not a Keras archive ({error}); save the model with "

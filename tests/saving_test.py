@@ -119,19 +119,20 @@ def damage(path, member="model.weights.h5"):
     pathlib.Path(path).write_bytes(bytes(data))
 
 
-def test_a_damaged_archive_is_one_input_error(tmp_path):
-    # The zip's directory and config.json read fine; the weights fail
-    # their checksum inside Keras's load.
+@pytest.mark.parametrize("member", ["model.weights.h5", "config.json"])
+def test_a_damaged_archive_is_one_input_error(tmp_path, member):
+    # The zip's directory reads fine; the member fails its checksum (the
+    # weights inside Keras's load, the config in kmp's first read).
     path = str(tmp_path / "damaged.keras")
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
     model.compile(optimizer="adam", loss="mse")
     model.save(path)
-    damage(path)
+    damage(path, member)
     with pytest.raises(kmp.InputError) as error:
         kmp.load_model(path)
     message = str(error.value)
     assert message.startswith(f"{path} is a damaged Keras archive")
-    assert "Bad CRC-32 for file 'model.weights.h5'" in message
+    assert f"Bad CRC-32 for file {member!r}" in message
     assert "\n" not in message
 
 
