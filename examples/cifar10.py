@@ -125,7 +125,7 @@ def make_datasets(splits, config):
         )
         return train, test
     if feeding.kind == "arrays":
-        x, y = splits.train
+        x, y = feeding.full_batches(splits.train)
         x_test, y_test, weights = feeding.padded(splits.test)
         return (normalize(x), y), (normalize(x_test), y_test, weights)
     import tensorflow as tf
@@ -133,10 +133,12 @@ def make_datasets(splits, config):
     def normalize_example(image, label):  # tf.data maps one (image, label)
         return (tf.cast(image, tf.float32) - MEAN) / STD, label
 
-    def augment(image, label):
+    def augment(image, label, seed):  # stateless: a rerun draws the same
+        image, label = normalize_example(image, label)
         image = tf.pad(image, [[4, 4], [4, 4], [0, 0]], mode="REFLECT")
-        image = tf.image.random_crop(image, [32, 32, 3], seed=config.seed)
-        image = tf.image.random_flip_left_right(image, seed=config.seed)
+        crop, flip = tf.unstack(tf.random.split(seed))
+        image = tf.image.stateless_random_crop(image, [32, 32, 3], seed=crop)
+        image = tf.image.stateless_random_flip_left_right(image, seed=flip)
         return image, label
 
     def as_dataset(split):
@@ -146,16 +148,8 @@ def make_datasets(splits, config):
             return split.cache()
         return tf.data.Dataset.from_tensor_slices(split)  # in memory
 
-    train = (
-        as_dataset(splits.train)
-        .shuffle(10_000, seed=config.seed)
-        .map(normalize_example, num_parallel_calls=tf.data.AUTOTUNE)
-        .map(augment, num_parallel_calls=tf.data.AUTOTUNE)
-        .batch(config.batch_size, drop_remainder=True)
-        .prefetch(tf.data.AUTOTUNE)
-    )
-    if config.steps:
-        train = train.repeat()  # steps * epochs may exceed one pass
+    # Epoch k's order and draws depend on (seed, k) alone (`Feeding`).
+    train = feeding.batches(as_dataset(splits.train), augment, shuffle=10_000)
     test = feeding.padded(
         as_dataset(splits.test).map(
             normalize_example, num_parallel_calls=tf.data.AUTOTUNE
@@ -277,7 +271,7 @@ def train(config: Config) -> dict:
         history = model.fit(
             **run.data(train_data, test_data),  # and validation steps
             epochs=config.epochs,
-            steps_per_epoch=config.steps or None,
+            steps_per_epoch=steps,  # the data is one stream (Feeding)
             callbacks=run.callbacks,  # kmp's LossScaleMonitor, the backup
             verbose=config.verbose,
         )

@@ -105,7 +105,7 @@ def make_datasets(splits, config):
         train = feeding.on_device(splits.train, training=True)
         return train, feeding.on_device(splits.test)
     if feeding.kind == "arrays":
-        return splits.train, feeding.padded(splits.test)
+        return feeding.full_batches(splits.train), feeding.padded(splits.test)
     import tensorflow as tf
 
     train, test = splits.train, splits.test
@@ -125,17 +125,10 @@ def make_datasets(splits, config):
     else:
         train = tf.data.Dataset.from_tensor_slices(train)
         test = tf.data.Dataset.from_tensor_slices(test)
-    train = (
-        train.cache()
-        .shuffle(25_000, seed=config.seed)
-        .batch(config.batch_size, drop_remainder=True)
-    )
-    if config.steps:
-        train = train.repeat()  # steps * epochs may exceed one pass
+    # Epoch k's order depends on (seed, k) alone (`Feeding`).
+    train = feeding.batches(train.cache(), shuffle=25_000)
     test = feeding.padded(test)
-    return train.prefetch(tf.data.AUTOTUNE), test.cache().prefetch(
-        tf.data.AUTOTUNE
-    )
+    return train, test.cache().prefetch(tf.data.AUTOTUNE)
 
 
 # ## Model
@@ -244,7 +237,7 @@ def train(config: Config) -> dict:
         history = model.fit(
             **run.data(train_data, test_data),
             epochs=config.epochs,
-            steps_per_epoch=config.steps or None,
+            steps_per_epoch=steps,  # the data is one stream (Feeding)
             callbacks=run.callbacks,
             verbose=config.verbose,
         )

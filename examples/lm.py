@@ -45,6 +45,7 @@ import numpy as np
 import kmp
 from kmp import backend
 from kmp.app import data as kmp_data
+from kmp.app.feeding import Feeding
 from kmp.app.run import Run
 from kmp_config import configs
 
@@ -126,11 +127,22 @@ def load_data(config):
     train, test = text[: config.text_bytes], text[config.text_bytes :]
     length = config.sequence_length
     x, y = windows(train, length)
-    # Shuffled once, here: KerasHub's fit turns arrays into a tf.data
-    # pipeline, which fit's own shuffle=True cannot reach (Keras warns).
+    # Shuffled once, here: every epoch reads this order (make_datasets).
     order = np.random.default_rng(config.seed).permutation(len(y))
     x = {name: value[order] for name, value in x.items()}
     return kmp_data.Splits((x, y[order]), windows(test, length), source, note)
+
+
+def make_datasets(splits, config):
+    """`tf.data` batches (KerasHub's `fit` takes them on every backend):
+    training in that order, of which a resumed run's epoch k is the
+    uninterrupted run's (`Feeding`); validation's (the loss is per
+    token: no padding rows of weight 0)."""
+    import tensorflow as tf
+
+    feeding = Feeding(config, splits)
+    train, test = (tf.data.Dataset.from_tensor_slices(s) for s in splits[:2])
+    return feeding.batches(train, shuffle=0), test.batch(config.batch_size)
 
 
 # ## Model
@@ -219,10 +231,9 @@ def train(config: Config) -> dict:
         steps = run.start(splits)  # a rerun resumes from the backup
         model = compile_model(config, steps)
         history = model.fit(
-            **run.data(splits.train, splits.test),
-            shuffle=False,  # shuffled in load_data
+            **run.data(*make_datasets(splits, config)),
             epochs=config.epochs,
-            steps_per_epoch=config.steps or None,
+            steps_per_epoch=steps,  # the data is one stream (Feeding)
             callbacks=run.callbacks,
             verbose=config.verbose,
         )
