@@ -29,6 +29,7 @@ a rerun does not resume.
 
 import keras
 
+import kmp
 from kmp.app import backup as kmp_backup
 from kmp.app import batching
 from kmp.app import data as kmp_data
@@ -133,6 +134,12 @@ class Feeding:
 
         config, batch_size = self.config, self.config.batch_size
         per_pass = batching.split_size(split) // batch_size
+        if not per_pass:
+            raise kmp.InputError(
+                f"{batching.split_size(split)} training examples do not "
+                f"make one batch of {batch_size}; pass a smaller "
+                "--batch_size."
+            )
         first_pass, skipped = divmod(self.first_epoch * self.steps, per_pass)
 
         def one_pass(number):

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from util import jax_only
 
+import kmp
 from kmp.app import data as kmp_data
 from kmp.app import feeding as feeding_module
 from kmp.app.feeding import Feeding
@@ -119,3 +120,13 @@ def test_a_resumed_tf_data_stream_is_the_uninterrupted_one_from_its_epoch(
     assert len(resumed) == 6
     for got, expected in zip(resumed, whole[6:], strict=True):
         np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.backend_independent
+def test_a_training_split_smaller_than_a_batch_is_refused_in_one_line():
+    import tensorflow as tf
+
+    splits = _splits(train=3)
+    data = tf.data.Dataset.from_tensor_slices(splits.train)
+    with pytest.raises(kmp.InputError, match="3 training examples do not"):
+        Feeding(_config(), splits).batches(data)
