@@ -248,7 +248,15 @@ class _RandomState(keras.callbacks.Callback):
         self.backup = backup
 
     def on_train_begin(self, logs=None):
-        epoch = self.model._initial_epoch or 0  # Keras's restore sets it
+        self._first = True
+
+    def on_epoch_begin(self, epoch, logs=None):
+        # The first epoch fit runs is the one Keras's restore resumed at
+        # (read here, not from the model's private `_initial_epoch`), and
+        # nothing has been drawn yet.
+        if not getattr(self, "_first", True):
+            return
+        self._first = False
         if epoch != self.backup.initial_epoch:
             raise kmp.InputError(
                 f"the backup in {self.backup.backup_dir} was unreadable "
