@@ -26,11 +26,12 @@ ends.
 
 Keras's backup holds the weights and the optimizer's state, not the
 state of the layers' random draws (`keras.random.SeedGenerator`, e.g.
-Dropout's): the record keeps it per epoch, and the rerun restores the
-resumed epoch's after Keras's restore. The data of an epoch is a
-function of (seed, epoch) (`kmp.app.feeding`), which starts at
-`resumed_epoch`: a resumed run trains as the uninterrupted one did, to
-the bit.
+Dropout's, and on torch the global generator an unseeded Dropout draws
+from: `kmp.backend.random_state`): the record keeps them per epoch, and
+the rerun restores the resumed epoch's after Keras's restore. The data
+of an epoch is a function of (seed, epoch) (`kmp.app.feeding`), which
+starts at `resumed_epoch`: a resumed run trains as the uninterrupted one
+did, to the bit.
 
 In a multi-process JAX job every process keeps its own backup
 (`directory` gives each its own) and its record; when `fit` starts, before
@@ -134,9 +135,10 @@ class Backup:
         without a record."""
         path = os.path.join(self.backup_dir, RECORD)
         if not os.path.exists(path):
-            return {"epochs": {}, "steps": [], "seeds": []}
+            return {"epochs": {}, "steps": [], "seeds": [], "random": []}
         with open(path) as f:
-            record = {"seeds": [], **json.load(f)}  # older records: none
+            # Older records have no seeds or random state: none.
+            record = {"seeds": [], "random": [], **json.load(f)}
         saved = record["key"]
         differ = sorted(
             name
@@ -180,7 +182,9 @@ class Backup:
             float(x) for x in now
         ]
 
-    def _write(self, epochs: dict, steps: list, seeds: list) -> None:
+    def _write(
+        self, epochs: dict, steps: list, seeds: list, random: list
+    ) -> None:
         os.makedirs(self.backup_dir, exist_ok=True)
         path = os.path.join(self.backup_dir, RECORD)
         record = {
@@ -188,6 +192,7 @@ class Backup:
             "epochs": epochs,
             "steps": steps,
             "seeds": seeds,
+            "random": random,
         }
         # Whole or not at all: a run killed while writing leaves the
         # previous record.
@@ -204,7 +209,7 @@ class _EpochRecord(keras.callbacks.Callback):
     def __init__(self, backup, per_step):
         super().__init__()
         self.backup, self.per_step = backup, per_step
-        self.epochs = self.steps = self.seeds = None
+        self.epochs = self.steps = self.seeds = self.random = None
 
     def on_epoch_end(self, epoch, logs=None):
         if self.epochs is None:  # the first epoch of this fit
@@ -212,6 +217,7 @@ class _EpochRecord(keras.callbacks.Callback):
             self.epochs = {n: v[:epoch] for n, v in previous["epochs"].items()}
             self.steps = previous["steps"][:epoch]
             self.seeds = previous["seeds"][:epoch]
+            self.random = previous["random"][:epoch]
             self._recorded = {}  # of this fit's steps, per series
         for name, value in (logs or {}).items():
             self.epochs.setdefault(name, []).append(float(value))
@@ -226,8 +232,9 @@ class _EpochRecord(keras.callbacks.Callback):
         self.seeds.append(
             [keras.ops.convert_to_numpy(v).tolist() for v in _seeds(self.model)]
         )
+        self.random.append(backend.random_state())  # torch's unseeded draws
         if self.backup.owned:
-            self.backup._write(self.epochs, self.steps, self.seeds)
+            self.backup._write(self.epochs, self.steps, self.seeds, self.random)
 
 
 def _seeds(model) -> list:
@@ -269,6 +276,16 @@ class _RandomState(keras.callbacks.Callback):
         if 0 < epoch <= len(saved):
             for variable, value in zip(_seeds(self.model), saved[epoch - 1]):
                 variable.assign(value)
+        generators = self.backup.previous["random"]
+        if 0 < epoch <= len(generators):
+            self._generators = generators[epoch - 1]
+
+    def on_train_batch_begin(self, batch, logs=None):
+        # At the first step, not before: on torch, fit's first epoch
+        # draws from the global generator before its first batch (an
+        # uninterrupted run's later epochs do not).
+        state, self._generators = getattr(self, "_generators", None), None
+        backend.restore_random_state(state)
 
 
 class _SameEpochEverywhere(keras.callbacks.Callback):

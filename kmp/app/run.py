@@ -44,7 +44,7 @@ def train(config):
         history = run.distribute(model).fit(
             **run.data(train_data, test_data),
             epochs=config.epochs,
-            steps_per_epoch=config.steps or None,
+            steps_per_epoch=steps,  # always: the data is one stream
             callbacks=run.callbacks,
         )
         return run.finish(model, history, "resnet9")

@@ -29,6 +29,8 @@ Keras API; what cannot be branches here, each function once, on
     dtype_errors how TensorFlow, torch and JAX word a 16-bit/float32
                  mismatch, and kmp's line at the end of such an error in
                  a user's layer or step while a 16-bit policy is on
+    random_state the framework's global random generator (torch's, which
+                 unseeded layers draw from), kept by a run's backup
     distribution the active distribution, its mesh and the variables it
                  does not hold as laid out; JAX's processes (joined,
                  counted, gathered); agreement, sums and maxima over
@@ -89,6 +91,8 @@ from kmp.backend.optimizer_updates import stored_dtype
 from kmp.backend.optimizer_updates import stored_reads
 from kmp.backend.optimizer_updates import updates_in_groups
 from kmp.backend.optimizer_updates import updates_per_replica
+from kmp.backend.random_state import random_state
+from kmp.backend.random_state import restore_random_state
 from kmp.backend.recompute import RecomputedState
 from kmp.backend.scaler_ops import cond
 from kmp.backend.scaler_ops import fused_unscale
@@ -148,6 +152,8 @@ __all__ = [
     "own_values",
     "peak_memory",
     "processes",
+    "random_state",
+    "restore_random_state",
     "runtime_started",
     "step_compiler",
     "reads_in_force",

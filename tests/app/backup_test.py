@@ -111,7 +111,12 @@ def test_restart_deletes_the_backup_and_starts_over(tmp_path):
     fresh = kmp_backup.Backup(
         _config(tmp_path, width=16, restart=True), "float32", folder
     )
-    assert fresh.previous == {"epochs": {}, "steps": [], "seeds": []}
+    assert fresh.previous == {
+        "epochs": {},
+        "steps": [],
+        "seeds": [],
+        "random": [],
+    }
     history = _fit(fresh, epochs=2)
     assert history.epoch == [0, 1]
     assert len(fresh.history(history)["loss"]) == 2

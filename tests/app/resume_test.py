@@ -1,8 +1,10 @@
 """A resumed run trains as the uninterrupted one did, to the bit: the
 data of epoch k is a function of (seed, k) on every feed
-(`kmp.app.feeding`: `tf.data` on TensorFlow, the device feed on JAX) and
-starts at the resumed epoch; the backup restores the random draws'
-state (Dropout's) with the weights (`kmp.app.backup`).
+(`kmp.app.feeding`: `tf.data` on TensorFlow and torch, the device feed
+on JAX) and starts at the resumed epoch; the backup restores the random
+draws' state (Dropout's seed generator, and on torch the global
+generator an unseeded Dropout draws from) with the weights
+(`kmp.app.backup`).
 
 The CIFAR-10 example's own data functions (shuffle, crop, flip) feed a
 small model with Dropout, in float32; a run interrupted after epoch 2 of
@@ -82,11 +84,6 @@ def _run(config, interrupt_after=None):
     return backup.history(history), model.get_weights()
 
 
-@pytest.mark.skipif(
-    keras.backend.backend() == "torch",
-    reason="on torch, Dropout without a seed draws from torch's global "
-    "generator, which the backup does not keep: not resumed exactly",
-)
 @pytest.mark.parametrize("steps", [3, 0], ids=["steps", "passes"])
 def test_an_interrupted_run_resumed_equals_an_uninterrupted_one(
     tmp_path, steps
@@ -105,10 +102,6 @@ def test_an_interrupted_run_resumed_equals_an_uninterrupted_one(
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    keras.backend.backend() == "torch",
-    reason="torch's Dropout: see the test above",
-)
 def test_the_language_model_resumed_equals_its_uninterrupted_run(
     tmp_path, monkeypatch
 ):
