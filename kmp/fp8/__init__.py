@@ -11,6 +11,10 @@
                    and the operands each quantizes (for the doctor)
     convert        `kmp.float8`: which layers of a model are eligible,
                    converted in place to Keras's own float8
+    scaled_matmul  kmp's own float8 matmul on JAX: `dot_general` on
+                   two float8 operands scaled from their current amax,
+                   both backward matmuls on float8 too (custom VJP); not
+                   yet used by `kmp.float8`
 
 Imports from kmp: errors, islands, layer_policies, model_layers.
 """

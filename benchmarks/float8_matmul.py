@@ -1,0 +1,132 @@
+"""kmp's float8 matmul (`kmp.fp8.float8_matmul`) against bfloat16 matmuls,
+forward and backward, on bare JAX.
+
+    KERAS_BACKEND=jax python benchmarks/float8_matmul.py           # GPU
+    KERAS_BACKEND=jax python benchmarks/float8_matmul.py --size=256
+
+A stack of `layers` square kernels (`size` x `size`, bfloat16) applied to
+`tokens` x `size` bfloat16 activations, a mean-square loss, and its
+gradients with respect to every kernel and the input, under `jax.jit`:
+
+- `bf16`: `jnp.dot` on the bfloat16 operands;
+- `float8`: `float8_matmul`, whose forward and two backward matmuls are
+  `dot_general`s on float8 operands (issue 41's target on an H100:
+  >= 1.5x bf16 at size 8192, tokens 8192, 4 layers).
+
+The two are timed interleaved (`common.time_interleaved`), `steps` steps
+a round. TFLOP/s count the 3 matmuls of each layer (2 * tokens * size**2
+FLOPs each). Writes a JSON file with the device and versions.
+
+On a CPU XLA emulates float8 dots: `--size=256` checks that the script
+runs, not float8's speed.
+"""
+
+import argparse
+import os
+import statistics
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+import common  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from kmp import backend  # noqa: E402
+from kmp.fp8.scaled_matmul import float8_matmul  # noqa: E402
+
+MATMULS = {
+    "bf16": lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.bfloat16),
+    "float8": float8_matmul,
+}
+
+
+def train_step(matmul):
+    """A jitted step: the loss and its gradients by the input and every
+    kernel."""
+
+    def loss(x, kernels):
+        for w in kernels:
+            x = matmul(x, w)
+        return jnp.mean(jnp.square(x.astype("float32")))
+
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+
+
+def stack(size, tokens, layers, seed=0):
+    """Activations and kernels scaled to keep the stack's outputs ~1."""
+    keys = jax.random.split(jax.random.PRNGKey(seed), layers + 1)
+    x = jax.random.normal(keys[0], (tokens, size), "bfloat16")
+    kernels = [
+        (jax.random.normal(k, (size, size)) / size**0.5).astype("bfloat16")
+        for k in keys[1:]
+    ]
+    return x, kernels
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--size", type=int, default=8192)
+    parser.add_argument("--tokens", type=int, default=None, help="= size")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=10, help="per round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", default=None, help="JSON path")
+    args = parser.parse_args()
+    if backend.name() != "jax":
+        raise SystemExit("float8_matmul.py runs on JAX: KERAS_BACKEND=jax")
+    tokens = args.tokens or args.size
+    x, kernels = stack(args.size, tokens, args.layers)
+    runs, losses = {}, {}
+    for name, matmul in MATMULS.items():
+        step = train_step(matmul)
+        losses[name] = float(step(x, kernels)[0])  # compiles
+
+        def run(step=step):
+            for _ in range(args.steps):
+                out = step(x, kernels)
+            jax.block_until_ready(out)
+
+        runs[name] = run
+    seconds = common.time_interleaved(runs, args.rounds)
+    flops = 3 * 2 * tokens * args.size**2 * args.layers
+    records = {}
+    for name in MATMULS:
+        step_s = statistics.median(seconds[name]) / args.steps
+        records[name] = {
+            "step_time_s": step_s,
+            "tflops": flops / step_s / 1e12,
+            "loss": losses[name],
+            "round_seconds": seconds[name],
+        }
+    ratios = [b / f for b, f in zip(seconds["bf16"], seconds["float8"])]
+    speedup = statistics.median(ratios)
+    device = jax.devices()[0]
+    print(
+        f"device: {device.platform} {device.device_kind}, jax {jax.__version__}"
+    )
+    print("| matmul | step (ms) | TFLOP/s | loss |\n|---|---|---|---|")
+    for name, r in records.items():
+        print(
+            f"| {name} | {1000 * r['step_time_s']:.2f} | {r['tflops']:.3g} "
+            f"| {r['loss']:.5f} |"
+        )
+    print(f"float8 speed vs bf16 (median of per-round ratios): {speedup:.3f}x")
+    common.write_result(
+        {
+            "benchmark": "float8_matmul",
+            "device_kind": device.device_kind,
+            "sizes": {
+                "size": args.size,
+                "tokens": tokens,
+                "layers": args.layers,
+            },
+            "speed_vs_bf16": speedup,
+            "runs": records,
+        },
+        f"float8_matmul_{args.size}.json",
+        args.out,
+    )
+
+
+if __name__ == "__main__":
+    main()

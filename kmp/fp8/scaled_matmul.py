@@ -1,0 +1,157 @@
+"""kmp's own float8 matmul on JAX: `dot_general` on two float8 operands,
+each scaled from its current amax, with a custom VJP whose two backward
+matmuls also run on float8.
+
+Keras's float8 layers write quantize-dequantize around a bfloat16 matmul
+and leave it to XLA to pattern-match an FP8 GEMM, with amax histories on
+every step. This matmul hands XLA the float8 operands themselves:
+
+    forward, y = x @ w:
+        sx = amax(x) / max(E4M3);  xq = cast(x / sx, E4M3)
+        sw = amax(w) / max(E4M3);  wq = cast(w / sw, E4M3)
+        y  = dot_general(xq, wq, float32) * (sx * sw)   -> out_dtype
+    backward, from g = dL/dy:
+        sg = amax(g) / max(E5M2);  gq = cast(g / sg, E5M2)
+        dx = dot_general(gq, wq^T, float32) * (sg * sw)  -> x.dtype
+        dw = dot_general(xq^T, gq, float32) * (sx * sg)  -> w.dtype
+
+A zero amax gives a scale of 1, a non-finite one a non-finite scale, so
+an overflow turns the result NaN instead of saturating: kmp's dynamic
+loss scale still sees it and skips the step. Each tensor is quantized
+once per step: the forward's `xq`, `wq` and their scales are the
+backward's residuals. The amax is a reduction that must end before the
+cast starts, so under XLA each quantization is two fusions over the
+tensor (no histories, no third read).
+
+Loss-scale independence: the gradient's scale comes from its own amax,
+so `g * S` quantizes to the same E5M2 values as `g` (exactly, for a
+power-of-two `S`) and never overflows E5M2 because of `S`; the
+gradients of `loss * S` are `S` times those of `loss`.
+
+The scales are in `kmp.fp8.quantization`'s units (`amax / max`), but
+its functions return the dequantized tensor in the compute dtype (the
+pattern XLA rewrites); `quantize` here returns the float8 tensor itself,
+which `dot_general` takes.
+
+JAX only: jax is imported inside the functions, so the module imports on
+every backend.
+"""
+
+import functools
+
+import keras
+
+from kmp.fp8.quantization import E4M3
+from kmp.fp8.quantization import E5M2
+from kmp.fp8.quantization import FLOAT8_MAX
+
+# The smallest normal float32: a floor for the scale, so that an amax
+# in float32's subnormal range never divides by a scale rounded to zero.
+_TINY = 2.0**-126
+
+
+def float8_matmul(x, w, out_dtype=None):
+    """`x[..., k] @ w[k, n]` on float8 operands, with float8 gradients.
+
+    The operands are cast to E4M3, each with a per-tensor scale from its
+    current amax; the output gradient to E5M2 the same way. The three
+    matmuls (the forward, `dx` and `dw`) are `jax.lax.dot_general`s on
+    float8 operands accumulating in float32, which a GPU's XLA compiles
+    to cuBLASLt FP8 GEMMs (on a CPU XLA emulates them). See the module
+    docstring for the rule.
+
+    Args:
+        x: the activations, `[..., k]`, any float dtype.
+        w: the kernel, `[k, n]`.
+        out_dtype: the output's dtype; defaults to `x`'s.
+
+    Returns:
+        `[..., n]` in `out_dtype`.
+
+    Example:
+
+    >>> import jax.numpy as jnp
+    >>> x = jnp.ones((4, 8), "bfloat16")
+    >>> w = jnp.full((8, 2), 0.5, "float32")
+    >>> float8_matmul(x, w).tolist()[0]
+    [4.0, 4.0]
+    """
+    if keras.backend.backend() != "jax":
+        raise ValueError(
+            "kmp.fp8.float8_matmul runs on the JAX backend; Keras's "
+            f"backend is {keras.backend.backend()!r}. Set KERAS_BACKEND=jax "
+            "before importing Keras."
+        )
+    import jax.numpy as jnp
+
+    x, w = jnp.asarray(x), jnp.asarray(w)
+    if w.ndim != 2 or x.ndim < 1 or x.shape[-1] != w.shape[0]:
+        raise ValueError(
+            "float8_matmul multiplies x[..., k] by w[k, n]; got x of shape "
+            f"{tuple(x.shape)} and w of shape {tuple(w.shape)}. Pass a 2-D "
+            "kernel whose first dimension is x's last."
+        )
+    # Static (hashable) for the custom VJP: the output's and the two
+    # gradients' dtypes.
+    dtypes = (jnp.dtype(out_dtype or x.dtype), x.dtype, w.dtype)
+    leading = x.shape[:-1]
+    y = _matmul()(x.reshape(-1, x.shape[-1]), w, dtypes)
+    return y.reshape(*leading, w.shape[1])
+
+
+def quantize(x, dtype):
+    """`(q, scale)`: `x / scale` cast to the float8 `dtype`, `scale` in
+    float32 from `x`'s current amax (`amax / max(dtype)`, 1 for a zero
+    amax, non-finite for a non-finite one)."""
+    import jax.numpy as jnp
+
+    x = x.astype(jnp.float32)
+    amax = jnp.max(jnp.abs(x))
+    scale = jnp.where(amax > 0, amax / FLOAT8_MAX[dtype], 1.0)
+    # maximum() keeps a NaN amax NaN; the floor only lifts underflow.
+    scale = jnp.maximum(scale, _TINY)
+    limit = FLOAT8_MAX[dtype]
+    return jnp.clip(x / scale, -limit, limit).astype(dtype), scale
+
+
+def _dot(a, b, contract, scale, dtype):
+    """`dot_general(a, b)` over `contract` (`(a_axis, b_axis)`), float32
+    accumulation, times `scale`, cast to `dtype`."""
+    import jax
+    import jax.numpy as jnp
+
+    y = jax.lax.dot_general(
+        a,
+        b,
+        (((contract[0],), (contract[1],)), ((), ())),
+        preferred_element_type=jnp.float32,
+    )
+    return (y * scale).astype(dtype)
+
+
+@functools.cache
+def _matmul():
+    """The 2-D matmul with its custom VJP, built at first use (so jax is
+    imported only then)."""
+    import jax
+
+    def forward(x, w, dtypes):
+        xq, sx = quantize(x, E4M3)
+        wq, sw = quantize(w, E4M3)
+        y = _dot(xq, wq, (1, 0), sx * sw, dtypes[0])
+        return y, (xq, sx, wq, sw)
+
+    def backward(dtypes, residuals, g):
+        xq, sx, wq, sw = residuals
+        _, x_dtype, w_dtype = dtypes
+        gq, sg = quantize(g, E5M2)
+        dx = _dot(gq, wq, (1, 1), sg * sw, x_dtype)  # [m, n] . [k, n]
+        dw = _dot(xq, gq, (0, 0), sx * sg, w_dtype)  # [m, k] . [m, n]
+        return dx, dw
+
+    def matmul(x, w, dtypes):
+        return forward(x, w, dtypes)[0]
+
+    matmul = jax.custom_vjp(matmul, nondiff_argnums=(2,))
+    matmul.defvjp(forward, backward)
+    return matmul
