@@ -160,13 +160,21 @@ def test_cifar10_example_trains_on_two_workers(tmp_path):
         for index in range(2)
     ]
     outputs = run_processes([[example, *flags]] * 2, envs, timeout=240)
-    # The same logs on both workers, timings aside.
+    # The same summary on both workers, timings aside; the chief alone
+    # writes the files, and says so last.
     summaries = [
-        re.sub(r"\d+ examples/s", "", out.strip().splitlines()[-1])
+        re.sub(r"\d+ examples/s", "", line)
+        for out in outputs
+        for line in out.splitlines()
+        if "replica(s)" in line
+    ]
+    assert len(summaries) == 2 and summaries[0] == summaries[1]
+    assert "2 replica(s)" in summaries[0]
+    wrote = [
+        [line for line in out.splitlines() if line.startswith("wrote ")]
         for out in outputs
     ]
-    assert summaries[0] == summaries[1]
-    assert "2 replica(s)" in summaries[0]
+    assert len(wrote[0]) == 3 and wrote[1] == []
     assert sorted(os.listdir(tmp_path)) == [
         "cifar10.keras",
         "results.json",
