@@ -33,6 +33,18 @@ def batches(split, batch_size) -> int:
     return -(-split_size(split) // batch_size)
 
 
+def full_batches(split, batch_size) -> int:
+    """Full batches of `split` (at least one: a split smaller than a
+    batch is refused where the feed is made)."""
+    return max(split_size(split) // batch_size, 1)
+
+
+def steps_per_epoch(config, splits) -> int:
+    """An epoch's training steps: `--steps`, or the training split's
+    full batches (the feed drops a partial last batch)."""
+    return config.steps or full_batches(splits.train, config.batch_size)
+
+
 def evaluation_steps(config, splits) -> int | None:
     """Batches of validation and final evaluation; None for all.
 
@@ -45,7 +57,7 @@ def evaluation_steps(config, splits) -> int | None:
         return min(config.eval_steps, test_batches)
     if not config.steps:
         return None
-    train_batches = max(split_size(splits.train) // config.batch_size, 1)
+    train_batches = full_batches(splits.train, config.batch_size)
     share = min(config.steps / train_batches, 1.0)
     return max(math.ceil(share * test_batches), 1)
 

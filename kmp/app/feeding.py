@@ -65,9 +65,7 @@ class Feeding:
 
     def __init__(self, config, splits):
         self.config = config
-        self.steps = config.steps or max(
-            batching.split_size(splits.train) // config.batch_size, 1
-        )
+        self.steps = batching.steps_per_epoch(config, splits)
         self.first_epoch = kmp_backup.resumed_epoch(config)
         self.eval_steps = batching.evaluation_steps(config, splits)
         if batching.feeds_device(config):

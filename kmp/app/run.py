@@ -145,15 +145,12 @@ class Run:
         self.splits = splits
         self.policy = keras.config.dtype_policy().name
         os.makedirs(config.output_dir, exist_ok=True)
-        # Each JAX process backs up on its own (Keras's backup writes from
-        # every process, which would race on one directory); a rerun
-        # resumes each from its own, checked to be at the same epoch.
-        process = backend.processes()[0]
-        backup_dir = "backup" if process == 0 else f"backup_process_{process}"
+        # Each JAX process backs up on its own directory; a rerun resumes
+        # each from its own, checked to be at the same epoch.
         self.backup = kmp_backup.Backup(
             config,
             self.policy,
-            os.path.join(config.output_dir, backup_dir),
+            kmp_backup.directory(config),
             self._per_step,
         )
         self.steps = report.StepLog()
@@ -169,9 +166,7 @@ class Run:
             report.ValidationProgress(shown, config.verbose),
             *self.backup.callbacks,
         ]
-        return config.steps or (
-            batching.split_size(splits.train) // config.batch_size
-        )
+        return batching.steps_per_epoch(config, splits)
 
     def scope(self):
         """Where to build and compile the model: the strategy's scope."""
