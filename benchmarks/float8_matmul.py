@@ -2,6 +2,8 @@
 forward and backward, on bare JAX.
 
     KERAS_BACKEND=jax python benchmarks/float8_matmul.py           # GPU
+    KERAS_BACKEND=jax python benchmarks/float8_matmul.py \
+        --size=1024,2048,4096,8192 --tokens=8192   # where float8 pays
     KERAS_BACKEND=jax python benchmarks/float8_matmul.py --size=256
 
 A stack of `layers` square kernels (`size` x `size`, bfloat16) applied to
@@ -15,7 +17,11 @@ gradients with respect to every kernel and the input, under `jax.jit`:
 
 The two are timed interleaved (`common.time_interleaved`), `steps` steps
 a round. TFLOP/s count the 3 matmuls of each layer (2 * tokens * size**2
-FLOPs each). Writes a JSON file with the device and versions.
+FLOPs each). `--size` takes a comma-separated list, each size measured
+in turn in the same process (the JSON is rewritten after each, so a time
+limit keeps what was measured): the sizes at which float8 starts to pay
+are what `kmp.float8`'s rule needs. Writes a JSON file with the device
+and versions.
 
 On a CPU XLA emulates float8 dots: `--size=256` checks that the script
 runs, not float8's speed.
@@ -67,19 +73,10 @@ def stack(size, tokens, layers, seed=0):
     return x, kernels
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--size", type=int, default=8192)
-    parser.add_argument("--tokens", type=int, default=None, help="= size")
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=10, help="per round")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--out", default=None, help="JSON path")
-    args = parser.parse_args()
-    if backend.name() != "jax":
-        raise SystemExit("float8_matmul.py runs on JAX: KERAS_BACKEND=jax")
-    tokens = args.tokens or args.size
-    x, kernels = stack(args.size, tokens, args.layers)
+def measure(size, tokens, layers, steps, rounds):
+    """One size's record: each matmul's step time, TFLOP/s, loss and FP8
+    GEMM count, and float8's speed against bf16."""
+    x, kernels = stack(size, tokens, layers)
     runs, losses, gemms = {}, {}, {}
     for name, matmul in MATMULS.items():
         step = train_step(matmul)
@@ -90,16 +87,16 @@ def main():
         gemms[name] = compiled.count(FP8_GEMM)
 
         def run(step=step):
-            for _ in range(args.steps):
+            for _ in range(steps):
                 out = step(x, kernels)
             jax.block_until_ready(out)
 
         runs[name] = run
-    seconds = common.time_interleaved(runs, args.rounds)
-    flops = 3 * 2 * tokens * args.size**2 * args.layers
+    seconds = common.time_interleaved(runs, rounds)
+    flops = 3 * 2 * tokens * size**2 * layers
     records = {}
     for name in MATMULS:
-        step_s = statistics.median(seconds[name]) / args.steps
+        step_s = statistics.median(seconds[name]) / steps
         records[name] = {
             "step_time_s": step_s,
             "tflops": flops / step_s / 1e12,
@@ -108,36 +105,62 @@ def main():
             "round_seconds": seconds[name],
         }
     ratios = [b / f for b, f in zip(seconds["bf16"], seconds["float8"])]
-    speedup = statistics.median(ratios)
+    return {
+        "size": size,
+        "tokens": tokens,
+        "layers": layers,
+        "speed_vs_bf16": statistics.median(ratios),
+        "runs": records,
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--size", default="8192", help="kernel sizes, comma-separated"
+    )
+    parser.add_argument("--tokens", type=int, default=None, help="= size")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=10, help="per round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", default=None, help="JSON path")
+    args = parser.parse_args()
+    if backend.name() != "jax":
+        raise SystemExit("float8_matmul.py runs on JAX: KERAS_BACKEND=jax")
     device = jax.devices()[0]
     print(
         f"device: {device.platform} {device.device_kind}, jax {jax.__version__}"
     )
-    print(
-        "| matmul | step (ms) | TFLOP/s | loss | FP8 GEMMs |\n"
-        "|---|---|---|---|---|"
-    )
-    for name, r in records.items():
-        print(
-            f"| {name} | {1000 * r['step_time_s']:.2f} | {r['tflops']:.3g} "
-            f"| {r['loss']:.5f} | {r['fp8_gemms']} |"
+    sizes = [int(size) for size in args.size.split(",")]
+    results = []
+    for size in sizes:
+        results.append(
+            measure(
+                size, args.tokens or size, args.layers, args.steps, args.rounds
+            )
         )
-    print(f"float8 speed vs bf16 (median of per-round ratios): {speedup:.3f}x")
-    common.write_result(
-        {
-            "benchmark": "float8_matmul",
-            "device_kind": device.device_kind,
-            "sizes": {
-                "size": args.size,
-                "tokens": tokens,
-                "layers": args.layers,
+        # Written after each size: a time limit keeps what was measured.
+        common.write_result(
+            {
+                "benchmark": "float8_matmul",
+                "device_kind": device.device_kind,
+                "sizes": results,
             },
-            "speed_vs_bf16": speedup,
-            "runs": records,
-        },
-        f"float8_matmul_{args.size}.json",
-        args.out,
+            f"float8_matmul_{args.size.replace(',', '_')}.json",
+            args.out,
+        )
+    print(
+        "| size | tokens | matmul | step (ms) | TFLOP/s | loss | FP8 GEMMs "
+        "| speed vs bf16 |\n|---|---|---|---|---|---|---|---|"
     )
+    for result in results:
+        for name, r in result["runs"].items():
+            speed = f"{result['speed_vs_bf16']:.3f}x" if name != "bf16" else ""
+            print(
+                f"| {result['size']} | {result['tokens']} | {name} "
+                f"| {1000 * r['step_time_s']:.2f} | {r['tflops']:.3g} "
+                f"| {r['loss']:.5f} | {r['fp8_gemms']} | {speed} |"
+            )
 
 
 if __name__ == "__main__":

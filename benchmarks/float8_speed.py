@@ -12,11 +12,14 @@ variant, epochs interleaved after a warm-up:
 - `transformer`: the IMDB example's encoder (`examples/imdb.py`) at
   d_model 2048 (target >= 1.3x bfloat16).
 
-Variants: `bf16` (mixed_bfloat16), `bf16+kmp.float8`, `bf16+keras.float8`
-(`model.quantize("float8")`), and `fp16+kmp.float8` (mixed_float16 with
-kmp's loss scale), whose final loss shows whether a run depends on its
-loss scale. TFLOP/s count each model's matmuls (`kmp.app.flops`, training
-= 3x forward). Writes a JSON file with the hardware and versions.
+Variants (`--variants`, all by default): `bf16` (mixed_bfloat16),
+`bf16+kmp.float8` (Keras's float8 layers, kmp's choice of them),
+`bf16+kmp.float8(matmul=kmp)` (kmp's own float8 matmul, JAX only),
+`bf16+keras.float8` (`model.quantize("float8")`), and the two kmp ones
+under mixed_float16 with kmp's loss scale, whose final losses show
+whether a run depends on its loss scale. TFLOP/s count each model's
+matmuls (`kmp.app.flops`, training = 3x forward). Writes a JSON file
+with the hardware and versions.
 
 On a CPU float8 is emulated and slower than bfloat16: `--size small`
 checks that the benchmark runs, not float8's speed.
@@ -41,8 +44,10 @@ from kmp.examples import imdb  # noqa: E402
 VARIANTS = {
     "bf16": ("mixed_bfloat16", None),
     "bf16+kmp.float8": ("mixed_bfloat16", "kmp"),
+    "bf16+kmp.float8(matmul=kmp)": ("mixed_bfloat16", "kmp matmul"),
     "bf16+keras.float8": ("mixed_bfloat16", "keras"),
     "fp16+kmp.float8": ("mixed_float16", "kmp"),
+    "fp16+kmp.float8(matmul=kmp)": ("mixed_float16", "kmp matmul"),
 }
 SIZES = {
     "gpu": {
@@ -92,6 +97,8 @@ def variant(name, kind, size, batches):
         ](size, batches)
         if float8 == "kmp":
             kmp.float8(model)
+        elif float8 == "kmp matmul":
+            kmp.float8(model, matmul="kmp")
         elif float8 == "keras":
             model.quantize("float8")
         model.compile(
@@ -114,13 +121,23 @@ def main():
     parser.add_argument("--models", nargs="+", default=["stack", "transformer"])
     parser.add_argument("--steps", type=int, default=10, help="per epoch")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--variants", default=",".join(VARIANTS), help="comma-separated"
+    )
     parser.add_argument("--out", default=None, help="JSON path")
     args = parser.parse_args()
     rows, records = [], []
+    kinds = args.variants.split(",")
+    unknown = sorted(set(kinds) - set(VARIANTS))
+    if unknown or "bf16" not in kinds:
+        parser.error(
+            f"--variants: {unknown} unknown or bf16 missing; "
+            f"choose among {list(VARIANTS)}, bf16 included"
+        )
     for name in args.models:
         size = SIZES[args.size][name]
         runs, before, models = {}, {}, {}
-        for kind in VARIANTS:
+        for kind in kinds:
             models[kind], runs[kind], batch = variant(
                 name, kind, size, args.steps
             )
@@ -128,7 +145,7 @@ def main():
         per_example = flops.training_flops(models["bf16"])
         seconds = common.time_interleaved(runs, args.rounds)
         after = {kind: runs[kind]().history["loss"][-1] for kind in runs}
-        for kind in VARIANTS:
+        for kind in kinds:
             ratios = [b / v for b, v in zip(seconds["bf16"], seconds[kind])]
             step = statistics.median(seconds[kind]) / args.steps
             tflops = per_example * batch / step / 1e12

@@ -20,6 +20,7 @@ import keras
 from kmp.errors import InputError
 from kmp.errors import InputTypeError
 from kmp.fp8 import float8_layers
+from kmp.fp8 import scaled_layers
 from kmp.fp8.matmuls import is_eligible_einsum
 from kmp.layer_policies import record_policies
 from kmp.model_layers import all_layers
@@ -42,7 +43,7 @@ _CONVOLUTIONS = (
 )
 
 
-def float8(model, also=(), skip=()):
+def float8(model, also=(), skip=(), matmul="keras"):
     """Runs a mixed-precision model's eligible matmuls in float8.
 
     Call it after building the model under `kmp.enable("mixed_bfloat16")`
@@ -77,6 +78,16 @@ def float8(model, also=(), skip=()):
             classes, or regular expressions matched against a layer's
             `path` or `name`.
         skip: Layers to leave, in the same forms.
+        matmul: `"keras"` (the default) computes each converted layer as
+            Keras's float8 does: quantize-dequantize around a 16-bit
+            matmul, which XLA may rewrite into an FP8 GEMM. `"kmp"` (JAX
+            only) computes it with kmp's own float8 matmul
+            (`kmp.fp8.scaled_matmul`): `dot_general` on float8 operands
+            scaled from their current amax, both backward matmuls in
+            float8 too. The file is the same either way; a model loaded
+            from it computes as Keras's until `kmp.float8(model,
+            matmul="kmp")` is called again (Functional and Sequential
+            models keep kmp's class in the file).
 
     Returns:
         The same model.
@@ -102,6 +113,7 @@ def float8(model, also=(), skip=()):
             f"Model {model.name!r} is not built: give it an Input (or call "
             "it once) before kmp.float8, which needs its layers' sizes."
         )
+    _check_matmul(matmul)
     also = check_patterns(also, "also")
     skip = check_patterns(skip, "skip")
     layers = all_layers(model)[1:]
@@ -125,6 +137,8 @@ def float8(model, also=(), skip=()):
     for layer in matmuls:
         if is_float8(layer):
             reasons["float8 already"] += 1
+            if matmul == "kmp":
+                scaled_layers.use_kmp_matmul(layer)
             continue
         reason = _ineligible(layer, heads, also, skip)
         if reason:
@@ -135,12 +149,16 @@ def float8(model, also=(), skip=()):
         # KerasHub's blocks) reads the history length from the map, which
         # has none, so only the default survives a .keras round trip.
         layer.quantize("float8")
+        if matmul == "kmp":
+            scaled_layers.use_kmp_matmul(layer)
         converted.append(layer)
     if not converted and not reasons["float8 already"]:
         warnings.warn(_nothing_eligible(model, layers, reasons), stacklevel=2)
         return model
     if not converted:
-        return model  # called again: nothing to do
+        if matmul == "kmp":  # Keras's float8 layers given kmp's matmul
+            _forget_traces(model)
+        return model  # called again: nothing else to do
     unsure = record_policies(
         model, {layer: layer.dtype_policy for layer in converted}
     )
@@ -155,10 +173,28 @@ def float8(model, also=(), skip=()):
             "float8 now.",
             stacklevel=2,
         )
+    _forget_traces(model)
+    return model
+
+
+def _forget_traces(model):
     # A compiled model's step functions were traced with the old layers.
     model.train_function = model.test_function = None
     model.predict_function = None
-    return model
+
+
+def _check_matmul(matmul):
+    if matmul not in ("keras", "kmp"):
+        raise InputError(
+            f"kmp.float8: matmul={matmul!r} is not one of 'keras' (Keras's "
+            "float8 layers) and 'kmp' (kmp's own float8 matmul, JAX only)."
+        )
+    if matmul == "kmp" and keras.backend.backend() != "jax":
+        raise InputError(
+            "kmp.float8(matmul='kmp') runs kmp's float8 matmul, which is "
+            f"JAX's; Keras's backend is {keras.backend.backend()!r}. Use "
+            "matmul='keras' (the default) here, or KERAS_BACKEND=jax."
+        )
 
 
 def is_float8(layer) -> bool:

@@ -1,0 +1,204 @@
+"""kmp.fp8.scaled_layers: `kmp.float8(model, matmul="kmp")`, Keras's float8
+layers computed by kmp's own float8 matmul on JAX."""
+
+import re
+
+import keras
+import numpy as np
+import pytest
+
+import kmp
+from kmp import backend
+from kmp.fp8 import scaled_layers
+
+jax_only = pytest.mark.skipif(
+    backend.name() != "jax", reason="kmp's float8 matmul is JAX's"
+)
+
+
+@pytest.mark.parametrize(
+    "equation, rank, plan",
+    [
+        ("ab,bc->ac", 2, ([0, 1], [0, 1], (1, 1), [0, 1])),
+        # An attention's query projection and its output projection.
+        ("btd,dnh->btnh", 3, ([0, 1, 2], [0, 1, 2], (2, 1), [0, 1, 2, 3])),
+        ("btnh,nhd->btd", 4, ([0, 1, 2, 3], [0, 1, 2], (2, 2), [0, 1, 2])),
+        ("...b,bc->...c", 4, ([0, 1, 2, 3], [0, 1], (3, 1), [0, 1, 2, 3])),
+        # Contracted axis first in the input, kernel axes out of order,
+        # output in another order: transposes on each side.
+        ("dt,nd->nt", 2, ([1, 0], [1, 0], (1, 1), [1, 0])),
+        # A batch axis shared by the input, the kernel and the output, and
+        # an axis summed over the input alone: not one matmul.
+        ("abc,acd->abd", 3, None),
+        ("abc,cd->ad", 3, None),
+    ],
+)
+def test_an_einsum_equation_is_planned_as_one_matmul_or_refused(
+    equation, rank, plan
+):
+    assert scaled_layers.matmul_plan(equation, rank) == plan
+
+
+def model(seed=0):
+    """Three convertible layers (a Dense and an attention's two kinds of
+    projection) and a float32 head, under mixed_bfloat16."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((16, 64))
+    x = keras.layers.Dense(64, name="dense")(inputs)
+    x = keras.layers.EinsumDense("btd,dnh->btnh", (16, 4, 16), name="q")(x)
+    x = keras.layers.EinsumDense(
+        "btnh,nhd->btd", (16, 64), bias_axes="d", name="o"
+    )(x)
+    outputs = keras.layers.Dense(8, dtype="float32", name="head")(x)
+    return keras.Model(inputs, outputs)
+
+
+def data(count=32):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((count, 16, 64)).astype("float32")
+    y = rng.standard_normal((count, 16, 8)).astype("float32")
+    return x, y
+
+
+def converted(matmul="kmp"):
+    with kmp.policy_scope("mixed_bfloat16"):
+        net = kmp.float8(model(), matmul=matmul)
+        net.compile(
+            optimizer=kmp.wrap(keras.optimizers.Adam(1e-3)),
+            loss="mse",
+            jit_compile=True,
+        )
+    return net
+
+
+def _dot_generals(text):
+    """`(lhs, rhs, result)` element types of every `dot_general`."""
+    found = re.findall(
+        r"stablehlo\.dot_general .*: \(tensor<([^>]*)>, tensor<([^>]*)>\)"
+        r" -> tensor<([^>]*)>",
+        text,
+    )
+    return [tuple(t.split("x")[-1] for t in types) for types in found]
+
+
+@jax_only
+def test_the_train_step_runs_each_converted_layer_s_three_matmuls_on_float8():
+    import jax
+
+    net = converted()
+    assert [type(layer).__name__ for layer in net.layers[1:]] == [
+        "ScaledFloat8Dense",
+        "ScaledFloat8EinsumDense",
+        "ScaledFloat8EinsumDense",
+        "Dense",
+    ]
+    net.optimizer.build(net.trainable_variables)
+    state = tuple(
+        [v.value for v in variables]
+        for variables in (
+            net.trainable_variables,
+            net.non_trainable_variables,
+            net.optimizer.variables,
+            net.metrics_variables,
+        )
+    )
+    # Keras's own train step (the one `fit` compiles), with the optimizer.
+    text = jax.jit(net.train_step).lower(state, data(8)).as_text()
+    dots = _dot_generals(text)
+    float8 = [
+        d for d in dots if d[0].startswith("f8") and d[1].startswith("f8")
+    ]
+    # Per converted layer: the forward (E4M3 x E4M3), the input's and the
+    # kernel's gradients (E5M2 against E4M3); the first layer's input
+    # needs no gradient, and JAX drops that matmul.
+    forward = ("f8E4M3FN", "f8E4M3FN", "f32")
+    input_gradient = ("f8E5M2", "f8E4M3FN", "f32")
+    kernel_gradient = ("f8E4M3FN", "f8E5M2", "f32")
+    assert sorted(float8) == sorted(
+        3 * [forward, kernel_gradient] + 2 * [input_gradient]
+    )
+    # What is left is the float32 head's three matmuls.
+    assert len(dots) - len(float8) == 3
+    assert all(not d[0].startswith("f8") for d in dots if d not in float8)
+
+
+@jax_only
+def test_the_outputs_are_bfloat16_s_to_float8_precision():
+    with kmp.policy_scope("mixed_bfloat16"):
+        reference = model()
+        net = kmp.float8(model(), matmul="kmp")
+    x, _ = data()
+    want = reference.predict(x, verbose=0)
+    got = net.predict(x, verbose=0)
+    # Three E4M3 matmuls in a row, ~3.7 % each in quadrature: ~6.4 %.
+    error = np.linalg.norm(got - want) / np.linalg.norm(want)
+    assert 0 < error < 0.1
+
+
+@jax_only
+def test_it_trains_and_leaves_keras_s_float8_state_as_it_was():
+    net = converted()
+    state = {
+        v.path: np.array(v.numpy())
+        for v in net.weights
+        if getattr(v, "overwrite_with_gradient", False)
+    }
+    # Still trainable: the same trainable set as Keras's float8 layers.
+    assert state and all(v.trainable for v in net.weights if v.path in state)
+    x, y = data()
+    history = net.fit(x, y, batch_size=8, epochs=3, verbose=0)
+    losses = history.history["loss"]
+    assert np.isfinite(losses).all() and losses[-1] < losses[0]
+    for v in net.weights:
+        if v.path in state:
+            np.testing.assert_array_equal(v.numpy(), state[v.path])
+
+
+@jax_only
+def test_a_keras_file_keeps_kmp_s_matmul(tmp_path):
+    net = converted()
+    x, y = data()
+    net.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    path = tmp_path / "model.keras"
+    net.save(path)
+    loaded = kmp.load_model(path)
+    assert [type(layer) for layer in loaded.layers] == [
+        type(layer) for layer in net.layers
+    ]
+    np.testing.assert_array_equal(
+        loaded.predict(x, verbose=0), net.predict(x, verbose=0)
+    )
+    loaded.fit(x, y, batch_size=8, epochs=1, verbose=0)
+
+
+@jax_only
+def test_keras_s_float8_layers_are_given_kmp_s_matmul_when_asked_again():
+    net = converted(matmul="keras")
+    x, y = data()
+    net.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert net.train_function is not None
+    assert kmp.float8(net, matmul="kmp") is net
+    assert (
+        sum(
+            isinstance(layer, scaled_layers.SCALED_CLASSES)
+            for layer in net.layers
+        )
+        == 3
+    )
+    assert net.train_function is None  # traced with Keras's float8 call
+    net.fit(x, y, batch_size=8, epochs=1, verbose=0)
+
+
+def test_an_unknown_matmul_is_refused_with_the_choices():
+    with kmp.policy_scope("mixed_bfloat16"):
+        net = model()
+    with pytest.raises(ValueError, match="'keras'.*'kmp'"):
+        kmp.float8(net, matmul="cublas")
+
+
+@pytest.mark.skipif(backend.name() == "jax", reason="the JAX backend has it")
+def test_kmp_s_matmul_off_jax_is_refused_with_the_way_out():
+    with kmp.policy_scope("mixed_bfloat16"):
+        net = model()
+    with pytest.raises(ValueError, match="JAX.*matmul='keras'"):
+        kmp.float8(net, matmul="kmp")
