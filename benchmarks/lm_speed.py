@@ -12,12 +12,15 @@ variants of a size are timed interleaved over `--rounds` epochs.
 
 A variant is `bf16` plus steps joined by `+`, each one change:
 
-- `bf16`: the example as it builds the model. KerasHub's GPT2Backbone
-  defaults to `dropout=0.1`, and Keras's `MultiHeadAttention` then
-  computes attention unfused (einsum, softmax, dropout, einsum; pinned
-  softmax in float32): no `ops.dot_product_attention`, no flash kernel.
-- `nodrop`: `dropout=0`, flash attention off (`ops.dot_product_attention`
-  through XLA): what dropping dropout alone buys.
+- `bf16`: the example as it builds the model by default: `--dropout`
+  0.1, KerasHub's GPT2Backbone default, with which Keras's
+  `MultiHeadAttention` computes attention unfused (einsum, softmax,
+  dropout, einsum; pinned softmax in float32): no
+  `ops.dot_product_attention`, no flash kernel.
+- `nodrop`: `dropout=0` (the example's `--dropout=0`), flash attention
+  off (`ops.dot_product_attention` through XLA): what dropping dropout
+  alone buys. The example at `--dropout=0` leaves the choice to Keras
+  (flash where its cuDNN check passes), which no variant here times.
 - `flash`: `dropout=0` and flash attention forced on each attention
   layer: cuDNN's fused attention on a GPU (`__cudnn$fmha*` custom calls),
   the boolean causal-and-padding mask passed as a bias. On a CPU it
@@ -32,18 +35,21 @@ Model FLOPs per token (PaLM, appendix B): 6 * N + 12 * L * T * d, with N
 the matmul parameters (12 * d^2 per decoder block, and the tied logits
 matmul, vocabulary * d; embeddings lookups and biases not counted), L
 layers, T the sequence length, d the width; the attention term counts
-the full T x T scores, as PaLM does, though half are masked. MFU is that
-count's TFLOP/s over the device's dense 16-bit peak
-(`kmp.app.flops.peak_tflops`); none on a CPU. The lowered train step
-(StableHLO, not compiled again) is searched for cuDNN's fused attention
-custom calls and float8 `dot_general`s, to show which path ran; XLA's
-cuBLASLt float8 GEMMs appear only after compilation and are not counted.
+the full T x T scores, as PaLM does, though half are masked
+(`kmp.app.flops.causal_lm_flops_per_token`: the count the example's
+results.json and `kmp bench` use too). MFU is that count's TFLOP/s over
+the device's dense 16-bit peak (`kmp.app.flops.peak_tflops`); none on a
+CPU. The lowered train step (StableHLO, not compiled again) is searched
+for cuDNN's fused attention custom calls and float8 `dot_general`s, to
+show which path ran; XLA's cuBLASLt float8 GEMMs appear only after
+compilation and are not counted.
 
 Free of TensorFlow and grain: numpy arrays through Keras's own `fit`
 (KerasHub's `fit` wraps arrays in tf.data or grain), JAX backend.
 """
 
 import argparse
+import dataclasses
 import gc
 import os
 import statistics
@@ -105,26 +111,6 @@ def parse_config(text, heads):
             f"--configs takes HIDDENxLAYERS items like 1024x16, got {text!r}."
         ) from None
     return hidden, layers, heads or max(hidden // 128, 1)
-
-
-def build(config, dropout):
-    """`lm.build_model(config)`, or the same backbone with `dropout`
-    (the example has no dropout flag; KerasHub's default is 0.1)."""
-    if dropout is None:
-        return lm.build_model(config)
-    import keras_hub
-
-    with backend.initialized_together():
-        backbone = keras_hub.models.GPT2Backbone(
-            vocabulary_size=lm.VOCABULARY,
-            num_layers=config.layers,
-            num_heads=config.heads,
-            hidden_dim=config.hidden_dim,
-            intermediate_dim=4 * config.hidden_dim,
-            max_sequence_length=config.sequence_length,
-            dropout=dropout,
-        )
-    return keras_hub.models.GPT2CausalLM(backbone, preprocessor=None)
 
 
 def _causal_attention(layer):
@@ -199,8 +185,9 @@ def set_attention(model, steps, config):
 def compile_variant(config, steps, total_steps):
     """The model as `lm.compile_model` makes it (pinned, AdamW under
     `kmp.wrap`, the example's loss and metric), with `steps` applied."""
-    dropout = 0.0 if steps & {"nodrop", "flash", "causal"} else None
-    model = kmp.pin_float32(build(config, dropout))
+    if steps & {"nodrop", "flash", "causal"}:
+        config = dataclasses.replace(config, dropout=0.0)  # `--dropout=0`
+    model = kmp.pin_float32(lm.build_model(config))
     flash = set_attention(model, steps, config)
     if "kmp.float8" in steps:
         kmp.float8(model, matmul="kmp")
@@ -252,12 +239,6 @@ def hlo_counts(model, x, y, batch):
     }
 
 
-def flops_per_token(hidden, layers, sequence):
-    """6 N + 12 L T d (the module docstring)."""
-    matmul_params = 12 * layers * hidden**2 + lm.VOCABULARY * hidden
-    return 6 * matmul_params + 12 * layers * sequence * hidden
-
-
 def measure_size(args, config_text, peak, device, records, out):
     hidden, layers, heads = parse_config(config_text, args.heads)
     batch = args.batch_size or GPU_BATCH.get(hidden, 16)
@@ -274,7 +255,9 @@ def measure_size(args, config_text, peak, device, records, out):
         lm.synthetic_text(count * args.sequence_length + 1, 0),
         args.sequence_length,
     )
-    per_token = flops_per_token(hidden, layers, args.sequence_length)
+    per_token = flops.causal_lm_flops_per_token(
+        layers, hidden, args.sequence_length, lm.VOCABULARY
+    )
     tokens = batch * args.sequence_length
     models, runs, rows = {}, {}, {}
     for name in args.variants.split(","):
@@ -302,9 +285,8 @@ def measure_size(args, config_text, peak, device, records, out):
             record["flash_attention_flag"] = flash
             if name == args.variants.split(",")[0]:
                 record["params"] = model.count_params()
-                # kmp's per-layer count, a cross-check where it walks
-                # the model (it does not open KerasHub's decoder blocks:
-                # 0 there).
+                # What `kmp bench` counts for the model: the same
+                # count, read from the backbone's sizes (a cross-check).
                 try:
                     counted = flops.training_flops(model)
                     record["kmp_training_flops_per_token"] = (

@@ -7,7 +7,8 @@ Python. It trains under `mixed_bfloat16` with `kmp.pin_float32` (each
 attention softmax and the output logits in float32) and, with
 `--float8`, `kmp.float8` (every Dense and attention projection of the
 decoder blocks in Keras's float8: E4M3 forward, E5M2 gradients). Its
-results carry tokens/s and peak memory, so the same run without
+results carry tokens/s, model TFLOP/s with MFU (their share of the
+device's peak; none on a CPU) and peak memory, so the same run without
 `--float8` beside it says what float8 bought; `benchmarks/lm_float8.py`
 runs the two, each in its own process, and writes the comparison.
 It trains from random weights, the config's: nothing is fine-tuned (the
@@ -21,6 +22,7 @@ Run (from the repository root, after `pip install -e ".[lm]"`):
     kmp train lm --hidden_dim=1024 --layers=16 --float8  # an H100's size
     kmp train lm --optimizer_states=bfloat16 --master_weights=bfloat16 --remat
                                      # half the bytes of weights and state
+    kmp train lm --dropout=0         # fused (flash) attention on a GPU
 
 A rerun resumes an interrupted run from --output_dir, as the other
 examples do; the model is written as lm.keras (`kmp.load_model` reads it
@@ -36,7 +38,7 @@ if __name__ == "__main__":
     # Before TensorFlow loads (see examples/imdb.py).
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import glob
+import pathlib
 import sysconfig
 
 import keras
@@ -45,6 +47,7 @@ import numpy as np
 import kmp
 from kmp import backend
 from kmp.app import data as kmp_data
+from kmp.app import flops
 from kmp.app.feeding import Feeding
 from kmp.app.run import Run
 from kmp_config import configs
@@ -52,7 +55,8 @@ from kmp_config import configs
 # ## Configuration
 #
 # The flags every example takes, and this model's: hidden_dim, heads,
-# layers, sequence_length, text_bytes, float8, remat. The policy defaults to
+# layers, sequence_length, text_bytes, float8, remat, dropout (KerasHub's
+# 0.1; at 0 Keras fuses attention). The policy defaults to
 # mixed_bfloat16 (float8 needs a mixed policy). Where no GPU is found,
 # the sizes not given are a 2-layer, 64-wide model on 128-byte sequences.
 
@@ -71,13 +75,10 @@ VOCABULARY = 256  # bytes: no tokenizer to download
 
 def stdlib_text(size):
     """The first `size` bytes of the standard library's source files."""
-    files = sorted(
-        glob.glob(os.path.join(sysconfig.get_paths()["stdlib"], "*.py"))
-    )
+    files = sorted(pathlib.Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
     chunks, total = [], 0
     for path in files:
-        with open(path, "rb") as f:
-            chunks.append(f.read())
+        chunks.append(path.read_bytes())
         total += len(chunks[-1])
         if total >= size:
             break
@@ -172,6 +173,9 @@ def build_model(config):
             hidden_dim=config.hidden_dim,
             intermediate_dim=4 * config.hidden_dim,
             max_sequence_length=config.sequence_length,
+            # Above 0, Keras computes attention step by step (einsum,
+            # softmax, dropout, einsum): no fused kernel has dropout.
+            dropout=config.dropout,
         )
     return keras_hub.models.GPT2CausalLM(backbone, preprocessor=None)
 
@@ -219,12 +223,14 @@ def compile_model(config, steps):
 # As for the other examples (examples/cifar10.py says what each line
 # does): `kmp.enable` before the model is built, a `Run` around the data,
 # the model and `fit` (one device, or JAX's data parallelism: no
-# strategy, no layout). The record adds tokens/s and the float8 layers.
+# strategy, no layout). The record adds tokens/s, model TFLOP/s and MFU
+# (PaLM's count of model FLOPs per token, kmp.app.flops) and the float8
+# layers.
 
 
 def train(config: Config) -> dict:
     """Trains and evaluates; returns the results (also written as JSON),
-    with tokens/s beside examples/s."""
+    with tokens/s, model TFLOP/s and MFU beside examples/s."""
     with Run(config) as run:
         kmp.enable(config.policy, master_weights=config.master_weights)
         splits = load_data(config)
@@ -242,6 +248,7 @@ def train(config: Config) -> dict:
             return {
                 "tokens_per_s": results["examples_per_s"]
                 * config.sequence_length,
+                **flops.utilization(model, results),  # mfu: None on a CPU
                 "float8_layers": sum(
                     getattr(layer, "quantization_mode", None) == "float8"
                     for layer in model._flatten_layers()

@@ -6,7 +6,8 @@
     ImdbConfig     examples/imdb.py's `Config`: + model, d_model, heads,
                    layers, sequence_length, vocabulary_size, float8
     LmConfig       examples/lm.py's `Config`: + hidden_dim,
-                   heads, layers, sequence_length, text_bytes, float8
+                   heads, layers, sequence_length, text_bytes, float8,
+                   remat, dropout
     EXAMPLES       an example's name -> its config class
     CLASSIFIERS    the examples `kmp bench` and `kmp doctor` take
 
@@ -456,6 +457,13 @@ class LmConfig(RunConfig):
         "Recompute each decoder block in the backward pass, keeping only "
         "its input (kmp.rematerialize): less memory, more compute.",
     )
+    dropout: float = flag(
+        0.1,
+        "Dropout rate of the decoder blocks and their attention, in [0, "
+        "1). 0 lets Keras fuse attention (cuDNN flash attention on a "
+        "GPU); 0.1 is KerasHub's GPT-2 default, which keeps it unfused.",
+        lower_bound=0.0,
+    )
 
     # A 2-core CPU's size: about a second a step (BENCHMARKS.md).
     CPU_SIZES = {
@@ -474,6 +482,12 @@ class LmConfig(RunConfig):
                 f"hidden_dim ({self.hidden_dim}) must be a multiple of heads "
                 f"({self.heads}): each head gets hidden_dim / heads "
                 "dimensions. Change --hidden_dim or --heads."
+            )
+        if problem is None and not self.dropout < 1:
+            problem = (
+                f"dropout must be in [0, 1), got {self.dropout}: a rate of "
+                "1 drops everything. Use 0 for none (fused attention) or "
+                "0.1, KerasHub's default."
             )
         if problem is None and self.strategy != "none":
             problem = (

@@ -13,8 +13,9 @@ After a warm-up (compilation), each round trains every variant for
 `steps` steps on `steps` distinct batches, in an order that rotates every
 round, so a shared machine's noise falls on all alike. Reported per
 variant: median step time, examples/s, speed vs float32 (the median of
-per-round ratios), achieved TFLOP/s (`kmp.app.flops`; with the share of
-the device's peak where kmp knows it), the loss before and after the
+per-round ratios), achieved TFLOP/s (`kmp.app.flops`) and MFU, their
+share of the device's peak for the variant's policy ("-" where kmp knows
+no peak: a CPU, an unlisted GPU), the loss before and after the
 timed rounds, and peak memory measured for each variant alone, in a
 process of its own (`python -m kmp.app.bench`): one process-wide peak
 would show the largest variant's memory for all of them.
@@ -71,7 +72,8 @@ COLUMNS = (
     ("step_time_s", "step time (ms)", "{:.1f}", 1000.0),
     ("examples_per_s", "examples/s", "{:.0f}"),
     ("speed_vs_float32", "speed vs float32", "{:.2f}x"),
-    ("tflops", "TFLOP/s", "{}"),
+    ("tflops_achieved", "TFLOP/s", "{:.3g}"),
+    ("mfu", "MFU", "{:.1f} %", 100.0),
     ("peak_memory_mib", "peak memory (MiB)", "{:.0f}"),
     ("loss_before", "loss before", "{:.4f}"),
     ("loss", "loss after", "{:.4f}"),
@@ -193,12 +195,12 @@ def _warnings(rows):
 
 
 def _tflops(row, device, tf32):
+    """Adds a row's achieved TFLOP/s, the device's peak for its policy
+    and MFU, their ratio (both `None` where kmp knows no peak)."""
     achieved = row["flops_per_example"] * row["examples_per_s"] / 1e12
     peak = flops.peak_tflops(device.name, row["policy"], tf32)
     row["tflops_achieved"], row["tflops_peak"] = achieved, peak
-    if peak is None:
-        return f"{achieved:.3g}"
-    return f"{achieved:.3g} ({100 * achieved / peak:.0f}% of {peak:g})"
+    row["mfu"] = achieved / peak if peak else None
 
 
 def bench_model(
@@ -221,6 +223,7 @@ def bench_model(
         models[variant] = model
         # Warm-up: compiles; its loss is the "before" figure.
         before[variant] = float(runs[variant]().history["loss"][-1])
+    # Per layer; a KerasHub causal LM per token (PaLM's count).
     per_example = flops.training_flops(model)
     shared_memory, shared_what = report.peak_memory_mib()
     if log:
@@ -265,7 +268,7 @@ def bench_model(
             "epoch_seconds": seconds[variant],
             "sizes": sizes[name],
         }
-        row["tflops"] = _tflops(row, device, tf32)
+        _tflops(row, device, tf32)
         results.append(row)
     _warnings(results)
     return results

@@ -33,7 +33,7 @@ def test_each_variant_is_timed_against_float32():
         assert r["tflops_achieved"] == pytest.approx(
             r["flops_per_example"] * r["examples_per_s"] / 1e12
         )
-        assert r["tflops_peak"] is None  # a CPU: no known peak
+        assert r["tflops_peak"] is None and r["mfu"] is None  # a CPU
         assert "not per variant" in r["peak_memory_note"]
     # Every variant keeps float32 variables (mixed precision's masters);
     # a scaler adds its few scalars to the optimizer's state.
@@ -101,6 +101,41 @@ def test_markdown_has_one_table_per_model():
     text = bench.markdown(rows)
     assert text.count("| variant |") == 2
     assert "**imdb** (batch_size 4)" in text
+
+
+@pytest.mark.backend_independent
+def test_mfu_is_achieved_tflops_over_the_peak_or_a_dash():
+    from kmp import backend
+
+    h100 = backend.Device("gpu", "NVIDIA H100 80GB HBM3", (9, 0))
+    cpu = backend.Device("cpu", "AMD EPYC 9654")
+    rows = [
+        dict(variant=v, policy=p, flops_per_example=2e9, examples_per_s=e)
+        for v, p, e in (
+            ("float32", "float32", 1.0e4),
+            ("bf16", "mixed_bfloat16", 4.945e4),
+        )
+    ]
+    for row in rows:
+        bench._tflops(row, h100, tf32=True)
+    # 2 GFLOP x 10,000 examples/s = 20 TFLOP/s of TF32's 494;
+    # 98.9 TFLOP/s of the 16-bit peak, 989.
+    assert rows[0]["tflops_achieved"] == pytest.approx(20.0)
+    assert rows[0]["tflops_peak"] == 494.0
+    assert rows[0]["mfu"] == pytest.approx(20.0 / 494.0)
+    assert rows[1]["mfu"] == pytest.approx(0.1)
+    on_cpu = dict(rows[1])
+    bench._tflops(on_cpu, cpu, tf32=None)
+    assert on_cpu["tflops_peak"] is None and on_cpu["mfu"] is None
+    for row in (*rows, on_cpu):
+        row.update(model="m", sizes={"batch_size": 4})
+    lines = bench.markdown([*rows, on_cpu]).splitlines()
+    header = [cell.strip() for cell in lines[2].split("|")]
+    assert header.index("MFU") == header.index("TFLOP/s") + 1
+    cells = [[c.strip() for c in line.split("|")] for line in lines[4:]]
+    mfu = header.index("MFU")
+    assert [row[mfu] for row in cells] == ["4.0 %", "10.0 %", "-"]
+    assert [row[mfu - 1] for row in cells] == ["20", "98.9", "98.9"]
 
 
 def _row(variant, loss, before=1.0):

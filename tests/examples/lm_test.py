@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import kmp
+from kmp.app import flops
 from kmp.examples import lm
 
 
@@ -83,10 +84,33 @@ def test_the_memory_modes_halve_weights_and_state_and_still_learn(tmp_path):
         plain["state_bytes"].values()
     )
     assert 0.5 <= total < 0.5001  # the optimizer's scalars stay as they are
+    # Model FLOPs: PaLM's count per token, 2 blocks of width 32 on
+    # sequences of 32; no peak, so no MFU, on a CPU (kmp.app.flops).
+    per_token = flops.causal_lm_flops_per_token(2, 32, 32, lm.VOCABULARY)
+    for results in (plain, half):
+        assert results["model_tflops"] == pytest.approx(
+            per_token * results["tokens_per_s"] / 1e12
+        )
+        if kmp.backend.list_devices()[0].platform == "cpu":
+            assert results["mfu"] is None
     assert np.all(np.isfinite(half["step_losses"]))
     model = kmp.load_model(str(tmp_path / "bfloat16" / "lm.keras"))
     assert {str(w.dtype) for w in model.trainable_weights} == {"bfloat16"}
     assert kmp.memory.rounding_of(model.optimizer) == "stochastic"
+
+
+@pytest.mark.parametrize("dropout", [0.1, 0.0])
+def test_dropout_reaches_every_attention_layer_and_block(dropout):
+    # --dropout: KerasHub's 0.1 keeps Keras's attention unfused; at 0
+    # MultiHeadAttention calls ops.dot_product_attention (fusable).
+    model = lm.build_model(small("unused", dropout=dropout))
+    assert model.backbone.dropout == dropout
+    rates = {
+        layer._dropout
+        for layer in model._flatten_layers()
+        if isinstance(layer, keras.layers.MultiHeadAttention)
+    }
+    assert rates == {dropout}
 
 
 def test_synthetic_text_is_learnable_counting_with_noise():
@@ -103,6 +127,8 @@ def test_synthetic_text_is_learnable_counting_with_noise():
         ({"data": "tfds"}, "data must be one of auto, synthetic"),
         ({"strategy": "mirrored"}, "runs on one device"),
         ({"master_weights": "bfloat16", "float8": True}, "with --float8"),
+        ({"dropout": 1.0}, r"dropout must be in \[0, 1\), got 1.0"),
+        ({"dropout": -0.1}, "dropout must be >= 0.0, got -0.1"),
     ],
 )
 def test_bad_settings_are_refused_before_anything_loads(

@@ -75,6 +75,15 @@ def test_batch_size_takes_max_and_the_memory_modes_are_checked():
         flags.parse_example("kmp train lm", "lm", ["--optimizer_states=fp8"])
 
 
+def test_the_lm_s_dropout_is_a_rate_below_one():
+    config, given = flags.parse_example("kmp train lm", "lm", ["--dropout=0"])
+    assert config.dropout == 0.0 and given == {"dropout"}
+    default, _ = flags.parse_example("kmp train lm", "lm", [])
+    assert default.dropout == 0.1  # KerasHub's GPT-2 default
+    with pytest.raises(absl_flags.ValidationError, match=r"in \[0, 1\)"):
+        flags.parse_example("kmp train lm", "lm", ["--dropout=1"])
+
+
 def test_the_doctor_defaults_differ_from_training_s():
     values = flags.doctor_flags("cifar10")
     values(["kmp doctor cifar10"])
