@@ -22,6 +22,7 @@ from kmp.errors import InputTypeError
 from kmp.fp8 import float8_layers
 from kmp.fp8 import scaled_layers
 from kmp.fp8.matmuls import is_eligible_einsum
+from kmp.fp8.matmuls import matmul_sizes
 from kmp.layer_policies import record_policies
 from kmp.model_layers import all_layers
 from kmp.model_layers import check_patterns
@@ -43,7 +44,7 @@ _CONVOLUTIONS = (
 )
 
 
-def float8(model, also=(), skip=(), matmul="keras"):
+def float8(model, also=(), skip=(), matmul="keras", min_size=0):
     """Runs a mixed-precision model's eligible matmuls in float8.
 
     Call it after building the model under `kmp.enable("mixed_bfloat16")`
@@ -88,6 +89,17 @@ def float8(model, also=(), skip=(), matmul="keras"):
             from it computes as Keras's until `kmp.float8(model,
             matmul="kmp")` is called again (Functional and Sequential
             models keep kmp's class in the file).
+        min_size: Converts only matmuls whose kernel, `k` inputs by `n`
+            outputs, has `k * n / (k + n)` (half the harmonic mean of
+            the two) at least `min_size`: float8 saves matmul time in
+            proportion to `k * n` per row, and costs a quantization of
+            each operand and gradient, in proportion to `k + n` per row.
+            Measured on an H200 (BENCHMARKS.md, "kmp's float8 matmul"),
+            kmp's matmul on 8192 rows of square kernels, forward and
+            backward: 0.59x bfloat16's speed at 1024 (`min_size` 512),
+            0.84x at 2048 (1024), 1.15x at 4096 (2048), 1.44x at 8192
+            (4096): `min_size=2048` keeps the layers that pay there. The
+            default, 0, converts every eligible layer.
 
     Returns:
         The same model.
@@ -113,7 +125,17 @@ def float8(model, also=(), skip=(), matmul="keras"):
             f"Model {model.name!r} is not built: give it an Input (or call "
             "it once) before kmp.float8, which needs its layers' sizes."
         )
-    _check_matmul(matmul)
+    matmul = _check_matmul(matmul)
+    if (
+        isinstance(min_size, bool)
+        or not isinstance(min_size, (int, float))
+        or not min_size >= 0
+    ):
+        raise InputError(
+            f"kmp.float8: min_size={min_size!r} is not a number >= 0. Pass "
+            "0 to convert every eligible layer, or the kernel size from "
+            "which float8 pays (2048 on an H200 with matmul='kmp')."
+        )
     also = check_patterns(also, "also")
     skip = check_patterns(skip, "skip")
     layers = all_layers(model)[1:]
@@ -140,7 +162,7 @@ def float8(model, also=(), skip=(), matmul="keras"):
             if matmul == "kmp":
                 scaled_layers.use_kmp_matmul(layer)
             continue
-        reason = _ineligible(layer, heads, also, skip)
+        reason = _ineligible(layer, heads, also, skip, min_size)
         if reason:
             reasons[reason] += 1
             continue
@@ -184,6 +206,9 @@ def _forget_traces(model):
 
 
 def _check_matmul(matmul):
+    """`matmul`, `None` resolved to this backend's default."""
+    if matmul is None:
+        return "kmp" if keras.backend.backend() == "jax" else "keras"
     if matmul not in ("keras", "kmp"):
         raise InputError(
             f"kmp.float8: matmul={matmul!r} is not one of 'keras' (Keras's "
@@ -195,6 +220,7 @@ def _check_matmul(matmul):
             f"JAX's; Keras's backend is {keras.backend.backend()!r}. Use "
             "matmul='keras' (the default) here, or KERAS_BACKEND=jax."
         )
+    return matmul
 
 
 def is_float8(layer) -> bool:
@@ -227,7 +253,7 @@ def _nothing_eligible(model, layers, reasons) -> str:
     return message
 
 
-def _ineligible(layer, heads, also, skip):
+def _ineligible(layer, heads, also, skip, min_size=0):
     """Why `layer` stays as it is, or `None` if it converts."""
     if type(layer) not in _MATMULS:
         return (
@@ -246,6 +272,9 @@ def _ineligible(layer, heads, also, skip):
         return "not built"
     if not is_eligible_einsum(layer):
         return "sizes not multiples of 16"
+    k, n = matmul_sizes(layer)
+    if k * n / (k + n) < min_size and not (also and matches(layer, also)):
+        return f"smaller than min_size={min_size}"
     return None
 
 

@@ -17,6 +17,10 @@ too, no amax histories. What stays Keras's:
   does not read them, and each step hands each of them its own value as
   its gradient, which Keras writes back over it (`overwrite_with_gradient`:
   a variable no step read would get a zero gradient written instead);
+- the class names: `Dense` and `EinsumDense`, as Keras's, because a
+  `.keras` file names a subclassed model's weights by its layers' class
+  names (`layers/dense`), and a model rebuilt by its own code makes
+  Keras's classes (as `kmp.islands.MultiHeadAttention` is named);
 - every other backend, and an einsum that is not one matmul (a batch
   dimension shared by the input and the kernel): Keras's own float8 call.
 """
@@ -50,7 +54,6 @@ class _ScaledFloat8:
             product = self.activation(product)
         return product
 
-
     def _keras_float8_state(self):
         return [
             variable
@@ -60,7 +63,7 @@ class _ScaledFloat8:
 
 
 @keras.saving.register_keras_serializable(package="kmp")
-class ScaledFloat8Dense(_ScaledFloat8, keras.layers.Dense):
+class Dense(_ScaledFloat8, keras.layers.Dense):
     """Keras's float8 `Dense`, computed by kmp's float8 matmul on JAX.
 
     Made by `kmp.float8(model, matmul="kmp")`; see the module docstring.
@@ -71,7 +74,7 @@ class ScaledFloat8Dense(_ScaledFloat8, keras.layers.Dense):
 
 
 @keras.saving.register_keras_serializable(package="kmp")
-class ScaledFloat8EinsumDense(_ScaledFloat8, keras.layers.EinsumDense):
+class EinsumDense(_ScaledFloat8, keras.layers.EinsumDense):
     """Keras's float8 `EinsumDense`, computed by kmp's float8 matmul on JAX
     when its equation is one matmul (every attention projection is).
 
@@ -178,8 +181,5 @@ def _product(sizes):
     return total
 
 
-_CLASSES = {
-    keras.layers.Dense: ScaledFloat8Dense,
-    keras.layers.EinsumDense: ScaledFloat8EinsumDense,
-}
+_CLASSES = {keras.layers.Dense: Dense, keras.layers.EinsumDense: EinsumDense}
 SCALED_CLASSES = tuple(_CLASSES.values())

@@ -86,11 +86,11 @@ def test_the_train_step_runs_each_converted_layer_s_three_matmuls_on_float8():
     import jax
 
     net = converted()
-    assert [type(layer).__name__ for layer in net.layers[1:]] == [
-        "ScaledFloat8Dense",
-        "ScaledFloat8EinsumDense",
-        "ScaledFloat8EinsumDense",
-        "Dense",
+    assert [type(layer) for layer in net.layers[1:]] == [
+        scaled_layers.Dense,
+        scaled_layers.EinsumDense,
+        scaled_layers.EinsumDense,
+        keras.layers.Dense,
     ]
     net.optimizer.build(net.trainable_variables)
     state = tuple(
@@ -202,3 +202,74 @@ def test_kmp_s_matmul_off_jax_is_refused_with_the_way_out():
         net = model()
     with pytest.raises(ValueError, match="JAX.*matmul='keras'"):
         kmp.float8(net, matmul="kmp")
+
+
+@keras.saving.register_keras_serializable(package="scaled_layers_test")
+class Subclassed(keras.Model):
+    """Layers made in code, named and given the model's policy, as
+    KerasHub's are: a file reaches them by path."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        policy = self.dtype_policy
+        self.up = keras.layers.Dense(32, dtype=policy, name="up")
+        self.mid = keras.layers.Dense(32, dtype=policy, name="mid")
+        self.head = keras.layers.Dense(16, dtype=policy, name="head")
+
+    def call(self, x):
+        return self.head(self.mid(self.up(x)))
+
+
+@jax_only
+def test_a_subclassed_model_s_file_loads_and_takes_kmp_s_matmul_again(
+    tmp_path,
+):
+    x = np.random.default_rng(0).normal(size=(8, 16)).astype("float32")
+    with kmp.policy_scope("mixed_bfloat16"):
+        net = Subclassed()
+        net(x)
+        with pytest.warns(UserWarning, match="made by code of yours"):
+            kmp.float8(net, matmul="kmp")
+        net.compile(optimizer=kmp.wrap("adam"), loss="mse")
+        net.fit(x, x, epochs=1, verbose=0)
+        net.save(tmp_path / "net.keras")
+    # Rebuilt by its own code: Keras's float8 layers, kmp's weights.
+    loaded = keras.saving.load_model(tmp_path / "net.keras")
+    assert type(loaded.up) is keras.layers.Dense
+    assert loaded.up.quantization_mode == "float8"
+    for name in ("up", "mid", "head"):
+        mine, theirs = getattr(net, name), getattr(loaded, name)
+        np.testing.assert_array_equal(
+            mine.kernel.numpy(), theirs.kernel.numpy()
+        )
+    kmp.float8(loaded, matmul="kmp")
+    assert type(loaded.up) is scaled_layers.Dense
+    np.testing.assert_array_equal(
+        loaded.predict(x, verbose=0), net.predict(x, verbose=0)
+    )
+
+
+def test_min_size_converts_only_kernels_large_enough_to_pay():
+    with kmp.policy_scope("mixed_bfloat16"):
+        inputs = keras.Input((64,))
+        x = keras.layers.Dense(256, name="wide")(inputs)  # 64*256/320 = 51.2
+        x = keras.layers.Dense(48, name="thin")(x)  # 256*48/304 = 40.4
+        outputs = keras.layers.Dense(16, dtype="float32", name="head")(x)
+        net = keras.Model(inputs, outputs)
+    kmp.float8(net, min_size=50)
+    assert [layer.quantization_mode for layer in net.layers[1:]] == [
+        "float8",
+        None,
+        None,
+    ]
+    # `also` converts a layer whatever its size.
+    kmp.float8(net, min_size=50, also=["thin"])
+    assert net.get_layer("thin").quantization_mode == "float8"
+
+
+@pytest.mark.parametrize("min_size", [-1, "big", True, float("nan")])
+def test_a_bad_min_size_is_refused_with_what_it_takes(min_size):
+    with kmp.policy_scope("mixed_bfloat16"):
+        net = model()
+    with pytest.raises(ValueError, match="number >= 0"):
+        kmp.float8(net, min_size=min_size)
