@@ -873,7 +873,133 @@ _PART2 = {
         },
     },
 }
-BENCHMARKS_KEYS = {**_PART1, **_PART2}
+_H200_27 = "h200_2026-11-27/"
+_ON_H200_27 = "On an H200 (Keras JAX backend, 2026-11-27)"
+
+
+def _matmul_row(size):
+    """A row of `float8_matmul.py`'s size sweep."""
+    at = ("sizes", {"size": size})
+    return (
+        _H200_27 + "float8_matmul_jax.json",
+        {
+            "bf16 step (ms)": [(*at, "runs", "bf16", "step_time_s")],
+            "float8 step (ms)": [(*at, "runs", "float8", "step_time_s")],
+            "bf16 TFLOP/s": [(*at, "runs", "bf16", "tflops")],
+            "float8 TFLOP/s": [(*at, "runs", "float8", "tflops")],
+            "FP8 GEMMs": [(*at, "runs", "float8", "fp8_gemms")],
+            "float8 vs bf16": [(*at, "speed_vs_bf16")],
+        },
+    )
+
+
+def _lm_speed_row(name, variant, alone):
+    """A row of `lm_speed.py`: a variant's step timed alone after its
+    compile (`alone`), or the median of interleaved rounds."""
+    at = ("runs", {"variant": variant})
+    step, mfu = (
+        ("solo_step_time_s", "solo_mfu")
+        if alone
+        else (
+            "step_time_s",
+            "mfu",
+        )
+    )
+    return (
+        _H200_27 + name,
+        {
+            "step (ms)": [(*at, step)],
+            "MFU": [(*at, mfu)],
+            "loss": [(*at, "loss_solo")],
+        },
+    )
+
+
+_FLOAT8_FIT = _H200_27 + "float8_speed_two_variants_jax.json"
+_FUSED = "bf16+flash+causal"
+_PART3 = {
+    (_ON_H200_27, 0): {
+        "rows": {
+            str(size): _matmul_row(size) for size in (1024, 2048, 4096, 8192)
+        }
+    },
+    (_ON_H200_27, 1): {
+        "cells": 2,
+        "rows": {
+            (model, variant): (
+                _FLOAT8_FIT,
+                {
+                    "step (ms)": [
+                        (
+                            "runs",
+                            {"model": model, "variant": variant},
+                            "step_time_s",
+                        )
+                    ],
+                    "speed vs bf16": [
+                        (
+                            "runs",
+                            {"model": model, "variant": variant},
+                            "speed_vs_bf16",
+                        )
+                    ],
+                    "TFLOP/s": [
+                        ("runs", {"model": model, "variant": variant}, "tflops")
+                    ],
+                    "loss after": [
+                        (
+                            "runs",
+                            {"model": model, "variant": variant},
+                            "loss_after",
+                        )
+                    ],
+                },
+            )
+            for model in ("stack", "transformer")
+            for variant in ("bf16", "bf16+kmp.float8(matmul=kmp)")
+        },
+    },
+    (_ON_H200_27, 2): {
+        "cells": 2,
+        "rows": {
+            ("1024 x 16, batch 32", "bf16"): _lm_speed_row(
+                "lm_speed_narrow_jax.json", "bf16", alone=True
+            ),
+            ("1024 x 16, batch 32", _FUSED): _lm_speed_row(
+                "lm_speed_narrow_jax.json", _FUSED, alone=True
+            ),
+            ("1024 x 16, batch 32", _FUSED + "+kmp.float8"): _lm_speed_row(
+                "lm_speed_narrow_jax.json", _FUSED + "+kmp.float8", alone=True
+            ),
+            ("2048 x 24, batch 16", _FUSED): _lm_speed_row(
+                "lm_speed_wide_jax.json", _FUSED, alone=False
+            ),
+            ("2048 x 24, batch 16", _FUSED + "+kmp.float8"): _lm_speed_row(
+                "lm_speed_wide_jax.json", _FUSED + "+kmp.float8", alone=False
+            ),
+            ("2048 x 24, batch 32", _FUSED): _lm_speed_row(
+                "lm_speed_wide_b32_jax.json", _FUSED, alone=False
+            ),
+        },
+    },
+    (_ON_H200_27, 3): {
+        "rows": {
+            variant: (
+                _H200_27 + "torch_amp_full.json",
+                {"images/s": [("images_per_s", variant)]},
+            )
+            for variant in (
+                "keras float32",
+                "keras fp16+kmp",
+                "keras bf16",
+                "torch float32",
+                "torch fp16+amp",
+                "torch bf16+amp",
+            )
+        }
+    },
+}
+BENCHMARKS_KEYS = {**_PART1, **_PART2, **_PART3}
 
 
 def _runs(example, policy, field):
@@ -891,6 +1017,41 @@ _OVERHEAD_FILES = [
     f"loss_scale_overhead_{b}.json" for b in ("tensorflow", "jax", "torch")
 ]
 README_KEYS = {
+    'kmp\'s own float8 matmul (`kmp.float8(model, matmul="kmp")`, JAX) vs '
+    "bfloat16, a jitted forward and backward step of 4 square kernels on "
+    "8192 rows, kernels of 4096 / 8192 (issue 41's target at 8192: >= "
+    "1.5x); in `fit`, the Dense stack of 8192 / the IMDB Transformer at "
+    "d_model 2048": [
+        (
+            _H200_27 + "float8_matmul_jax.json",
+            ("sizes", {"size": size}, "speed_vs_bf16"),
+        )
+        for size in (4096, 8192)
+    ]
+    + [
+        (
+            _FLOAT8_FIT,
+            (
+                "runs",
+                {"model": model, "variant": "bf16+kmp.float8(matmul=kmp)"},
+                "speed_vs_bf16",
+            ),
+        )
+        for model in ("stack", "transformer")
+    ],
+    "KerasHub's GPT-2 in bfloat16 at width 2048 (24 layers, sequence 512, "
+    "batch 16), dropout 0 and cuDNN flash attention: model FLOPs "
+    "utilization (issue 41's target: >= 40%), and tokens/s with kmp's "
+    "float8 matmul / without (target: >= 1.3x)": [
+        (
+            _H200_27 + "lm_speed_wide_jax.json",
+            ("runs", {"variant": _FUSED}, "mfu"),
+        ),
+        (
+            _H200_27 + "lm_speed_wide_jax.json",
+            ("runs", {"variant": _FUSED + "+kmp.float8"}, "speed_vs_first"),
+        ),
+    ],
     "the memory modes on KerasHub's GPT-2 at width 1024 (8 layers, sequence "
     "512, AdamW, mixed_bfloat16, batch 16): weights + optimizer state with "
     "bfloat16 state / with bfloat16 state and master weights (issue 32's "
