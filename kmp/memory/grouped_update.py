@@ -12,6 +12,7 @@ each group of weights (at most `GROUP_ELEMENTS` of them):
     copies = float32 copies of the group's bfloat16 weights and slots,
              swapped in for their storage (backend.float32_working_copies)
     Keras's own weight decay and multi-tensor update, on the copies
+             (8-bit slots dequantized for it: quantized_state.dequantized)
     storage back; each copy written rounded as `assign` rounds it, the
              stochastic ones in one pass (rounding.stochastic_round_many)
 
@@ -27,6 +28,7 @@ import typing
 from keras import ops
 
 from kmp import backend
+from kmp.memory import quantized_state
 from kmp.memory.rounding import many_layout
 from kmp.memory.rounding import stochastic_round_many
 
@@ -127,11 +129,12 @@ def update_in_groups(
                     # In float32 here, rounded stochastically below (the
                     # optimizer's `_apply_weight_decay` left them out).
                     stock_decay(group.decayed)
-                stock_update(
-                    [ops.cast(grads[i], "float32") for i in group.indices],
-                    group.variables,
-                    learning_rate,
-                )
+                with quantized_state.dequantized(optimizer, group.variables):
+                    stock_update(
+                        [ops.cast(grads[i], "float32") for i in group.indices],
+                        group.variables,
+                        learning_rate,
+                    )
             _write_back(optimizer, group, copies)
 
 

@@ -16,6 +16,7 @@ import keras
 
 from kmp.errors import InputError
 from kmp.memory import optimizer_state
+from kmp.memory import quantized_state
 from kmp.memory.optimizer_state import ROUNDINGS
 from kmp.memory.optimizer_state import STATE_DTYPES
 
@@ -32,7 +33,9 @@ def low_precision(optimizer, state_dtype=None, rounding=None, seed=0):
         optimizer: A Keras optimizer, not built yet (its slots are made
             when it is built).
         state_dtype: `"bfloat16"` (slots stored in bfloat16, the update
-            in float32), `"float32"` (float32 slots, also for bfloat16
+            in float32), `"int8"` (8-bit codes in blocks with a float32
+            scale each, `kmp.memory.quantized_state`: Adam, AdamW, Lion
+            and SGD), `"float32"` (float32 slots, also for bfloat16
             weights), or None: Keras's slots, in the dtype of their
             variables.
         rounding: How a new value of a bfloat16 weight is rounded:
@@ -48,8 +51,8 @@ def low_precision(optimizer, state_dtype=None, rounding=None, seed=0):
     Raises:
         kmp.InputError: another dtype (float16's range cannot hold Adam's
             second moment of small gradients: it underflows to 0) or
-            rounding, a built optimizer, or one that is not a Keras
-            optimizer.
+            rounding, `"int8"` for an optimizer it is not offered for, a
+            built optimizer, or one that is not a Keras optimizer.
 
     Example:
 
@@ -72,7 +75,7 @@ def low_precision(optimizer, state_dtype=None, rounding=None, seed=0):
         raise InputError(f"seed must be an int, got {seed!r}.")
     masters = keras.config.dtype_policy().variable_dtype
     now = (
-        state_dtype == "bfloat16"
+        state_dtype in ("bfloat16", "int8")
         or rounding == "stochastic"
         or (rounding is None and masters == "bfloat16")
         or (state_dtype is not None and masters != state_dtype)
@@ -101,6 +104,14 @@ def low_precision(optimizer, state_dtype=None, rounding=None, seed=0):
         raise InputError(
             f"16-bit state and stochastic rounding are not offered for "
             f"{stock.__name__}; use one of {optimizer_state.offered()}."
+        )
+    if state_dtype == "int8" and stock.__name__ not in (
+        quantized_state.OPTIMIZERS
+    ):
+        raise InputError(
+            f"8-bit state is not offered for {stock.__name__}: its slots "
+            f"are quantized for {list(quantized_state.OPTIMIZERS)}. Use "
+            "one of those, or state_dtype='bfloat16'."
         )
     if optimizer.built:
         raise InputError(

@@ -41,9 +41,13 @@ from keras import ops
 
 from kmp import backend
 from kmp.memory import grouped_update
+from kmp.memory import quantized_state
 from kmp.memory.rounding import stochastic_round
 
-STATE_DTYPES = ("float32", "bfloat16")
+STATE_DTYPES = ("float32", "bfloat16", "int8")
+# The dtype a slot is made in, per state dtype: 8-bit state keeps a slot
+# it does not quantize (under a block, or one it does not know) float32.
+_SLOT_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "int8": "float32"}
 ROUNDINGS = ("stochastic", "nearest")
 # Slots Keras makes from a weight that stand for weights themselves.
 _KEPT_FLOAT32 = ("average", "gradient_accumulator")
@@ -92,6 +96,7 @@ class _LowPrecisionState(_Modes):
     """The mixin placed before a Keras optimizer's class (module doc)."""
 
     _making_slot = False
+    _quantizing = None  # the map of the 8-bit slot being made: signed?
 
     def add_variable_from_reference(
         self, reference_variable, name=None, initializer="zeros"
@@ -99,6 +104,14 @@ class _LowPrecisionState(_Modes):
         slot = name not in _KEPT_FLOAT32 and "float" in str(
             reference_variable.dtype
         )
+        if (
+            slot
+            and self._state_dtype == "int8"
+            and quantized_state.quantizes(reference_variable.shape, name)
+        ):
+            object.__setattr__(
+                self, "_quantizing", quantized_state.SIGNED[name]
+            )
         # Keras's method computes the name and passes the reference's
         # dtype on to `add_variable`, which swaps it (below).
         object.__setattr__(self, "_making_slot", slot)
@@ -108,6 +121,7 @@ class _LowPrecisionState(_Modes):
             )
         finally:
             object.__setattr__(self, "_making_slot", False)
+            object.__setattr__(self, "_quantizing", None)
         # What a group's update writes besides its weights (`build`).
         made_from = self.__dict__.setdefault("_made_from", {})
         made_from.setdefault(self._var_key(reference_variable), []).append(made)
@@ -122,8 +136,15 @@ class _LowPrecisionState(_Modes):
         layout=None,
         name=None,
     ):
+        if self._quantizing is not None:
+            signed = self._quantizing
+            object.__setattr__(self, "_quantizing", None)
+            object.__setattr__(self, "_making_slot", False)
+            return quantized_state.add_slot(
+                self, shape, initializer, name, layout, signed
+            )
         if self._making_slot and self._state_dtype:
-            dtype = self._state_dtype
+            dtype = _SLOT_DTYPES[self._state_dtype]
         return super().add_variable(
             shape,
             initializer=initializer,
@@ -176,7 +197,12 @@ class _LowPrecisionState(_Modes):
 
     def _update_variable(self, grad, variable, learning_rate):
         """Weight decay (for weights rounded stochastically), then the
-        stock update; every variable reads as float32 here."""
+        stock update; every variable reads as float32 here (8-bit slots
+        too, for the update)."""
+        with quantized_state.dequantized(self, [variable]):
+            self._decayed_and_updated(grad, variable, learning_rate)
+
+    def _decayed_and_updated(self, grad, variable, learning_rate):
         if (
             self.weight_decay is not None
             and self._use_weight_decay(variable)
@@ -205,6 +231,10 @@ class _LowPrecisionState(_Modes):
             object.__setattr__(self, "_rounding", rounding or "nearest")
         object.__setattr__(self, "_made_from", {})
         super().build(variables)
+        # Keras's build kept each 8-bit slot's working variable in a list
+        # attribute, which tracked it among the variables: it has no
+        # state of its own (its codes and scales are the slot's).
+        quantized_state.untrack_working(self)
 
         # Where each write is rounded stochastically, decided once (the
         # dtypes and the mode are fixed from here): a bfloat16 weight's
@@ -256,6 +286,11 @@ class _LowPrecisionState(_Modes):
             return super()._var_key(variable)
 
     def assign(self, variable, value):
+        if quantized_state.is_working(self, variable):
+            # An 8-bit slot, in float32 during the update: requantized
+            # once, when `quantized_state.dequantized` ends.
+            quantized_state.hold(variable, ops.cast(value, "float32"))
+            return
         index = self._rounding_place(variable)
         if index is not None:
             value = stochastic_round(
