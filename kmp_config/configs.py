@@ -452,6 +452,13 @@ class LmConfig(RunConfig):
         "Every Dense and attention projection in float8 (kmp.float8): "
         "fast on H100/H200 tensor cores, slow on a CPU.",
     )
+    float8_matmul: str = flag(
+        "keras",
+        "With --float8: keras computes each layer as Keras's float8 does; "
+        "kmp with kmp's own float8 matmul (JAX only; faster on an H200, "
+        "BENCHMARKS.md).",
+        ("keras", "kmp"),
+    )
     remat: bool = flag(
         False,
         "Recompute each decoder block in the backward pass, keeping only "

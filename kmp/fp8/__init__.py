@@ -13,8 +13,9 @@
                    converted in place to Keras's own float8
     scaled_matmul  kmp's own float8 matmul on JAX: `dot_general` on
                    two float8 operands scaled from their current amax,
-                   both backward matmuls on float8 too (custom VJP); not
-                   yet used by `kmp.float8`
+                   both backward matmuls on float8 too (custom VJP)
+    scaled_layers  Keras's float8 `Dense` and `EinsumDense` computed by
+                   it (`kmp.float8(model, matmul="kmp")`)
 
 Imports from kmp: errors, islands, layer_policies, model_layers.
 """

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import kmp
+from kmp import backend
 from kmp.app import flops
 from kmp.examples import lm
 
@@ -44,9 +45,24 @@ def test_the_text_is_python_s_own_sources_cut_into_next_byte_pairs():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("float8", [False, True])
-def test_trains_saves_and_reloads_with_and_without_float8(float8, tmp_path):
-    results = lm.train(small(tmp_path, float8=float8))
+@pytest.mark.parametrize(
+    "float8, matmul",
+    [
+        (False, "keras"),
+        (True, "keras"),
+        pytest.param(
+            True,
+            "kmp",
+            marks=pytest.mark.skipif(
+                backend.name() != "jax", reason="kmp's float8 matmul is JAX's"
+            ),
+        ),
+    ],
+)
+def test_trains_saves_and_reloads_with_and_without_float8(
+    float8, matmul, tmp_path
+):
+    results = lm.train(small(tmp_path, float8=float8, float8_matmul=matmul))
     steps = results["step_losses"]
     assert len(steps) == 3 and np.all(np.isfinite(steps))
     assert results["policy"] == "mixed_bfloat16"
