@@ -206,6 +206,10 @@ def test_an_interrupted_run_resumes_with_its_flags_and_only_with_them(
 
 
 @pytest.mark.slow
+# How many validation steps --steps allows, and which figures the results
+# take from the history: kmp's own arithmetic, which no backend changes
+# (a whole run each, which torch runs in the least time).
+@pytest.mark.backend_independent("torch")
 def test_steps_bound_validation_and_the_test_figures(tmp_path, monkeypatch):
     seen = {}
     fit = keras.Model.fit
