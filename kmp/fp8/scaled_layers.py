@@ -9,8 +9,11 @@ operands scaled from their current amax, both backward matmuls on float8
 too, no amax histories. What stays Keras's:
 
 - the file: the policy and Keras's float8 variables are saved as Keras
-  saves them, so stock Keras loads the model (and runs its own float8
-  path); `kmp.load_model` and `kmp.float8` put kmp's matmul back in;
+  saves them. A Functional or Sequential model's file names these
+  classes (kmp must be imported to load it); a model whose own code
+  rebuilds its layers (subclassed, KerasHub's) gets Keras's float8
+  layers back, and `kmp.float8(model, matmul="kmp")` puts kmp's matmul
+  back in;
 - the variables: Keras's scales and amax histories are kept as they
   are. They stay trainable, so that a model's trainable set (and an
   optimizer built for it) is the same with either matmul; kmp's matmul
