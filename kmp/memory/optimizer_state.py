@@ -29,6 +29,13 @@ registered for saving) that:
 The float32 arithmetic and one unbiased rounding per step are what keep
 the run close to float32 state (`tests/memory/optimizer_state_test.py`).
 
+With `"int8"` the same class stores Adam's, AdamW's, Lion's and SGD's
+slots of a block or more (`kmp.memory.quantized_state`) as 8-bit codes
+with a float32 scale a block, 2 bytes per parameter for Adam; the stock
+`update_step` sees each as a float32 variable, filled for the update
+and requantized, stochastically, when it ends. Smaller slots stay
+float32.
+
 The same class writes bfloat16 weights (`kmp.enable("mixed_bfloat16",
 master_weights="bfloat16")`): with `rounding="stochastic"` each weight's
 new value is rounded stochastically (`kmp.memory.rounding`), so updates

@@ -5,6 +5,10 @@ a block, small ones float32; the run follows float32 state; the bytes;
 the file and the backup keep the mode, under kmp's scaler and with
 bfloat16 masters."""
 
+import os
+import subprocess
+import sys
+
 import keras
 import numpy as np
 import pytest
@@ -355,6 +359,31 @@ def test_bfloat16_masters_keep_int8_state_in_the_file_and_the_backup(
     assert int(runs[1].optimizer.iterations) == 8
     for a, b in zip(runs[0].optimizer.variables, runs[1].optimizer.variables):
         np.testing.assert_array_equal(_numpy(a), _numpy(b))
+
+
+@pytest.mark.slow
+def test_a_fresh_process_loads_the_file_and_its_codes(tmp_path):
+    path = str(tmp_path / "m.keras")
+    model = _trained(kmp.wrap(keras.optimizers.Adam(1e-2), state_dtype="int8"))
+    model.save(path)
+    codes = [v for v in model.optimizer.variables if v.dtype == "int8"]
+    code = (
+        "import sys, keras, numpy, kmp\n"
+        "m = kmp.load_model(sys.argv[1])\n"
+        "codes = [v for v in m.optimizer.variables if v.dtype == 'int8']\n"
+        "print(type(m.optimizer).__name__, len(codes), "
+        "numpy.abs(keras.ops.convert_to_numpy(codes[0]).astype(int)).sum())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, path],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-500:]
+    total = np.abs(keras.ops.convert_to_numpy(codes[0]).astype(int)).sum()
+    assert done.stdout.split()[-3:] == ["LowPrecisionAdam", "2", str(total)]
 
 
 def test_int8_is_refused_where_it_is_not_offered():
