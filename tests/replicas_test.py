@@ -19,6 +19,7 @@ import pytest
 from util import HERE
 from util import free_ports
 from util import jax_only
+from util import once_per_session
 from util import run_processes
 from util import run_script
 from util import script_result
@@ -28,10 +29,13 @@ from util import torch_only
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def replicas():
-    """Every scenario of tests/replicas.py, run once in one process."""
-    return run_script("replicas.py", "all")
+@pytest.fixture(scope="session")
+def replicas(tmp_path_factory):
+    """Every scenario of tests/replicas.py, run once in one process for
+    the whole pytest run (both pytest processes read its result)."""
+    return once_per_session(
+        tmp_path_factory, "replicas", lambda: run_script("replicas.py", "all")
+    )
 
 
 @tf_only

@@ -97,6 +97,30 @@ def run_script(script, *args, backend="tensorflow", timeout=300):
     return script_result(result.stdout)
 
 
+def once_per_session(tmp_path_factory, name, compute):
+    """`compute()`'s result (JSON), computed once for the whole pytest run.
+
+    A module-scoped fixture runs again in each pytest process (`-n 2`) and
+    again whenever work stealing interleaves another module's tests (the
+    MirroredStrategy scenarios' process ran three times in one TensorFlow
+    run): the processes share the first result through a file, under a
+    lock, in the run's own base directory (one run's, never another's).
+    """
+    import fcntl
+
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return compute()  # one process: a session fixture's scope suffices
+    # Under xdist each process's base is <run>/popen-gwN: <run> is shared.
+    path = tmp_path_factory.getbasetemp().parent / f"{name}.json"
+    with open(f"{path}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.is_file():
+            return json.loads(path.read_text())
+        result = compute()
+        path.write_text(json.dumps(result))
+        return result
+
+
 def free_ports(count):
     sockets = [socket.socket() for _ in range(count)]
     for s in sockets:
