@@ -85,6 +85,26 @@ def test_the_round_trip_keeps_each_block_s_max_and_small_entries():
     )
 
 
+def test_each_value_takes_the_nearest_code_of_the_table():
+    # `quantize` finds a value's two codes from the map's layout, not by
+    # a search: the same codes as a search of the table, on values over
+    # eight decades and on the table's own (a tie may go either way).
+    rng = np.random.default_rng(0)
+    for signed in (True, False):
+        table = quantized_state.dynamic_map(signed)
+        sign = rng.choice([-1.0, 1.0] if signed else [1.0], 20_000)
+        x = np.concatenate([sign * 10.0 ** rng.uniform(-8, 0, 20_000), table])
+        blocks = np.pad(x, (0, -x.size % BLOCK)).reshape(-1, BLOCK)
+        blocks[:, 0] = 1.0  # every scale 1
+        x = blocks.reshape(-1).astype("float32")
+        below = np.clip(np.searchsorted(table, x, "right") - 1, 0, 253)
+        low, high = table[below], table[below + 1]
+        nearest = np.where(x - low < high - x, low, high)
+        tie = np.isclose(x - low, high - x, rtol=1e-6, atol=0)
+        back = _round_trip(x, signed)
+        np.testing.assert_array_equal(back[~tie], nearest[~tie])
+
+
 def test_stochastic_rounding_is_unbiased():
     # One value between two codes, rounded with 64 draws of noise.
     x = np.full((64, BLOCK), 0.3)
