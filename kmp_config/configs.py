@@ -180,7 +180,10 @@ class RunConfig:
     optimizer_states: str = flag(
         "float32",
         "The dtype of the optimizer's slots (Adam's moments, SGD's "
-        "momentum); bfloat16 halves them, the update still in float32.",
+        "momentum); bfloat16 halves them, the update still in float32; "
+        "int8 stores Adam's, AdamW's, Lion's and SGD's as 8-bit codes in "
+        "blocks of 256 with a float32 scale each (slots under 256 "
+        "elements stay float32).",
         names.STATE_DTYPES,
     )
     master_weights: str = flag(

@@ -116,11 +116,17 @@ def check_memory(model, optimizer, findings):
     state_dtype = state_dtype_of(inner)
     if state_dtype:
         weights = "bfloat16" if bfloat16 else "float32"
+        stored = (
+            "as 8-bit codes in blocks of 256 with a float32 scale each "
+            "(smaller slots float32)"
+            if state_dtype == "int8"
+            else f"in {state_dtype}"
+        )
         findings.append(
             (
                 "info",
                 "optimizer",
-                f"{type(inner).__name__} stores its slots in {state_dtype} "
+                f"{type(inner).__name__} stores its slots {stored} "
                 "and computes its update in float32 (kmp.wrap(..., "
                 f"state_dtype={state_dtype!r})); weights are {weights}.",
                 "None needed: fewer bytes than Keras's state.",

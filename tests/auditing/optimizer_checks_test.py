@@ -231,6 +231,14 @@ def test_a_train_step_found_unscaled_at_run_time_is_said_so():
     assert has(quiet_audit(model), "found at its first step", "warning")
 
 
+def test_the_8_bit_state_is_named_with_its_blocks():
+    kmp.enable("mixed_float16")
+    optimizer = kmp.wrap(keras.optimizers.Adam(), state_dtype="int8")
+    model = compiled_for_audit(small_mlp(out="float32"), optimizer=optimizer)
+    model.optimizer.build(model.trainable_variables)
+    assert has(quiet_audit(model), "as 8-bit codes in blocks of 256", "info")
+
+
 def test_the_memory_mode_is_named_and_float16_state_is_a_warning():
     kmp.enable("mixed_float16")
     optimizer = kmp.wrap(keras.optimizers.Adam(), state_dtype="bfloat16")
