@@ -241,24 +241,33 @@ def add_slot(optimizer, shape, initializer, name, layout, signed):
     apart (untracked); returns the working variable, which Keras's
     `build` keeps where it keeps the slot."""
     start = keras.initializers.get(initializer)(shape, dtype="float32")
-    codes, scales = quantize(start, signed)
+    first_codes, first_scales = quantize(start, signed)
+    # The initializers return the arrays, not names rebound below: under
+    # a stateless scope Keras calls them later (a deferred start).
     codes = optimizer.add_variable(
         shape=shape,
-        initializer=lambda shape, dtype: codes,
+        initializer=lambda shape, dtype: first_codes,
         dtype="int8",
         layout=layout,
         name=f"{name}_codes",
     )
     scales = optimizer.add_variable(
-        shape=ops.shape(scales),
-        initializer=lambda shape, dtype: scales,
+        shape=ops.shape(first_scales),
+        initializer=lambda shape, dtype: first_scales,
         dtype="float32",
         name=f"{name}_scales",
     )
     # No storage of its own but an empty array: a float32 copy of the
     # slot exists only inside `dequantized`.
+    # An initializer, not a value: inside a stateless scope (kmp's JAX
+    # start, `kmp.backend.initialized_together`) Keras defers it.
     working = keras.Variable(
-        np.zeros((0,), "float32"), trainable=False, autocast=False, name=name
+        "zeros",
+        shape=(0,),
+        dtype="float32",
+        trainable=False,
+        autocast=False,
+        name=name,
     )
     slot = Slot(working, codes, scales, signed)
     optimizer.__dict__.setdefault("_quantized", {})[id(working)] = slot

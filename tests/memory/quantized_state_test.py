@@ -429,6 +429,23 @@ def test_a_fresh_process_loads_the_file_and_its_codes(tmp_path):
     assert done.stdout.split()[-3:] == ["LowPrecisionAdam", "2", str(total)]
 
 
+def test_slots_made_under_a_deferred_start_train():
+    # kmp's JAX start (`initialized_together`, used by the examples) runs
+    # the slots' initializers later, in one program: they must return
+    # the first codes and scales, not the variables made from them.
+    kmp.enable("mixed_bfloat16")
+    model = keras.Sequential(
+        [keras.Input((300,)), keras.layers.Dense(300), keras.layers.Dense(4)]
+    )
+    optimizer = kmp.wrap(keras.optimizers.AdamW(1e-3), state_dtype="int8")
+    model.compile(optimizer=optimizer, loss="mse", jit_compile=JIT_COMPILE)
+    with backend.initialized_together():
+        model.optimizer.build(model.trainable_variables)
+    x = np.ones((16, 300), "float32")
+    history = model.fit(x, x[:, :4], epochs=2, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
+
+
 def test_int8_is_refused_where_it_is_not_offered():
     with pytest.raises(kmp.InputError, match="not offered for RMSprop"):
         kmp.wrap(keras.optimizers.RMSprop(), state_dtype="int8")
