@@ -1,11 +1,15 @@
 """kmp.fp8.scaled_layers: `kmp.float8(model, matmul="kmp")`, Keras's float8
 layers computed by kmp's own float8 matmul on JAX."""
 
-import re
-
 import keras
 import numpy as np
 import pytest
+
+# The subclassed model (layers made in code, as KerasHub's) and the
+# lowered program's float8 dot_generals, as kmp.float8's other tests read
+# them.
+from convert_test import PureSubclassed  # noqa: E402
+from scaled_matmul_test import _dot_generals  # noqa: E402
 
 import kmp
 from kmp import backend
@@ -69,16 +73,6 @@ def converted(matmul="kmp"):
             jit_compile=True,
         )
     return net
-
-
-def _dot_generals(text):
-    """`(lhs, rhs, result)` element types of every `dot_general`."""
-    found = re.findall(
-        r"stablehlo\.dot_general .*: \(tensor<([^>]*)>, tensor<([^>]*)>\)"
-        r" -> tensor<([^>]*)>",
-        text,
-    )
-    return [tuple(t.split("x")[-1] for t in types) for types in found]
 
 
 @jax_only
@@ -204,29 +198,13 @@ def test_kmp_s_matmul_off_jax_is_refused_with_the_way_out():
         kmp.float8(net, matmul="kmp")
 
 
-@keras.saving.register_keras_serializable(package="scaled_layers_test")
-class Subclassed(keras.Model):
-    """Layers made in code, named and given the model's policy, as
-    KerasHub's are: a file reaches them by path."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        policy = self.dtype_policy
-        self.up = keras.layers.Dense(32, dtype=policy, name="up")
-        self.mid = keras.layers.Dense(32, dtype=policy, name="mid")
-        self.head = keras.layers.Dense(16, dtype=policy, name="head")
-
-    def call(self, x):
-        return self.head(self.mid(self.up(x)))
-
-
 @jax_only
 def test_a_subclassed_model_s_file_loads_and_takes_kmp_s_matmul_again(
     tmp_path,
 ):
     x = np.random.default_rng(0).normal(size=(8, 16)).astype("float32")
     with kmp.policy_scope("mixed_bfloat16"):
-        net = Subclassed()
+        net = PureSubclassed()
         net(x)
         with pytest.warns(UserWarning, match="made by code of yours"):
             kmp.float8(net, matmul="kmp")
