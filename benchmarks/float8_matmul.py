@@ -15,6 +15,18 @@ gradients with respect to every kernel and the input, under `jax.jit`:
   `dot_general`s on float8 operands (issue 41's target on an H100:
   >= 1.5x bf16 at size 8192, tokens 8192, 4 layers).
 
+`--forms` adds other ways of writing float8_matmul's GEMM (its `_dot`,
+replaced while the step is traced; the quantization is the same):
+
+- `out16`: the float8 `dot_general` writes the output's dtype itself
+  (`preferred_element_type` bfloat16 for bfloat16 outputs) and is
+  rescaled after, so no float32 output is written and read again;
+- `dequantized`: XLA's pattern, each float8 operand converted to the
+  output's dtype and multiplied by its scale, then a dot in that dtype:
+  XLA's GEMM rewriter folds both scales into cuBLASLt's FP8 GEMM, which
+  writes the output's dtype (Flax's and Keras's form). The scales are
+  rounded up to powers of two, so that a bfloat16 scale is exact.
+
 The two are timed interleaved (`common.time_interleaved`), `steps` steps
 a round. TFLOP/s count the 3 matmuls of each layer (2 * tokens * size**2
 FLOPs each). `--size` takes a comma-separated list, each size measured
@@ -28,6 +40,7 @@ runs, not float8's speed.
 """
 
 import argparse
+import contextlib
 import os
 import statistics
 
@@ -38,12 +51,75 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from kmp import backend  # noqa: E402
+from kmp.fp8 import scaled_matmul  # noqa: E402
 from kmp.fp8.scaled_matmul import float8_matmul  # noqa: E402
 
 MATMULS = {
     "bf16": lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.bfloat16),
     "float8": float8_matmul,
 }
+
+
+def _dimensions(contract):
+    return (((contract[0],), (contract[1],)), ((), ()))
+
+
+def _dot_out16(a, a_scale, b, b_scale, contract, dtype):
+    """The GEMM writes a 16-bit output itself; rescaled after."""
+    wide = jnp.dtype(dtype).itemsize > 2
+    y = jax.lax.dot_general(
+        a,
+        b,
+        _dimensions(contract),
+        preferred_element_type=jnp.float32 if wide else dtype,
+    )
+    return (y.astype(jnp.float32) * (a_scale * b_scale)).astype(dtype)
+
+
+def _dot_dequantized(a, a_scale, b, b_scale, contract, dtype):
+    """XLA's dequantize-then-dot pattern, in the output's dtype."""
+    a = a.astype(dtype) * a_scale.astype(dtype)
+    b = b.astype(dtype) * b_scale.astype(dtype)
+    return jax.lax.dot_general(
+        a, b, _dimensions(contract), preferred_element_type=dtype
+    )
+
+
+def _quantize_power_of_two(x, dtype):
+    """float8_matmul's quantization with its scale rounded up to a power
+    of two (exact in bfloat16; amax then maps to (max/2, max])."""
+    limit = scaled_matmul.FLOAT8_MAX[dtype]
+    x = x.astype(jnp.float32)
+    amax = jnp.max(jnp.abs(x))
+    # log2 keeps a NaN amax NaN (kmp's loss scale must see it).
+    scale = jnp.where(amax > 0, jnp.exp2(jnp.ceil(jnp.log2(amax / limit))), 1.0)
+    return jnp.clip(x / scale, -limit, limit).astype(dtype), scale
+
+
+# Each form: what replaces float8_matmul's `_dot` and `quantize`.
+FORMS = {
+    "out16": {"_dot": _dot_out16},
+    "dequantized": {
+        "_dot": _dot_dequantized,
+        "quantize": _quantize_power_of_two,
+    },
+}
+
+
+@contextlib.contextmanager
+def _form(name):
+    """float8_matmul written as `name` while a step is traced (its
+    custom VJP's backward is traced after the forward returns, so the
+    whole trace and lowering run inside)."""
+    replaced = FORMS.get(name.partition(" ")[2], {})
+    saved = {attr: getattr(scaled_matmul, attr) for attr in replaced}
+    for attr, function in replaced.items():
+        setattr(scaled_matmul, attr, function)
+    try:
+        yield
+    finally:
+        for attr, function in saved.items():
+            setattr(scaled_matmul, attr, function)
 
 
 # How XLA's GPU GEMM rewriter names a float8 GEMM in the compiled HLO.
@@ -73,17 +149,21 @@ def stack(size, tokens, layers, seed=0):
     return x, kernels
 
 
-def measure(size, tokens, layers, steps, rounds):
+def measure(size, tokens, layers, steps, rounds, forms=()):
     """One size's record: each matmul's step time, TFLOP/s, loss and FP8
-    GEMM count, and float8's speed against bf16."""
+    GEMM count, and each float8 form's speed against bf16."""
     x, kernels = stack(size, tokens, layers)
+    matmuls = dict(MATMULS)
+    matmuls.update({f"float8 {form}": float8_matmul for form in forms})
     runs, losses, gemms = {}, {}, {}
-    for name, matmul in MATMULS.items():
+    for name, matmul in matmuls.items():
         step = train_step(matmul)
-        losses[name] = float(step(x, kernels)[0])  # compiles
-        # The FP8 GEMMs XLA compiled (cuBLASLt's float8 custom calls, on
-        # a GPU of compute capability 8.9+; a CPU emulates: 0).
-        compiled = step.lower(x, kernels).compile().as_text()
+        with _form(name):
+            losses[name] = float(step(x, kernels)[0])  # traces, compiles
+            # The FP8 GEMMs XLA compiled (cuBLASLt's float8 custom
+            # calls, on a GPU of compute capability 8.9+; a CPU
+            # emulates: 0).
+            compiled = step.lower(x, kernels).compile().as_text()
         gemms[name] = compiled.count(FP8_GEMM)
 
         def run(step=step):
@@ -95,7 +175,7 @@ def measure(size, tokens, layers, steps, rounds):
     seconds = common.time_interleaved(runs, rounds)
     flops = 3 * 2 * tokens * size**2 * layers
     records = {}
-    for name in MATMULS:
+    for name in matmuls:
         step_s = statistics.median(seconds[name]) / steps
         records[name] = {
             "step_time_s": step_s,
@@ -104,12 +184,20 @@ def measure(size, tokens, layers, steps, rounds):
             "fp8_gemms": gemms[name],
             "round_seconds": seconds[name],
         }
-    ratios = [b / f for b, f in zip(seconds["bf16"], seconds["float8"])]
+    speeds = {
+        name: statistics.median(
+            b / f for b, f in zip(seconds["bf16"], seconds[name])
+        )
+        for name in matmuls
+        if name != "bf16"
+    }
+    for name, speed in speeds.items():
+        records[name]["speed_vs_bf16"] = speed
     return {
         "size": size,
         "tokens": tokens,
         "layers": layers,
-        "speed_vs_bf16": statistics.median(ratios),
+        "speed_vs_bf16": speeds["float8"],
         "runs": records,
     }
 
@@ -123,8 +211,17 @@ def main():
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--steps", type=int, default=10, help="per round")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--forms",
+        default="",
+        help=f"float8 GEMM forms also timed, comma-separated: {list(FORMS)}",
+    )
     parser.add_argument("--out", default=None, help="JSON path")
     args = parser.parse_args()
+    forms = [form for form in args.forms.split(",") if form]
+    unknown = sorted(set(forms) - set(FORMS))
+    if unknown:
+        parser.error(f"--forms takes {sorted(FORMS)}; got {unknown}")
     if backend.name() != "jax":
         raise SystemExit("float8_matmul.py runs on JAX: KERAS_BACKEND=jax")
     device = jax.devices()[0]
@@ -136,7 +233,12 @@ def main():
     for size in sizes:
         results.append(
             measure(
-                size, args.tokens or size, args.layers, args.steps, args.rounds
+                size,
+                args.tokens or size,
+                args.layers,
+                args.steps,
+                args.rounds,
+                forms,
             )
         )
         # Written after each size: a time limit keeps what was measured.
@@ -155,7 +257,7 @@ def main():
     )
     for result in results:
         for name, r in result["runs"].items():
-            speed = f"{result['speed_vs_bf16']:.3f}x" if name != "bf16" else ""
+            speed = f"{r['speed_vs_bf16']:.3f}x" if name != "bf16" else ""
             print(
                 f"| {result['size']} | {result['tokens']} | {name} "
                 f"| {1000 * r['step_time_s']:.2f} | {r['tflops']:.3g} "

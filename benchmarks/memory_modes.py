@@ -14,6 +14,8 @@ Runs `kmp train EXAMPLE` under `--policy=mixed_bfloat16` once per mode:
     bfloat16 state                   --optimizer_states=bfloat16
     bfloat16 masters                 --master_weights=bfloat16
     both                             the two
+    int8 state                       --optimizer_states=int8
+    int8 + bf16 masters              int8 state, bfloat16 masters
     float32 + remat, both + remat    --remat
 
 with the same seeds and `--steps`. Reports weights + state bytes as a
@@ -46,6 +48,11 @@ MODES = {
     "bf16 state": ["--optimizer_states=bfloat16"],
     "bf16 masters": ["--master_weights=bfloat16"],
     "both": ["--optimizer_states=bfloat16", "--master_weights=bfloat16"],
+    "int8 state": ["--optimizer_states=int8"],
+    "int8 + bf16 masters": [
+        "--optimizer_states=int8",
+        "--master_weights=bfloat16",
+    ],
     "float32 + remat": ["--remat"],
     "both + remat": [
         "--optimizer_states=bfloat16",
@@ -54,7 +61,13 @@ MODES = {
     ],
 }
 # The bounds on the final loss, as a fraction of the baseline's.
-LOSS_BOUNDS = {"bf16 state": 0.01, "bf16 masters": 0.02, "both": 0.02}
+LOSS_BOUNDS = {
+    "bf16 state": 0.01,
+    "bf16 masters": 0.02,
+    "both": 0.02,
+    "int8 state": 0.01,
+    "int8 + bf16 masters": 0.02,
+}
 
 
 def run(example, flags, out):
