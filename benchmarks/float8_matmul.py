@@ -18,9 +18,10 @@ gradients with respect to every kernel and the input, under `jax.jit`:
 `--forms` adds other ways of writing float8_matmul's GEMM (its `_dot`,
 replaced while the step is traced; the quantization is the same):
 
-- `out16`: the float8 `dot_general` writes the output's dtype itself
-  (`preferred_element_type` bfloat16 for bfloat16 outputs) and is
-  rescaled after, so no float32 output is written and read again;
+- `out32`: the float8 `dot_general` writes float32 for every output
+  dtype, rescaled and cast after (kmp's form until 2026-11-28, when the
+  H200 measured the 16-bit output faster at every size: a bfloat16
+  result is now written as bfloat16 by the GEMM itself);
 - `dequantized`: XLA's pattern, each float8 operand converted to the
   output's dtype and multiplied by its scale, then a dot in that dtype:
   XLA's GEMM rewriter folds both scales into cuBLASLt's FP8 GEMM, which
@@ -64,16 +65,12 @@ def _dimensions(contract):
     return (((contract[0],), (contract[1],)), ((), ()))
 
 
-def _dot_out16(a, a_scale, b, b_scale, contract, dtype):
-    """The GEMM writes a 16-bit output itself; rescaled after."""
-    wide = jnp.dtype(dtype).itemsize > 2
+def _dot_out32(a, a_scale, b, b_scale, contract, dtype):
+    """The GEMM writes float32 whatever the output's dtype."""
     y = jax.lax.dot_general(
-        a,
-        b,
-        _dimensions(contract),
-        preferred_element_type=jnp.float32 if wide else dtype,
+        a, b, _dimensions(contract), preferred_element_type=jnp.float32
     )
-    return (y.astype(jnp.float32) * (a_scale * b_scale)).astype(dtype)
+    return (y * (a_scale * b_scale)).astype(dtype)
 
 
 def _dot_dequantized(a, a_scale, b, b_scale, contract, dtype):
@@ -98,7 +95,7 @@ def _quantize_power_of_two(x, dtype):
 
 # Each form: what replaces float8_matmul's `_dot` and `quantize`.
 FORMS = {
-    "out16": {"_dot": _dot_out16},
+    "out32": {"_dot": _dot_out32},
     "dequantized": {
         "_dot": _dot_dequantized,
         "quantize": _quantize_power_of_two,

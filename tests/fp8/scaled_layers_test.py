@@ -104,10 +104,12 @@ def test_the_train_step_runs_each_converted_layer_s_three_matmuls_on_float8():
     ]
     # Per converted layer: the forward (E4M3 x E4M3), the input's and the
     # kernel's gradients (E5M2 against E4M3); the first layer's input
-    # needs no gradient, and JAX drops that matmul.
-    forward = ("f8E4M3FN", "f8E4M3FN", "f32")
-    input_gradient = ("f8E5M2", "f8E4M3FN", "f32")
-    kernel_gradient = ("f8E4M3FN", "f8E5M2", "f32")
+    # needs no gradient, and JAX drops that matmul. Under mixed_bfloat16
+    # each GEMM writes bfloat16 itself (the kernel is cast to the
+    # compute dtype before the matmul, so its gradient is bfloat16 too).
+    forward = ("f8E4M3FN", "f8E4M3FN", "bf16")
+    input_gradient = ("f8E5M2", "f8E4M3FN", "bf16")
+    kernel_gradient = ("f8E4M3FN", "f8E5M2", "bf16")
     assert sorted(float8) == sorted(
         3 * [forward, kernel_gradient] + 2 * [input_gradient]
     )
