@@ -14,12 +14,18 @@ interleaved round by round:
     bf16 state    kmp.wrap(AdamW, state_dtype="bfloat16")
     both          bfloat16 variables (Keras's "bfloat16" policy),
                   bfloat16 slots, stochastic rounding
+    int8 state    kmp.wrap(AdamW, state_dtype="int8"): 8-bit codes in
+                  blocks of 256 with a float32 scale each
+    int8 + bf16 masters
+                  bfloat16 variables, int8 slots, stochastic rounding
 
 and on torch the last two again without kmp's grouped update (`per
 variable`: Keras's per-variable `update_step` in float32, each write
 rounded alone, what kmp runs on JAX, TensorFlow and for Nadam).
 Eager on every backend: on TensorFlow and JAX `fit` compiles the update
-into its step, so only torch's figures are what a run pays. Reports
+into its step, so only torch's figures are what a run pays; on JAX
+`--compiled` times `jax.jit(optimizer.stateless_apply)` instead, the
+update as `fit` compiles it. Reports
 each variant's median milliseconds and its ratio to float32 (median of
 per-round ratios). Writes
 benchmarks/results/optimizer_update_<backend>.json.
@@ -57,8 +63,9 @@ def _variables(args, dtype):
     return model.trainable_variables
 
 
-def _update(variables, optimizer, applies, grouped=True):
-    """A zero-argument run: `applies` updates with fixed gradients."""
+def _update(variables, optimizer, applies, grouped=True, compiled=False):
+    """A zero-argument run: `applies` updates with fixed gradients
+    (`compiled`: JAX's jitted stateless update, as `fit` runs it)."""
     rng = np.random.default_rng(0)
     grads = [
         keras.ops.convert_to_tensor(
@@ -68,6 +75,8 @@ def _update(variables, optimizer, applies, grouped=True):
         for v in variables
     ]
     optimizer.build(variables)
+    if compiled:
+        return _compiled_update(variables, optimizer, grads, applies)
 
     def run():
         in_groups = backend.updates_in_groups
@@ -85,6 +94,26 @@ def _update(variables, optimizer, applies, grouped=True):
     return run
 
 
+def _compiled_update(variables, optimizer, grads, applies):
+    """JAX: `applies` jitted `stateless_apply`s, the values threaded
+    through (the variables themselves are left as they are)."""
+    import jax
+
+    step = jax.jit(optimizer.stateless_apply)
+    values = [
+        [v.value for v in variables],
+        [v.value for v in optimizer.variables],
+    ]
+
+    def run():
+        for _ in range(applies):
+            values[0], values[1] = step(values[1], grads, values[0])
+        jax.block_until_ready(values)
+
+    run()  # compiles
+    return run
+
+
 def _adamw():
     return keras.optimizers.AdamW(1e-3, weight_decay=0.01)
 
@@ -97,24 +126,41 @@ def main():
     parser.add_argument("--sequence_length", type=int, default=128)
     parser.add_argument("--applies", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="JAX: time the jitted stateless update (what fit runs)",
+    )
     parser.add_argument("--output", default=None)
     args = parser.parse_args()
+    if args.compiled and backend.name() != "jax":
+        parser.error("--compiled is JAX's: set KERAS_BACKEND=jax")
+    compiled = args.compiled
 
     float32 = _variables(args, "float32")
-    runs = {
-        "float32": _update(float32, _adamw(), args.applies),
-        "bf16 state": _update(
-            _variables(args, "float32"),
-            kmp.wrap(_adamw(), state_dtype="bfloat16"),
-            args.applies,
+    # Each mode: the policy its variables are made under, kmp.wrap's flags.
+    modes = {
+        "bf16 state": ("float32", {"state_dtype": "bfloat16"}),
+        "both": (
+            "bfloat16",
+            {"state_dtype": "bfloat16", "rounding": "stochastic"},
         ),
-        "both": _update(
-            _variables(args, "bfloat16"),
-            kmp.wrap(_adamw(), state_dtype="bfloat16", rounding="stochastic"),
-            args.applies,
+        "int8 state": ("float32", {"state_dtype": "int8"}),
+        "int8 + bf16 masters": (
+            "bfloat16",
+            {"state_dtype": "int8", "rounding": "stochastic"},
         ),
     }
-    if backend.updates_in_groups():
+    runs = {"float32": _update(float32, _adamw(), args.applies, True, compiled)}
+    for name, (dtype, flags) in modes.items():
+        runs[name] = _update(
+            _variables(args, dtype),
+            kmp.wrap(_adamw(), **flags),
+            args.applies,
+            True,
+            compiled,
+        )
+    if backend.updates_in_groups() and not compiled:
         runs["bf16 state, per variable"] = _update(
             _variables(args, "float32"),
             kmp.wrap(_adamw(), state_dtype="bfloat16"),
@@ -149,10 +195,13 @@ def main():
             "tensors": len(float32),
             "parameters": parameters,
             "flags": vars(args),
+            "compiled": compiled,
             "updates": rows,
             "seconds": seconds,
         },
-        f"optimizer_update_{backend.name()}.json",
+        f"optimizer_update_{backend.name()}"
+        + ("_compiled" if compiled else "")
+        + ".json",
         args.output,
     )
 

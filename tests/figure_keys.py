@@ -543,6 +543,14 @@ _PARITY = [
 ]
 
 _MEMORY = "Memory modes: 16-bit state, 16-bit master weights, remat"
+_INT8 = '8-bit optimizer state (`state_dtype="int8"`)'
+_INT8_UPDATES = (
+    "float32",
+    "bf16 state",
+    "both",
+    "int8 state",
+    "int8 + bf16 masters",
+)
 _H200_26 = "h200_2026-11-26/"
 _ON_H200_26 = "Memory modes on an H200 (Keras JAX backend, 2026-11-26)"
 _MEMORY_MODES = (
@@ -580,10 +588,10 @@ def _memory_table(path, modes=_MEMORY_MODES, tokens=False):
     return {"rows": {mode: _memory_row(path, mode, tokens) for mode in modes}}
 
 
-def _seeds_row(path, mode, seeds):
+def _seeds_row(path, mode, seeds, tokens=False):
     """A row of `memory_modes.py --seeds=...`'s table: the mean loss,
     and each seed's change."""
-    path, columns = _memory_row(path, mode)
+    path, columns = _memory_row(path, mode, tokens)
     at = ("modes", mode)
     columns["mean final loss (change)"] = columns.pop("final loss (change)")
     columns["change per seed"] = [
@@ -592,11 +600,11 @@ def _seeds_row(path, mode, seeds):
     return path, columns
 
 
-def _update_row(name):
+def _update_row(name, path="optimizer_update_torch.json"):
     """A row of `benchmarks/optimizer_update.py`'s table."""
     at = ("updates", name)
     return (
-        "optimizer_update_torch.json",
+        path,
         {
             "ms (median)": [(*at, "median_ms")],
             "x float32 (median of rounds)": [(*at, "over_float32", "median")],
@@ -674,6 +682,42 @@ _PART2 = {
                 "float32",
                 "bf16 state",
                 "both",
+                "bf16 state, per variable",
+                "both, per variable",
+            )
+        }
+    },
+    (_INT8, 0): {
+        "rows": {
+            mode: _seeds_row("memory_modes_lm_int8_jax.json", mode, 3, True)
+            for mode in ("float32", "int8 state", "int8 + bf16 masters")
+        }
+    },
+    (_INT8, 1): {
+        "rows": {
+            mode: _seeds_row("memory_modes_cifar10_int8_jax.json", mode, 4)
+            for mode in ("float32", "int8 state", "int8 + bf16 masters")
+        }
+    },
+    (_INT8, 2): {
+        "rows": {
+            mode: _seeds_row(
+                "memory_modes_cifar10_int8_120_steps_jax.json", mode, 3
+            )
+            for mode in ("float32", "both", "int8 + bf16 masters")
+        }
+    },
+    (_INT8, 3): {
+        "rows": {
+            name: _update_row(name, "optimizer_update_jax_compiled.json")
+            for name in _INT8_UPDATES
+        }
+    },
+    (_INT8, 4): {
+        "rows": {
+            name: _update_row(name, "optimizer_update_torch_int8.json")
+            for name in (
+                *_INT8_UPDATES,
                 "bf16 state, per variable",
                 "both, per variable",
             )
@@ -1239,6 +1283,21 @@ README_KEYS = {
         (
             "h100_2026-11-22/pinning_cost_jax_h100.json",
             ("ratios", "pinned/unpinned", "median"),
+        )
+    ],
+    "8-bit optimizer state (`kmp.wrap(..., state_dtype=\"int8\")`), the "
+    "language model at CPU sizes with AdamW, 3 seeds: weights + state vs "
+    "float32's with float32 / bfloat16 masters (issue 42's bounds: 0.51x / "
+    "0.345x), and the mean final loss's change (bounds: 1% / 2%); ResNet-9 "
+    "(SGD, 4 seeds, 40 steps) with bfloat16 masters": [
+        ("memory_modes_lm_int8_jax.json", ("modes", mode, key))
+        for key in ("bytes_over_float32", "loss_change")
+        for mode in ("int8 state", "int8 + bf16 masters")
+    ]
+    + [
+        (
+            "memory_modes_cifar10_int8_jax.json",
+            ("modes", "int8 + bf16 masters", "loss_change"),
         )
     ],
     "kmp's float8 matmul since 2026-11-28, its GEMM writing bfloat16 "
