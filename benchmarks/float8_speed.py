@@ -95,10 +95,12 @@ def variant(name, kind, size, batches):
         model, x, y, batch, loss = {"stack": stack, "transformer": transformer}[
             name
         ](size, batches)
+        # Every eligible layer (min_size=0), as measured since 2026-11-25;
+        # kmp.float8's own default reads the device since 2026-11-28.
         if float8 == "kmp":
-            kmp.float8(model)
+            kmp.float8(model, matmul="keras", min_size=0)
         elif float8 == "kmp matmul":
-            kmp.float8(model, matmul="kmp")
+            kmp.float8(model, matmul="kmp", min_size=0)
         elif float8 == "keras":
             model.quantize("float8")
         model.compile(

@@ -28,8 +28,9 @@ A variant is `bf16` plus steps joined by `+`, each one change:
 - `causal`: attention gets `is_causal=True` and no mask (the padding
   mask here is all ones): cuDNN's causal mask type, no bias and no
   bias gradient.
-- `kmp.float8`: `kmp.float8(model, matmul="kmp")`, kmp's own float8
-  matmul; `keras.float8`: `kmp.float8(model)`, Keras's float8 layers.
+- `kmp.float8`: `kmp.float8(model, matmul="kmp", min_size=0)`, kmp's
+  own float8 matmul in every eligible layer; `keras.float8`: the same
+  with `matmul="keras"`, Keras's float8 layers.
 
 Model FLOPs per token (PaLM, appendix B): 6 * N + 12 * L * T * d, with N
 the matmul parameters (12 * d^2 per decoder block, and the tied logits
@@ -189,10 +190,12 @@ def compile_variant(config, steps, total_steps):
         config = dataclasses.replace(config, dropout=0.0)  # `--dropout=0`
     model = kmp.pin_float32(lm.build_model(config))
     flash = set_attention(model, steps, config)
+    # Every eligible layer (min_size=0): what float8 costs or buys in
+    # each kernel, not kmp.float8's device-read default.
     if "kmp.float8" in steps:
-        kmp.float8(model, matmul="kmp")
+        kmp.float8(model, matmul="kmp", min_size=0)
     elif "keras.float8" in steps:
-        kmp.float8(model)
+        kmp.float8(model, matmul="keras", min_size=0)
     schedule = keras.optimizers.schedules.CosineDecay(
         0.0,
         decay_steps=max(total_steps, 1),

@@ -20,7 +20,7 @@ Run (from the repository root, after `pip install -e ".[lm]"`):
     python examples/lm.py --steps=50 --float8
     kmp train lm --float8                              # the same code
     kmp train lm --hidden_dim=1024 --layers=16 --float8  # an H100's size
-    kmp train lm --float8 --float8_matmul=kmp  # kmp's float8 matmul (JAX)
+    kmp train lm --float8 --float8_matmul=keras  # Keras's float8 path
     kmp train lm --optimizer_states=bfloat16 --master_weights=bfloat16 --remat
                                      # half the bytes of weights and state
     kmp train lm --dropout=0         # fused (flash) attention on a GPU
@@ -184,7 +184,8 @@ def build_model(config):
 def compile_model(config, steps):
     model = kmp.pin_float32(build_model(config))
     if config.float8:  # Keras's float8 layers, or kmp's matmul in them
-        kmp.float8(model, matmul=config.float8_matmul)
+        matmul = config.float8_matmul
+        kmp.float8(model, matmul=None if matmul == "auto" else matmul)
     if config.remat:
         # Each decoder block keeps only its input for the backward pass
         # and recomputes the rest there, under the policy.

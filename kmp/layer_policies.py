@@ -171,7 +171,7 @@ def _records_dtype(layer) -> bool:
     and it does not list its layers."""
     if _lists_its_layers(layer):
         return False
-    if type(layer).__module__.startswith("keras."):
+    if _keras_config(type(layer)):
         # Keras's layers chain to `Layer.get_config`, which writes it.
         # (Asking would import TensorFlow, where installed, under JAX and
         # torch: Keras's serialization checks for its TensorShape.)
@@ -181,6 +181,16 @@ def _records_dtype(layer) -> bool:
     except (NotImplementedError, TypeError, ValueError):
         # A user layer whose config cannot be written hosts nothing.
         return False
+
+
+def _keras_config(cls) -> bool:
+    """Whether `cls`'s config is Keras's: its constructor and `get_config`
+    are both Keras's own (Keras's layers, and subclasses that change only
+    how they compute, such as kmp's float8 layers)."""
+    return all(
+        getattr(cls, name).__module__.startswith("keras.")
+        for name in ("__init__", "get_config")
+    )
 
 
 def _put(host, path, policy):

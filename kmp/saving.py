@@ -34,6 +34,7 @@ import zlib
 import keras
 
 from kmp.errors import InputError
+from kmp.fp8.convert import use_default_matmul
 from kmp.islands import pin_float32
 from kmp_config.names import HALF_DTYPES
 from kmp_config.names import MIXED_POLICIES
@@ -72,6 +73,9 @@ def load_model(
       file's compile config (kmp's `LossScaleOptimizer` included) and the
       optimizer's saved state is loaded, so training resumes where it
       stopped;
+    - float8 layers get the matmul `kmp.float8` gives by default (kmp's
+      own on JAX), which the file cannot keep for layers the model
+      rebuilds from code;
     - if the file's optimizer state does not fit the optimizer the load
       built (a scaler Keras's own `compile` added under mixed_float16,
       loaded under another policy), the optimizer starts afresh, and a
@@ -86,9 +90,10 @@ def load_model(
             `"saved"` (the mixed policy the file's layers record, else
             float32; what `kmp audit` and `kmp doctor` load under), or a
             policy name. The global policy is left as it was.
-        pin: Whether to pin the float32 islands again (above). `False`
-            gives the layers as Keras's load rebuilds them, which is
-            what `kmp.audit` of a file checks.
+        pin: Whether to pin the float32 islands again and give float8
+            layers kmp's matmul (above). `False` gives the layers as
+            Keras's load rebuilds them, which is what `kmp.audit` of a
+            file checks.
 
     Returns:
         The model.
@@ -120,6 +125,8 @@ def load_model(
         for layer in model._flatten_layers()
     ):
         pin_float32(model)
+    if pin:
+        use_default_matmul(model)
     return model
 
 

@@ -456,11 +456,11 @@ class LmConfig(RunConfig):
         "fast on H100/H200 tensor cores, slow on a CPU.",
     )
     float8_matmul: str = flag(
-        "keras",
-        "With --float8: keras computes each layer as Keras's float8 does; "
-        "kmp with kmp's own float8 matmul (JAX only; faster on an H200, "
-        "BENCHMARKS.md).",
-        ("keras", "kmp"),
+        "auto",
+        "With --float8: kmp computes each layer with kmp's own float8 "
+        "matmul (JAX only; faster on an H200, BENCHMARKS.md); keras as "
+        "Keras's float8 does; auto picks kmp on JAX, keras elsewhere.",
+        ("auto", "keras", "kmp"),
     )
     remat: bool = flag(
         False,

@@ -116,7 +116,9 @@ def parts():
             ]
         )
         model = kmp.pin_float32(model)
-        kmp.float8(model)
+        # Keras's float8 path, whose amax histories are read below (kmp's
+        # matmul, the default on JAX, keeps none: the model after it).
+        kmp.float8(model, matmul="keras")
         model.compile(
             optimizer=kmp.wrap(keras.optimizers.SGD(0.01)),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -139,6 +141,27 @@ def parts():
             }
         out["float8_histories"] = histories
         out["hidden_parts"] = sharding(model, "hidden/kernel")
+        # The same model with kmp.float8's default matmul (kmp's own):
+        # trains on the mesh, its hidden kernel still split.
+        own = keras.Sequential(
+            [
+                keras.Input((16,)),
+                keras.layers.Dense(32, name="first"),
+                keras.layers.Dense(32, activation="relu", name="hidden"),
+                keras.layers.Dense(2, name="head"),
+            ]
+        )
+        own = kmp.float8(kmp.pin_float32(own))
+        own.compile(
+            optimizer=kmp.wrap(keras.optimizers.SGD(0.01)),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+        losses = own.fit(x, y, batch_size=8, epochs=2, verbose=0)
+        out["kmp_matmul"] = {
+            "class": type(own.get_layer("hidden")).__module__,
+            "losses": [float(v) for v in losses.history["loss"]],
+            "hidden_parts": sharding(own, "hidden/kernel"),
+        }
         diagnosis = kmp.diagnose(model, (x, y), verbose=0)
         out["diagnosed_layers"] = len(diagnosis.layers)
     out["audit_sharded"] = [

@@ -17,7 +17,8 @@
     scaled_layers  Keras's float8 `Dense` and `EinsumDense` computed by
                    it (`kmp.float8(model, matmul="kmp")`)
 
-Imports from kmp: errors, islands, layer_policies, model_layers.
+Imports from kmp: backend (the devices, for float8's default
+min_size), errors, islands, layer_policies, model_layers.
 """
 
 from kmp.fp8.convert import float8

@@ -17,6 +17,7 @@ import warnings
 
 import keras
 
+from kmp import backend
 from kmp.errors import InputError
 from kmp.errors import InputTypeError
 from kmp.fp8 import float8_layers
@@ -44,7 +45,7 @@ _CONVOLUTIONS = (
 )
 
 
-def float8(model, also=(), skip=(), matmul="keras", min_size=0):
+def float8(model, also=(), skip=(), matmul=None, min_size=None):
     """Runs a mixed-precision model's eligible matmuls in float8.
 
     Call it after building the model under `kmp.enable("mixed_bfloat16")`
@@ -79,29 +80,36 @@ def float8(model, also=(), skip=(), matmul="keras", min_size=0):
             classes, or regular expressions matched against a layer's
             `path` or `name`.
         skip: Layers to leave, in the same forms.
-        matmul: `"keras"` (the default) computes each converted layer as
-            Keras's float8 does: quantize-dequantize around a 16-bit
-            matmul, which XLA may rewrite into an FP8 GEMM. `"kmp"` (JAX
-            only) computes it with kmp's own float8 matmul
+        matmul: How each converted layer computes. `"kmp"` (JAX only;
+            the default there) uses kmp's own float8 matmul
             (`kmp.fp8.scaled_matmul`): `dot_general` on float8 operands
             scaled from their current amax, both backward matmuls in
-            float8 too. The file is the same either way; a model loaded
-            from it computes as Keras's until `kmp.float8(model,
-            matmul="kmp")` is called again (Functional and Sequential
-            models keep kmp's class in the file).
+            float8 too (on an H200, 1.18x bfloat16 in `fit` on a stack
+            of 8192-wide Dense layers, where Keras's float8 ran at
+            0.90x on an H100). `"keras"` (the default on TensorFlow and
+            torch, the only choice there) computes as Keras's float8
+            does: quantize-dequantize around a 16-bit matmul, which XLA
+            may rewrite into an FP8 GEMM, with delayed scales from amax
+            histories. `None` picks the backend's default. The file is
+            the same either way (Keras's float8 layers and policies, which
+            stock Keras loads); `kmp.load_model` gives the loaded float8
+            layers the backend's default matmul again.
         min_size: Converts only matmuls whose kernel, `k` inputs by `n`
             outputs, has `k * n / (k + n)` (half the harmonic mean of
             the two) at least `min_size`: float8 saves matmul time in
             proportion to `k * n` per row, and costs a quantization of
             each operand and gradient, in proportion to `k + n` per row.
-            Measured on an H200 (BENCHMARKS.md, "kmp's float8 matmul"),
-            kmp's matmul on 8192 rows of square kernels, forward and
-            backward: 0.59x bfloat16's speed at 1024 (`min_size` 512),
-            0.84x at 2048 (1024), 1.15x at 4096 (2048), 1.44x at 8192
-            (4096), with a float32 GEMM output; 0.98x at 2048 and
-            1.32x at 4096 with the bfloat16 output kmp's matmul writes
-            since (2026-11-28): `min_size=2048` keeps the layers that
-            pay there. The default, 0, converts every eligible layer.
+            Measured on an H200 (BENCHMARKS.md, "On an H200 ...
+            2026-11-28"), kmp's matmul on 8192 rows of square kernels,
+            forward and backward: 0.72x bfloat16's speed at 1024
+            (`min_size` 512), 0.98x at 2048 (1024), 1.32x at 4096
+            (2048), 1.48x at 8192 (4096). `None` (the default) is 2048
+            where kmp's matmul runs on float8 tensor cores (a GPU of
+            compute capability 8.9 or more: the square kernels of 4096
+            and up, which pay there), and 0 elsewhere: every eligible
+            layer, for Keras's path (which paid at no size on an H100)
+            and on a CPU (float8's numerics, not its speed). `0`
+            converts every eligible layer anywhere.
 
     Returns:
         The same model.
@@ -128,6 +136,8 @@ def float8(model, also=(), skip=(), matmul="keras", min_size=0):
             "it once) before kmp.float8, which needs its layers' sizes."
         )
     matmul = _check_matmul(matmul)
+    if min_size is None:
+        min_size = default_min_size(matmul)
     if (
         isinstance(min_size, bool)
         or not isinstance(min_size, (int, float))
@@ -199,6 +209,46 @@ def float8(model, also=(), skip=(), matmul="keras", min_size=0):
         )
     _forget_traces(model)
     return model
+
+
+# The kernel size (`k * n / (k + n)`) from which kmp's float8 matmul
+# paid on an H200 (BENCHMARKS.md, 2026-11-28: square 4096 and up).
+GPU_MIN_SIZE = 2048
+
+
+def default_min_size(matmul) -> int:
+    """`min_size=None`'s value for `matmul` on this machine (see
+    `float8`): `GPU_MIN_SIZE` for kmp's matmul where a GPU of compute
+    capability 8.9 or more computes, else 0."""
+    if matmul != "kmp":
+        return 0
+    float8_cores = any(
+        device.platform == "gpu"
+        and device.compute_capability is not None
+        and tuple(device.compute_capability) >= (8, 9)
+        for device in backend.list_devices()
+    )
+    return GPU_MIN_SIZE if float8_cores else 0
+
+
+def use_default_matmul(model) -> int:
+    """Gives a model's float8 Keras `Dense` and `EinsumDense` layers the
+    matmul `kmp.float8` gives by default (kmp's own on JAX; elsewhere
+    they stay Keras's), in place: what a `.keras` file cannot keep for
+    the layers a model rebuilds from its code (`kmp.load_model` calls
+    it). Returns how many layers it changed."""
+    if _check_matmul(None) != "kmp":
+        return 0
+    changed = [
+        layer
+        for layer in all_layers(model)[1:]
+        if type(layer) in _MATMULS and is_float8(layer)
+    ]
+    for layer in changed:
+        scaled_layers.use_kmp_matmul(layer)
+    if changed:
+        _forget_traces(model)
+    return len(changed)
 
 
 def _forget_traces(model):

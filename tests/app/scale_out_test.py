@@ -88,6 +88,10 @@ def test_the_examples_train_under_keras_distribution_on_4_devices(name):
     # The global batch's largest input (100, in the last device's rows)
     # is in every device's history.
     assert histories["sequential_1/first/inputs_amax_history"]["largest"] == 100
+    # kmp.float8's default on JAX, kmp's own matmul, trains on the mesh.
+    own = parts["kmp_matmul"]
+    assert own["class"] == "kmp.fp8.scaled_layers"
+    assert all(np.isfinite(own["losses"])) and own["hidden_parts"] == 2
     assert parts["diagnosed_layers"] == 3
     assert parts["audit_sharded"] == []
     (uneven, where), (placed, problem) = parts["audit_early"]

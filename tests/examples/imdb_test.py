@@ -12,6 +12,7 @@ import kmp
 from kmp.app import data
 from kmp.app import run
 from kmp.examples import imdb
+from kmp.fp8 import scaled_layers
 
 
 def small(tmp_path, **overrides):
@@ -133,10 +134,16 @@ def test_float8_flag_trains_float8_layers_and_saves_them(tmp_path):
     ]
     # The attention's four projections and the feed-forward Dense layers.
     assert sum("attention" in layer.path for layer in float8) == 4
-    assert any(type(layer) is keras.layers.Dense for layer in float8)
+    assert any(isinstance(layer, keras.layers.Dense) for layer in float8)
     assert model.layers[-1].quantization_mode is None  # the head
-    # Their float8 scales were learned from the data: the amax histories
-    # of the trained layers hold more than their initial zeros.
+    if keras.backend.backend() == "jax":
+        # kmp's float8 matmul (kmp.float8's default on JAX) scales each
+        # operand from its current amax: the file keeps its class for
+        # the feed-forward layers, and Keras's histories stay unused.
+        assert any(type(layer) is scaled_layers.Dense for layer in float8)
+        return
+    # Keras's float8: the scales were learned from the data, the amax
+    # histories of the trained layers hold more than their initial zeros.
     histories = [
         variable
         for layer in float8

@@ -247,6 +247,39 @@ def test_min_size_converts_only_kernels_large_enough_to_pay():
     assert net.get_layer("thin").quantization_mode == "float8"
 
 
+@jax_only
+@pytest.mark.parametrize(
+    "devices, converted",
+    [
+        # kmp's matmul on a GPU with float8 tensor cores: GPU_MIN_SIZE
+        # (here 50) applies; on an A100 (8.0) or a CPU, every layer.
+        ([("gpu", "H200", (9, 0))], ["float8", None, None]),
+        ([("gpu", "A100", (8, 0))], ["float8", "float8", None]),
+        ([("cpu", "host", None)], ["float8", "float8", None]),
+    ],
+)
+def test_the_default_min_size_reads_the_device(
+    devices, converted, monkeypatch
+):
+    from kmp.fp8 import convert
+
+    monkeypatch.setattr(convert, "GPU_MIN_SIZE", 50)
+    monkeypatch.setattr(
+        backend, "list_devices", lambda: [backend.Device(*d) for d in devices]
+    )
+    with kmp.policy_scope("mixed_bfloat16"):
+        inputs = keras.Input((64,))
+        x = keras.layers.Dense(256, name="wide")(inputs)  # 51.2
+        x = keras.layers.Dense(48, name="thin")(x)  # 40.4
+        outputs = keras.layers.Dense(16, dtype="float32", name="head")(x)
+        net = keras.Model(inputs, outputs)
+    kmp.float8(net)
+    modes = [layer.quantization_mode for layer in net.layers[1:]]
+    assert modes == converted
+    # Keras's float8 path pays at no size measured: every eligible layer.
+    assert convert.default_min_size("keras") == 0
+
+
 @pytest.mark.parametrize("min_size", [-1, "big", True, float("nan")])
 def test_a_bad_min_size_is_refused_with_what_it_takes(min_size):
     with kmp.policy_scope("mixed_bfloat16"):
