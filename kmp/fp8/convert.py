@@ -54,9 +54,13 @@ def float8(model, also=(), skip=(), matmul=None, min_size=None):
     eligible `Dense` and `EinsumDense`, the projections of attention
     layers included, becomes Keras's float8 layer (the dtype policy
     `layer.quantize("float8")` sets: E4M3 inputs and kernels, E5M2
-    output gradients, delayed scales from an amax history). Weights and
-    names are kept, and the policy is saved with the layer, so a `.keras`
-    file restores it for any model class, KerasHub's included.
+    output gradients). On JAX it computes with kmp's own float8 matmul,
+    each operand scaled from its current amax; on TensorFlow and torch
+    as Keras's does, with delayed scales from an amax history
+    (`matmul`). Weights and names are kept, and the policy is saved with
+    the layer, so a `.keras` file restores it for any model class,
+    KerasHub's included. On a GPU with float8 tensor cores only the
+    kernels large enough to pay are converted (`min_size`).
 
     A layer is eligible when it is exactly a Keras `Dense` or
     `EinsumDense` (a subclass stays as it is: Keras's `quantize` refuses
@@ -69,9 +73,11 @@ def float8(model, also=(), skip=(), matmul=None, min_size=None):
     is its last matmul layer. Embeddings are lookups, not matmuls, and
     convolutions are left. Calling it again changes nothing.
 
-    Train it with a `kmp.LossScaleOptimizer` (`kmp.wrap`): Keras's own
-    scaler leaves the float8 gradient scales at 1 while the gradients
-    carry the loss scale, so a run depends on its loss scale.
+    Train it with a `kmp.LossScaleOptimizer` (`kmp.wrap`): on Keras's
+    path, Keras's own scaler leaves the float8 gradient scales at 1
+    while the gradients carry the loss scale, so a run depends on its
+    loss scale (kmp's matmul scales each gradient from its own amax, so
+    no scaler changes it).
 
     Args:
         model: A built Keras model of any class (nested models and layers
