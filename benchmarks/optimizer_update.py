@@ -151,14 +151,15 @@ def main():
             {"state_dtype": "int8", "rounding": "stochastic"},
         ),
     }
-    runs = {"float32": _update(float32, _adamw(), args.applies, True, compiled)}
+    runs = {
+        "float32": _update(float32, _adamw(), args.applies, compiled=compiled)
+    }
     for name, (dtype, flags) in modes.items():
         runs[name] = _update(
             _variables(args, dtype),
             kmp.wrap(_adamw(), **flags),
             args.applies,
-            True,
-            compiled,
+            compiled=compiled,
         )
     if backend.updates_in_groups() and not compiled:
         runs["bf16 state, per variable"] = _update(

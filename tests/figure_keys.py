@@ -950,9 +950,10 @@ def _matmul_row(size):
     )
 
 
-def _lm_speed_row(name, variant, alone):
-    """A row of `lm_speed.py`: a variant's step timed alone after its
-    compile (`alone`), or the median of interleaved rounds."""
+def _lm_speed_row(name, variant, alone, folder=_H200_27, tokens=False):
+    """A row of `lm_speed.py` in `folder`: a variant's step timed alone
+    after its compile (`alone`), or the median of interleaved rounds;
+    with its tokens/s column (`tokens`)."""
     at = ("runs", {"variant": variant})
     step, mfu = (
         ("solo_step_time_s", "solo_mfu")
@@ -962,14 +963,14 @@ def _lm_speed_row(name, variant, alone):
             "mfu",
         )
     )
-    return (
-        _H200_27 + name,
-        {
-            "step (ms)": [(*at, step)],
-            "MFU": [(*at, mfu)],
-            "loss": [(*at, "loss_solo")],
-        },
-    )
+    columns = {
+        "step (ms)": [(*at, step)],
+        "MFU": [(*at, mfu)],
+        "loss": [(*at, "loss_solo")],
+    }
+    if tokens:
+        columns["tokens/s"] = [(*at, "tokens_per_s")]
+    return folder + name, columns
 
 
 _FLOAT8_FIT = _H200_27 + "float8_speed_two_variants_jax.json"
@@ -1096,16 +1097,7 @@ def _forms_row(size):
 
 def _lm_row_28(name, variant):
     """A row of the 2026-11-28 `lm_speed.py` runs (interleaved medians)."""
-    at = ("runs", {"variant": variant})
-    return (
-        _H200_28 + name,
-        {
-            "step (ms)": [(*at, "step_time_s")],
-            "tokens/s": [(*at, "tokens_per_s")],
-            "MFU": [(*at, "mfu")],
-            "loss": [(*at, "loss_solo")],
-        },
-    )
+    return _lm_speed_row(name, variant, False, _H200_28, tokens=True)
 
 
 _PART4 = {

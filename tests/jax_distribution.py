@@ -88,6 +88,25 @@ def main(name):
     print("RESULT " + json.dumps(results))
 
 
+def _float8_mlp(matmul):
+    """A pinned, compiled 16 -> 32 -> 32 -> 2 MLP under the current
+    policy, `kmp.float8(model, matmul=matmul)` applied."""
+    model = keras.Sequential(
+        [
+            keras.Input((16,)),
+            keras.layers.Dense(32, name="first"),
+            keras.layers.Dense(32, activation="relu", name="hidden"),
+            keras.layers.Dense(2, name="head"),
+        ]
+    )
+    model = kmp.float8(kmp.pin_float32(model), matmul=matmul)
+    model.compile(
+        optimizer=kmp.wrap(keras.optimizers.SGD(0.01)),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    return model
+
+
 def parts():
     """kmp's parts under a 2 x 2 ModelParallel mesh: float8 statistics,
     the doctor, the audit's layout checks."""
@@ -107,22 +126,9 @@ def parts():
     keras.distribution.set_distribution(distribution)
     out = {}
     with kmp.policy_scope("mixed_bfloat16"):
-        model = keras.Sequential(
-            [
-                keras.Input((16,)),
-                keras.layers.Dense(32, name="first"),
-                keras.layers.Dense(32, activation="relu", name="hidden"),
-                keras.layers.Dense(2, name="head"),
-            ]
-        )
-        model = kmp.pin_float32(model)
         # Keras's float8 path, whose amax histories are read below (kmp's
         # matmul, the default on JAX, keeps none: the model after it).
-        kmp.float8(model, matmul="keras")
-        model.compile(
-            optimizer=kmp.wrap(keras.optimizers.SGD(0.01)),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        )
+        model = _float8_mlp(matmul="keras")
         x = np.random.default_rng(0).normal(size=(8, 16)).astype("float32")
         x[7, 3] = 100.0  # the largest input, in the last device's rows
         y = np.arange(8) % 2
@@ -143,19 +149,7 @@ def parts():
         out["hidden_parts"] = sharding(model, "hidden/kernel")
         # The same model with kmp.float8's default matmul (kmp's own):
         # trains on the mesh, its hidden kernel still split.
-        own = keras.Sequential(
-            [
-                keras.Input((16,)),
-                keras.layers.Dense(32, name="first"),
-                keras.layers.Dense(32, activation="relu", name="hidden"),
-                keras.layers.Dense(2, name="head"),
-            ]
-        )
-        own = kmp.float8(kmp.pin_float32(own))
-        own.compile(
-            optimizer=kmp.wrap(keras.optimizers.SGD(0.01)),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        )
+        own = _float8_mlp(matmul=None)
         losses = own.fit(x, y, batch_size=8, epochs=2, verbose=0)
         out["kmp_matmul"] = {
             "class": type(own.get_layer("hidden")).__module__,
