@@ -136,15 +136,14 @@ def load_data(config):
 
 
 def make_datasets(splits, config):
-    """`tf.data` batches (KerasHub's `fit` takes them on every backend):
-    training in that order, of which a resumed run's epoch k is the
-    uninterrupted run's (`Feeding`); validation's (the loss is per
-    token: no padding rows of weight 0)."""
-    import tensorflow as tf
-
+    """grain datasets of NumPy slices (KerasHub's `fit` takes them on
+    every backend, TensorFlow or none): training in the order
+    `load_data` drew, of which a resumed run's epoch k is the
+    uninterrupted run's; validation's batches once (the loss is per
+    token: no padding rows of weight 0). `Feeding.in_order`."""
     feeding = Feeding(config, splits)
-    train, test = (tf.data.Dataset.from_tensor_slices(s) for s in splits[:2])
-    return feeding.batches(train, shuffle=0), test.batch(config.batch_size)
+    test = feeding.in_order(splits.test, training=False)
+    return feeding.in_order(splits.train), test
 
 
 # ## Model

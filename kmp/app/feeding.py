@@ -24,12 +24,14 @@ from how many passes this process has made. A rerun resumed from the
 backup at epoch `k` (`kmp.app.backup.resumed_epoch`) starts the stream
 at batch `k * steps`, so it trains on the batches the uninterrupted run
 trained on. NumPy arrays ("arrays") are shuffled by `fit` itself, which
-a rerun does not resume.
+a rerun does not resume; `Feeding.in_order` streams arrays in the order
+they have, on every backend and without TensorFlow, resumed the same way.
 """
 
 import keras
 
 import kmp
+from kmp import backend
 from kmp.app import backup as kmp_backup
 from kmp.app import batching
 from kmp.app import data as kmp_data
@@ -171,6 +173,54 @@ class Feeding:
         passes = tf.data.Dataset.range(first_pass, 2**62)
         stream = passes.flat_map(one_pass).take(left)
         return stream.prefetch(tf.data.AUTOTUNE)
+
+    def in_order(self, split, training=True):
+        """An `(x, y)` pair of arrays (`x` may be a dict) as batches in
+        the arrays' own order, without TensorFlow: a grain `MapDataset`
+        (KerasHub's own loader; Keras's `fit` takes it on every backend).
+
+        Training: the run's stream from its first epoch on, as `batches`
+        makes it with `shuffle=0` (shuffle the arrays once, beforehand):
+        batch `b` is full batch `b % passes`, the last partial batch
+        dropped. Validation (`training=False`): the split once, its last
+        partial batch kept (dropped under many JAX processes, which must
+        run the same steps). Under many processes
+        `kmp.app.scale_out.process_share` cuts each its part of a batch.
+        """
+        try:
+            import grain
+        except ImportError:
+            raise kmp.InputError(
+                "Without TensorFlow, batches in order come from grain: "
+                "pip install grain."
+            ) from None
+        x, y = split
+        batch_size = self.config.batch_size
+        if training:
+            per_pass = len(y) // batch_size
+            if not per_pass:
+                raise kmp.InputError(
+                    f"{len(y)} training examples do not make one batch of "
+                    f"{batch_size}; pass a smaller --batch_size."
+                )
+            first = self.first_epoch * self.steps
+            left = max(self.config.epochs - self.first_epoch, 0) * self.steps
+            positions = grain.MapDataset.range(first, first + left)
+            rows = positions.map(lambda b: (b % per_pass) * batch_size)
+        else:
+            whole = backend.processes()[1] > 1
+            count = len(y) // batch_size if whole else -(-len(y) // batch_size)
+            rows = grain.MapDataset.range(count).map(lambda b: b * batch_size)
+
+        def cut(first):
+            def part(array):
+                return array[first : first + batch_size]
+
+            if isinstance(x, dict):
+                return {name: part(v) for name, v in x.items()}, part(y)
+            return part(x), part(y)
+
+        return rows.map(cut)
 
     def full_batches(self, split):
         """An `(x, y)` pair of arrays cut to its full batches: an epoch of

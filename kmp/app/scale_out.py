@@ -90,16 +90,26 @@ def process_share(data, batch_size):
     """This process's rows of `data`, batched as `local_batch_size`
     batches: `data` itself in a single process. Under many processes,
     process `p` of `P` takes the `p`-th of `P` equal parts of every
-    global batch: of a batched `tf.data` (rebatched, then sharded), or of
-    an `(x, y[, weight])` tuple of arrays (`x` may be a dict), whose rows
-    past the last full global batch are dropped. Every process then has
-    the same number of batches, which a collective step needs."""
+    global batch: of a batched `tf.data` (rebatched, then sharded), of a
+    grain dataset of full batches (`kmp.app.feeding.Feeding.in_order`),
+    or of an `(x, y[, weight])` tuple of arrays (`x` may be a dict), whose
+    rows past the last full global batch are dropped. Every process then
+    has the same number of batches, which a collective step needs."""
     process, count = backend.processes()
     if count == 1:
         return data
     local = batch_size // count
-    if not isinstance(data, tuple):
+    if hasattr(data, "rebatch"):  # tf.data
         return data.rebatch(local).shard(count, process)
+    if not isinstance(data, tuple):  # grain: each batch cut here
+
+        def cut(batch):
+            first = process * local
+            return keras.tree.map_structure(
+                lambda array: array[first : first + local], batch
+            )
+
+        return data.map(cut)
     first = (
         data[0]
         if not isinstance(data[0], dict)

@@ -10,6 +10,7 @@ from util import jax_only
 import kmp
 from kmp.app import data as kmp_data
 from kmp.app import feeding as feeding_module
+from kmp.app import scale_out
 from kmp.app.feeding import Feeding
 from kmp_config import configs
 
@@ -130,3 +131,69 @@ def test_a_training_split_smaller_than_a_batch_is_refused_in_one_line():
     data = tf.data.Dataset.from_tensor_slices(splits.train)
     with pytest.raises(kmp.InputError, match="3 training examples do not"):
         Feeding(_config(), splits).batches(data)
+
+
+def test_in_order_streams_the_run_s_batches_from_its_epoch(monkeypatch):
+    # 10 rows in batches of 4: 2 a pass, the last 2 rows never trained on.
+    x = {"ids": np.arange(10) * 10, "mask": np.arange(10) % 2 == 0}
+    splits = kmp_data.Splits((x, np.arange(10)), (x, np.arange(10)), "", "")
+    config = _config(steps=3, epochs=2)
+    stream = Feeding(config, splits).in_order(splits.train)
+    assert [y.tolist() for _, y in stream] == [[0, 1, 2, 3], [4, 5, 6, 7]] * 3
+    x1, _ = stream[1]
+    assert x1["ids"].tolist() == [40, 50, 60, 70]
+    assert x1["mask"].tolist() == [True, False, True, False]
+    # Validation: every row once, the last batch short.
+    test = Feeding(config, splits).in_order(splits.test, training=False)
+    assert [len(y) for _, y in test] == [4, 4, 2]
+    # Resumed at epoch 1: the uninterrupted run's batches 3 to 5.
+    monkeypatch.setattr(feeding_module.kmp_backup, "resumed_epoch", lambda c: 1)
+    resumed = Feeding(config, splits).in_order(splits.train)
+    assert [y.tolist() for _, y in resumed] == [
+        y.tolist() for _, y in list(stream)[3:]
+    ]
+    with pytest.raises(kmp.InputError, match="3 training examples do not"):
+        Feeding(config, _splits(train=3)).in_order(_splits(train=3).train)
+
+
+def test_in_order_gives_each_process_its_part_of_every_batch(monkeypatch):
+    rows = np.arange(18)
+    splits = kmp_data.Splits((rows, rows), (rows, rows), "", "")
+    config = _config(steps=2, epochs=1)
+    parts = []
+    for process in range(2):
+        monkeypatch.setattr(
+            scale_out.backend, "processes", lambda p=process: (p, 2)
+        )
+        monkeypatch.setattr(
+            feeding_module.backend, "processes", lambda p=process: (p, 2)
+        )
+        feeding = Feeding(config, splits)
+        train = scale_out.process_share(feeding.in_order(splits.train), 4)
+        test = feeding.in_order(splits.test, training=False)
+        test = scale_out.process_share(test, 4)
+        parts.append(
+            ([y.tolist() for _, y in train], [len(y) for _, y in test])
+        )
+    # The rows scale_out.process_share gives each process of arrays;
+    # validation's short last batch is dropped: the same steps for both.
+    assert parts[0] == ([[0, 1], [4, 5]], [2] * 4)
+    assert parts[1] == ([[2, 3], [6, 7]], [2] * 4)
+
+
+@pytest.mark.backend_independent
+def test_in_order_is_the_unshuffled_tf_data_stream(monkeypatch):
+    # The LM fed tf.data's stream (shuffle=0) before grain's: the same
+    # batches, so the figures it measured stay reproducible.
+    import tensorflow as tf
+
+    splits = _splits(train=22)  # 5 batches of 4 a pass
+    monkeypatch.setattr(feeding_module.kmp_backup, "resumed_epoch", lambda c: 1)
+    feeding = Feeding(_config(steps=3, epochs=5), splits)
+    data = tf.data.Dataset.from_tensor_slices(splits.train)
+    expected = list(feeding.batches(data, shuffle=0).as_numpy_iterator())
+    got = list(feeding.in_order(splits.train))
+    assert len(got) == len(expected) == 12
+    for (x, y), (tx, ty) in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(x, tx)
+        np.testing.assert_array_equal(y, ty)

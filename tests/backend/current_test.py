@@ -118,8 +118,9 @@ def test_kmp_imports_no_tensorflow_where_it_is_installed():
 def test_examples_bench_and_doctor_run_when_tensorflow_cannot_be_imported(
     tmp_path,
 ):
-    # `kmp bench`, the trainers and the doctor on synthetic data are what
-    # runs on a lent GPU, where there is no TensorFlow.
+    # `kmp bench`, the trainers (the LM's memory modes too) and the
+    # doctor on synthetic data are what runs on a lent GPU, where there
+    # is no TensorFlow.
     stdout = _run_without_tensorflow(
         f"""
         from kmp.app import bench
@@ -133,6 +134,12 @@ def test_examples_bench_and_doctor_run_when_tensorflow_cannot_be_imported(
             data="auto", width=8, steps=2, epochs=1, batch_size=8,
             synthetic_size=32, verbose=0, output_dir={str(tmp_path)!r}))
         print("train", results["data"], results["data_note"][:30])
+        from kmp.examples import lm  # KerasHub's fit on grain batches
+        results = lm.train(lm.Config(
+            steps=2, epochs=1, batch_size=4, hidden_dim=16, heads=2,
+            layers=1, sequence_length=16, text_bytes=2_000, verbose=0,
+            optimizer_states="int8", output_dir={str(tmp_path / "lm")!r}))
+        print("lm", results["epochs"], results["config"]["optimizer_states"])
         kmp_cli.main(["doctor", "imdb", "--data=synthetic",
                       "--synthetic_size=64", "--d_model=16",
                       "--sequence_length=8", "--batch_size=8", "--batches=1",
@@ -141,4 +148,5 @@ def test_examples_bench_and_doctor_run_when_tensorflow_cannot_be_imported(
     )
     assert "bench 4" in stdout
     assert "train synthetic offline: TFDS cannot be import" in stdout
+    assert "lm 1 int8" in stdout
     assert (tmp_path / "doctor" / "doctor.json").exists()
