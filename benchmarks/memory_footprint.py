@@ -15,7 +15,23 @@ the footprint, the donated state counted once). Nothing runs on the
 device. XLA's CPU compiler schedules without regard to memory: there,
 rematerialization shows no saving (measured: BENCHMARKS.md); on a GPU
 it does. Writes benchmarks/results/memory_footprint_<example>_<backend>.json.
+
+`--keep_barriers` schedules a CPU's step as a GPU's compiler does in
+one respect: XLA's CPU pipeline removes optimization barriers before it
+schedules, its GPU pipeline after, so that only there do they order the
+step. The 8-bit state's dequantization waits for its gradient behind one
+(`kmp.backend.ordered_after`); without the flag a CPU's analysis shows
+it hoisted to the step's start.
 """
+
+import os
+import sys
+
+if "--keep_barriers" in sys.argv:  # read when JAX starts XLA: set first
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "")
+        + " --xla_disable_hlo_passes=cse_barrier_expander"
+    ).strip()
 
 import argparse
 import dataclasses
@@ -26,6 +42,7 @@ from memory_modes import MODES
 import kmp
 from kmp import backend
 from kmp.app import batch_search
+from kmp.app import protocol
 from kmp_config import flags as kmp_flags
 
 
@@ -33,7 +50,9 @@ def footprint(example, config):
     """Bytes of state and of the compiled step of `example` under
     `config` (its policy and memory modes)."""
     with kmp.policy_scope(config.policy, config.master_weights):
-        model, x, y = batch_search.trained_model(example, config)
+        model, x, y = batch_search.trained_model(
+            protocol.load_example(example), config
+        )
         step = backend.train_step_memory(model, x, y, config.batch_size)
         state = backend.state_bytes(model)
     return {**state, "train_step": step}
@@ -45,6 +64,12 @@ def main():
     parser.add_argument("--batch_size", type=int, default=8)
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--output", default=None)
+    parser.add_argument(
+        "--keep_barriers",
+        action="store_true",
+        help="keep XLA's optimization barriers through scheduling, as "
+        "its GPU compiler does (module doc)",
+    )
     args, extra = common.parse_with_flags(parser)
     if backend.name() != "jax":
         raise SystemExit("XLA's memory analysis needs KERAS_BACKEND=jax.")
@@ -83,6 +108,7 @@ def main():
             "batch_size": args.batch_size,
             "flags": extra,
             "policy": "mixed_bfloat16",
+            "keep_barriers": args.keep_barriers,
             "modes": rows,
         },
         f"memory_footprint_{args.example}_{backend.name()}.json",

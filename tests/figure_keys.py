@@ -544,6 +544,7 @@ _PARITY = [
 
 _MEMORY = "Memory modes: 16-bit state, 16-bit master weights, remat"
 _INT8 = '8-bit optimizer state (`state_dtype="int8"`)'
+_INT8_MODES = ("float32", "bf16 state", "int8 state", "int8 + bf16 masters")
 _INT8_UPDATES = (
     "float32",
     "bf16 state",
@@ -721,6 +722,20 @@ _PART2 = {
                 "bf16 state, per variable",
                 "both, per variable",
             )
+        }
+    },
+    (_INT8, 5): {
+        "rows": {
+            mode: _footprint_row("memory_footprint_lm_int8_jax.json", mode)
+            for mode in _INT8_MODES
+        }
+    },
+    (_INT8, 6): {
+        "rows": {
+            mode: _footprint_row(
+                "memory_footprint_lm_int8_barriers_jax.json", mode
+            )
+            for mode in _INT8_MODES
         }
     },
     (_ON_H200_26, 0): _memory_table(
@@ -1072,8 +1087,10 @@ _FORMS_28 = {
 
 def _forms_row(size):
     """A row of the 2026-11-28 sweep of float8 GEMM forms."""
-    name = "float8_matmul_8192_jax.json" if size == 8192 else (
-        "float8_matmul_jax.json"
+    name = (
+        "float8_matmul_8192_jax.json"
+        if size == 8192
+        else ("float8_matmul_jax.json")
     )
     runs = ("sizes", {"size": size}, "runs")
     columns = {
@@ -1277,7 +1294,7 @@ README_KEYS = {
             ("ratios", "pinned/unpinned", "median"),
         )
     ],
-    "8-bit optimizer state (`kmp.wrap(..., state_dtype=\"int8\")`), the "
+    '8-bit optimizer state (`kmp.wrap(..., state_dtype="int8")`), the '
     "language model at CPU sizes with AdamW, 3 seeds: weights + state vs "
     "float32's with float32 / bfloat16 masters (issue 42's bounds: 0.51x / "
     "0.345x), and the mean final loss's change (bounds: 1% / 2%); ResNet-9 "

@@ -15,7 +15,8 @@ Keras API; what cannot be branches here, each function once, on
     optimizer_updates  variables read as float32, as stored, or as a
                  layer's call read them; the replica path; torch's no_grad;
                  the integer operations of stochastic rounding; an update
-                 of many variables at once over float32 copies (torch)
+                 of many variables at once over float32 copies (torch);
+                 work XLA may not start before a value exists
     keras_internals  Keras's version, the versions kmp is tested with,
                  and Keras's private names got with a clear error
     recompute    the state a rematerialized call writes, the same in its
@@ -85,6 +86,7 @@ from kmp.backend.optimizer_updates import float32_reads
 from kmp.backend.optimizer_updates import float32_working_copies
 from kmp.backend.optimizer_updates import integer_ops
 from kmp.backend.optimizer_updates import optimizer_class
+from kmp.backend.optimizer_updates import ordered_after
 from kmp.backend.optimizer_updates import outside_autograd
 from kmp.backend.optimizer_updates import reads_in_force
 from kmp.backend.optimizer_updates import stored_dtype
@@ -146,6 +148,7 @@ __all__ = [
     "note_dtype_errors",
     "out_of_trace",
     "optimizer_class",
+    "ordered_after",
     "private_attribute",
     "private_import",
     "outside_autograd",

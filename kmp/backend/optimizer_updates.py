@@ -24,6 +24,10 @@ rematerialization, which must recompute in the layer's dtype.
                         float32 copies of themselves (torch)
     optimizer_class     the class Keras makes for a stock optimizer class
                         (torch: its twin with the multi-tensor update)
+    ordered_after       values XLA may not compute from before another
+                        exists (JAX's optimization barrier; as they are
+                        elsewhere): an 8-bit slot's dequantization waits
+                        for its gradient
 
 Keras exports no `AutocastScope` nor `in_stateless_scope`: they are
 imported here, once, from `keras.src`, and here alone is the torch
@@ -66,6 +70,25 @@ def stored_dtype(variable) -> str:
     """The dtype `variable` is stored in (its `dtype` is the scope's)."""
     with stored_reads():
         return standardize_dtype(variable.value.dtype)
+
+
+def ordered_after(values, after):
+    """`values` (a structure of tensors), as values XLA computes nothing
+    from before `after` exists: JAX's `optimization_barrier` over both;
+    `values` as they are elsewhere.
+
+    Without it XLA is free to hoist work on `values` that does not need
+    `after` (an 8-bit slot's dequantization needs only the slot, not the
+    gradient) to the start of the step, where its float32 result then
+    lives through the whole backward pass.
+    """
+    if name() != "jax":
+        return values
+    import jax
+
+    # Keras variables in `values` as their arrays (a pytree's leaves).
+    values = jax.tree.map(ops.convert_to_tensor, values)
+    return jax.lax.optimization_barrier((values, after))[0]
 
 
 def updates_per_replica() -> bool:

@@ -206,7 +206,7 @@ class _LowPrecisionState(_Modes):
         """Weight decay (for weights rounded stochastically), then the
         stock update; every variable reads as float32 here (8-bit slots
         too, for the update)."""
-        with quantized_state.dequantized(self, [variable]):
+        with quantized_state.dequantized(self, [variable], after=grad):
             self._decayed_and_updated(grad, variable, learning_rate)
 
     def _decayed_and_updated(self, grad, variable, learning_rate):

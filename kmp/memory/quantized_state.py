@@ -308,21 +308,23 @@ def hold(working, value):
 
 
 @contextlib.contextmanager
-def dequantized(optimizer, weights):
+def dequantized(optimizer, weights, after=None):
     """A scope in which the 8-bit slots of `weights` read as float32 (the
     stock `update_step` reads and writes them); on exit each is
-    requantized, rounded stochastically, into its codes and scales."""
+    requantized, rounded stochastically, into its codes and scales.
+    `after` (the gradients): dequantized once they exist, not earlier
+    (`kmp.backend.ordered_after`)."""
     slots = slots_of(optimizer, weights)
     empty = [slot.working._value for slot in slots]
     try:
         with backend.stored_reads():
             for slot in slots:
-                hold(
-                    slot.working,
-                    dequantize(
-                        slot.codes.value, slot.scales.value, slot.signed
-                    ),
-                )
+                codes, scales = slot.codes.value, slot.scales.value
+                if after is not None:
+                    codes, scales = backend.ordered_after(
+                        (codes, scales), after
+                    )
+                hold(slot.working, dequantize(codes, scales, slot.signed))
         yield
         with backend.stored_reads():
             for slot in slots:
@@ -336,9 +338,10 @@ def _store(optimizer, slot):
     value = slot.working.value
     place = len(optimizer._trainable_variables) + _index(optimizer, slot)
     size = _blocks(math.prod(int(d) for d in slot.codes.shape)) * BLOCK
-    noise = rounding.noise_bits(
-        (size,), optimizer._rounding_seed, optimizer.iterations, place
-    )
+    # The draws once the new value exists, not hoisted to the step's
+    # start (`kmp.backend.ordered_after`).
+    step = backend.ordered_after(optimizer.iterations, value)
+    noise = rounding.noise_bits((size,), optimizer._rounding_seed, step, place)
     codes, scales = quantize(value, slot.signed, noise)
     slot.codes.assign(codes)
     slot.scales.assign(scales)
