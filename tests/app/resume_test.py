@@ -107,15 +107,18 @@ def test_the_language_model_resumed_equals_its_uninterrupted_run(
 ):
     # The whole example (`kmp train lm`), its Dropout included: 31
     # sequences make 7 batches a pass, so the rerun of epoch 3 (batches
-    # 6 to 8) starts inside the first pass and ends in the second.
+    # 6 to 8) starts inside the first pass and ends in the second. In
+    # the memory modes: bfloat16 weights and slots rounded stochastically
+    # (the draws keyed by the step), decoder blocks recomputed; the rerun
+    # resumes the backup in the same modes.
     pytest.importorskip("keras_hub")
     from util import Interrupted
     from util import interrupt_runs
 
+    import kmp
     from kmp.examples import lm
 
     settings = dict(
-        policy="float32",
         epochs=3,
         steps=3,
         batch_size=4,
@@ -125,6 +128,9 @@ def test_the_language_model_resumed_equals_its_uninterrupted_run(
         sequence_length=32,
         text_bytes=1000,
         verbose=0,
+        master_weights="bfloat16",
+        optimizer_states="bfloat16",
+        remat=True,
     )
     whole = lm.train(lm.Config(output_dir=str(tmp_path / "whole"), **settings))
     config = lm.Config(output_dir=str(tmp_path / "parts"), **settings)
@@ -135,3 +141,8 @@ def test_the_language_model_resumed_equals_its_uninterrupted_run(
     resumed = lm.train(config)
     assert resumed["step_losses"] == whole["step_losses"]  # all 9, exactly
     assert resumed["history"]["val_loss"] == whole["history"]["val_loss"]
+    assert resumed["state_bytes"] == whole["state_bytes"]
+    model = kmp.load_model(str(tmp_path / "parts" / "lm.keras"))
+    assert int(model.optimizer.iterations) == 9
+    assert {str(v.dtype) for v in model.trainable_weights} == {"bfloat16"}
+    assert kmp.memory.rounding_of(model.optimizer) == "stochastic"

@@ -176,8 +176,20 @@ def test_one_process_overflowing_makes_every_process_skip():
 
 @pytest.mark.slow
 @jax_only
-def test_two_processes_train_as_one_write_once_and_resume_alike(tmp_path):
-    # As one process of 4 devices would, on the same global batches.
+def test_two_processes_train_as_one_resume_alike_and_write_once(tmp_path):
+    # Stopped after epoch 1 (every process, its backup made), then rerun:
+    # each process resumes from its own backup at epoch 2.
+    out = tmp_path / "two"
+    assert [r["stopped"] for r in two("train", out, 2, 1)] == [1, 1]
+    assert sorted(os.listdir(out)) == ["backup", "backup_process_1"]
+    # Process 1's backup gone (as if it was killed before making it):
+    # a rerun of that copy is refused on every process.
+    refused = tmp_path / "refused"
+    shutil.copytree(out, refused)
+    shutil.rmtree(refused / "backup_process_1")
+    ranks = two("train", out, 2)
+    # As one process of 4 devices would, on the same global batches,
+    # uninterrupted: the resumed run's record holds both epochs.
     one = run_processes(
         [[SCRIPT, "one", "0", "0", str(tmp_path / "one"), "2"]],
         [{}],
@@ -185,39 +197,22 @@ def test_two_processes_train_as_one_write_once_and_resume_alike(tmp_path):
         backend="jax",
     )
     alone = script_result(one[0])
-    ranks = two("train", tmp_path / "two", 2)
     assert [r["processes"] for r in ranks] == [2, 2]
     assert [r["replicas"] for r in ranks] == [4, 4]
     assert [r["chief"] for r in ranks] == [True, False]
+    assert [r["epochs"] for r in ranks] == [2, 2]
     assert ranks[0]["step_losses"] == ranks[1]["step_losses"]
+    assert len(ranks[0]["step_losses"]) == 4
     assert ranks[0]["step_losses"] == pytest.approx(alone["step_losses"], 1e-5)
     assert set(ranks[0]["files"]) == {
         "imdb.keras",
         "results.json",
         "results.png",
     }
-    loaded = kmp.load_model(str(tmp_path / "two" / "imdb.keras"))
+    loaded = kmp.load_model(str(out / "imdb.keras"))
     assert loaded.count_params() > 0
 
-    # Stopped after epoch 1 (every process, its backup made), then rerun:
-    # each process resumes from its own backup at epoch 2.
-    out = tmp_path / "resumed"
-    assert [r["stopped"] for r in two("train", out, 2, 1)] == [1, 1]
-    assert sorted(os.listdir(out)) == ["backup", "backup_process_1"]
-    ranks = two("train", out, 2)
-    assert [r["epochs"] for r in ranks] == [2, 2]
-    assert ranks[0]["step_losses"] == ranks[1]["step_losses"]
-    assert len(ranks[0]["step_losses"]) == 4
-
-
-@pytest.mark.slow
-@jax_only
-def test_backups_at_different_epochs_are_refused_on_every_process(tmp_path):
-    out = tmp_path / "run"
-    two("train", out, 3, 1)  # both back up epoch 1, then stop
-    # Process 1's backup is gone (as if it was killed before making it).
-    shutil.rmtree(out / "backup_process_1")
-    outputs = two("train", out, 3, timeout=200, check=False)
+    outputs = two("train", refused, 2, timeout=200, check=False)
     for _, _, stderr in outputs:
         assert "resume at different epochs" in stderr
         assert "process 0: 1 epoch(s) done, process 1: 0 epoch(s) done" in (

@@ -170,33 +170,3 @@ def test_an_interrupted_run_resumes_from_its_backup(tmp_path, monkeypatch):
     # Epoch 1's three steps from the first run, epoch 2's from the rerun.
     assert len(results["step_losses"]) == 6
     assert not (tmp_path / "backup").exists()  # done: Keras deletes it
-
-
-@pytest.mark.slow
-def test_the_memory_modes_resume_from_a_backup(tmp_path, monkeypatch):
-    # bfloat16 weights and slots rounded stochastically (the draws keyed
-    # by the step), decoder blocks recomputed: the rerun resumes the
-    # backup in the same modes, and trains as the uninterrupted run did,
-    # to the bit (tests/app/resume_test.py says why).
-    from util import Interrupted
-    from util import interrupt_runs
-
-    modes = dict(
-        epochs=2,
-        master_weights="bfloat16",
-        optimizer_states="bfloat16",
-        remat=True,
-    )
-    straight = lm.train(small(tmp_path / "straight", **modes))
-    config = small(tmp_path / "resumed", **modes)
-    with monkeypatch.context() as patch:
-        interrupt_runs(patch, after_epochs=1)
-        with pytest.raises(Interrupted):
-            lm.train(config)
-    resumed = lm.train(config)
-    assert resumed["step_losses"] == straight["step_losses"]  # all 6
-    assert resumed["state_bytes"] == straight["state_bytes"]
-    model = kmp.load_model(str(tmp_path / "resumed" / "lm.keras"))
-    assert int(model.optimizer.iterations) == 6
-    assert {str(v.dtype) for v in model.trainable_weights} == {"bfloat16"}
-    assert kmp.memory.rounding_of(model.optimizer) == "stochastic"
