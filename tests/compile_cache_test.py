@@ -3,10 +3,12 @@ compiles nothing on JAX; bad directories; backends without a cache."""
 
 import logging
 import os
+import pathlib
 import shutil
 
 import pytest
 from util import jax_only
+from util import once_per_session
 from util import run_script
 from util import tf_only
 
@@ -80,10 +82,17 @@ def _train(cache):
     )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def first_run(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("cache") / "xla"
-    return cache, _train(cache)
+    """The first run's cache and record, once for the pytest run (both
+    pytest processes read them; the tests only read the cache)."""
+
+    def train():
+        cache = tmp_path_factory.mktemp("cache") / "xla"
+        return str(cache), _train(cache)
+
+    cache, first = once_per_session(tmp_path_factory, "compile_cache", train)
+    return pathlib.Path(cache), first
 
 
 @jax_only

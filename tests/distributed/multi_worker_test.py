@@ -15,6 +15,7 @@ import sys
 
 import pytest
 from util import free_ports
+from util import once_per_session
 from util import run_processes
 from util import script_result
 from util import tf_only
@@ -40,11 +41,16 @@ def _workers(scenario, workdir, count=2, timeout=300):
     return [script_result(out) for out in outputs]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cluster(tmp_path_factory):
     """Both workers' results of the `fit`, `overflow` and `shard`
-    scenarios, from one 2-worker job."""
-    return _workers("all", tmp_path_factory.mktemp("workers"))
+    scenarios, from one 2-worker job for the pytest run (both pytest
+    processes read them)."""
+    return once_per_session(
+        tmp_path_factory,
+        "multi_worker",
+        lambda: _workers("all", tmp_path_factory.mktemp("workers")),
+    )
 
 
 def test_multi_worker_fit_trains_identically_on_both_workers(cluster):

@@ -2,10 +2,12 @@
 synthetic data, the real TFDS code path on mock data, the BiLSTM."""
 
 import os
+import pathlib
 
 import keras
 import numpy as np
 import pytest
+from util import once_per_session
 from util import small_imdb_config
 
 import kmp
@@ -19,26 +21,31 @@ def small(tmp_path, **overrides):
     return small_imdb_config(output_dir=str(tmp_path), **overrides)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def trained(tmp_path_factory):
     """One mixed-float16 training run: its results and output folder.
     120 steps on reviews of 64 tokens, enough to learn the synthetic
     sentiment words: test accuracy 0.84 (TF), 0.81 (JAX), 0.80 (torch)
     measured, on the whole test split (128 reviews)."""
-    folder = tmp_path_factory.mktemp("imdb")
-    config = small(
-        folder,
-        policy="mixed_float16",
-        steps=40,
-        epochs=3,
-        batch_size=16,
-        learning_rate=4e-3,
-        sequence_length=64,
-        vocabulary_size=128,
-        synthetic_size=640,
-        eval_steps=100,  # all of the test split
-    )
-    return imdb.train(config), folder
+
+    def train():
+        folder = tmp_path_factory.mktemp("imdb")
+        config = small(
+            folder,
+            policy="mixed_float16",
+            steps=40,
+            epochs=3,
+            batch_size=16,
+            learning_rate=4e-3,
+            sequence_length=64,
+            vocabulary_size=128,
+            synthetic_size=640,
+            eval_steps=100,  # all of the test split
+        )
+        return imdb.train(config), str(folder)
+
+    results, folder = once_per_session(tmp_path_factory, "imdb_float16", train)
+    return results, pathlib.Path(folder)
 
 
 @pytest.mark.slow

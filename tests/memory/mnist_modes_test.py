@@ -22,6 +22,7 @@ import keras
 import numpy as np
 import pytest
 from util import JIT_COMPILE
+from util import once_per_session
 
 import kmp
 
@@ -78,10 +79,15 @@ def _accuracy(policy, master_weights, state_dtype, seed):
     return 100 * model.evaluate(x_test, y_test, batch_size=500, verbose=0)[1]
 
 
-@pytest.fixture(scope="module")
-def float32():
-    """float32's test accuracy per seed."""
-    return [_accuracy("float32", "float32", None, seed) for seed in SEEDS]
+@pytest.fixture(scope="session")
+def float32(tmp_path_factory):
+    """float32's test accuracy per seed, trained once for the pytest run
+    (both pytest processes read it)."""
+    return once_per_session(
+        tmp_path_factory,
+        "mnist_float32",
+        lambda: [_accuracy("float32", "float32", None, s) for s in SEEDS],
+    )
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
