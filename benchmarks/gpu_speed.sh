@@ -16,11 +16,9 @@
 #      4096 wide or more (1.03x in the float32-output form).
 #
 # Not here: the language model's memory modes with 8-bit optimizer state
-# (issue 42, item 5). `examples/lm.py` batches through `tf.data`, and the
-# device machine has no TensorFlow: the 2026-11-28 run failed at its
-# import (benchmarks/results/h200_2026-11-28/memory_modes_int8.log).
-# Once the example feeds without TensorFlow, `benchmarks/memory_modes.py
-# lm --modes="float32,int8 state,int8 + bf16 masters"` is that step.
+# (issue 42, item 5): benchmarks/gpu_memory.sh, the next call. (On
+# 2026-11-28 they failed on the device, which has no TensorFlow, at
+# examples/lm.py's tf.data; it feeds grain batches now.)
 #
 # On 2026-11-27 and 2026-11-28 (H200) earlier versions of this script
 # ran out of their limits in float8_matmul.py's compiles at 8192 with
