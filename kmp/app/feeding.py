@@ -133,14 +133,8 @@ class Feeding:
         import tensorflow as tf
 
         config, batch_size = self.config, self.config.batch_size
-        per_pass = batching.split_size(split) // batch_size
-        if not per_pass:
-            raise kmp.InputError(
-                f"{batching.split_size(split)} training examples do not "
-                f"make one batch of {batch_size}; pass a smaller "
-                "--batch_size."
-            )
-        first_pass, skipped = divmod(self.first_epoch * self.steps, per_pass)
+        per_pass, first, left = self._stream(batching.split_size(split))
+        first_pass, skipped = divmod(first, per_pass)
 
         def one_pass(number):
             # The shuffle's graph-level seed fixed: the order is drawn from
@@ -169,7 +163,6 @@ class Feeding:
         # The run's batches from this epoch on, and no more: `fit`
         # without `steps_per_epoch` would take them as one epoch, not
         # run forever.
-        left = max(config.epochs - self.first_epoch, 0) * self.steps
         passes = tf.data.Dataset.range(first_pass, 2**62)
         stream = passes.flat_map(one_pass).take(left)
         return stream.prefetch(tf.data.AUTOTUNE)
@@ -197,14 +190,7 @@ class Feeding:
         x, y = split
         batch_size = self.config.batch_size
         if training:
-            per_pass = len(y) // batch_size
-            if not per_pass:
-                raise kmp.InputError(
-                    f"{len(y)} training examples do not make one batch of "
-                    f"{batch_size}; pass a smaller --batch_size."
-                )
-            first = self.first_epoch * self.steps
-            left = max(self.config.epochs - self.first_epoch, 0) * self.steps
+            per_pass, first, left = self._stream(len(y))
             positions = grain.MapDataset.range(first, first + left)
             rows = positions.map(lambda b: (b % per_pass) * batch_size)
         else:
@@ -221,6 +207,19 @@ class Feeding:
             return part(x), part(y)
 
         return rows.map(cut)
+
+    def _stream(self, size):
+        """`(per_pass, first, left)` of the training stream over `size`
+        examples: its full batches a pass, this run's first batch in it,
+        and the batches the run has left (the module doc)."""
+        per_pass = size // self.config.batch_size
+        if not per_pass:
+            raise kmp.InputError(
+                f"{size} training examples do not make one batch of "
+                f"{self.config.batch_size}; pass a smaller --batch_size."
+            )
+        left = max(self.config.epochs - self.first_epoch, 0) * self.steps
+        return per_pass, self.first_epoch * self.steps, left
 
     def full_batches(self, split):
         """An `(x, y)` pair of arrays cut to its full batches: an epoch of
