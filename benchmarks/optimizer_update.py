@@ -19,7 +19,7 @@ interleaved round by round:
     int8 + bf16 masters
                   bfloat16 variables, int8 slots, stochastic rounding
 
-and on torch the last two again without kmp's grouped update (`per
+and on torch `bf16 state` and `both` again without kmp's grouped update (`per
 variable`: Keras's per-variable `update_step` in float32, each write
 rounded alone, what kmp runs on JAX, TensorFlow and for Nadam).
 Eager on every backend: on TensorFlow and JAX `fit` compiles the update
@@ -43,6 +43,7 @@ import numpy as np  # noqa: E402
 
 import kmp  # noqa: E402
 from kmp import backend  # noqa: E402
+from kmp.memory import grouped_update  # noqa: E402
 
 
 def _variables(args, dtype):
@@ -131,8 +132,22 @@ def main():
         action="store_true",
         help="JAX: time the jitted stateless update (what fit runs)",
     )
+    parser.add_argument(
+        "--group_elements",
+        type=int,
+        default=grouped_update.GROUP_ELEMENTS,
+        help="torch: weights' elements updated together",
+    )
+    parser.add_argument(
+        "--rounded_elements",
+        type=int,
+        default=grouped_update.ROUNDED_ELEMENTS,
+        help="torch: elements rounded stochastically in one pass",
+    )
     parser.add_argument("--output", default=None)
     args = parser.parse_args()
+    grouped_update.GROUP_ELEMENTS = args.group_elements
+    grouped_update.ROUNDED_ELEMENTS = args.rounded_elements
     if args.compiled and backend.name() != "jax":
         parser.error("--compiled is JAX's: set KERAS_BACKEND=jax")
     compiled = args.compiled

@@ -47,14 +47,17 @@ def subtract(x, y):
     return torch.sub(x, y)
 
 
-def searchsorted(sorted_sequence, values, side="left"):
-    return torch.searchsorted(
-        sorted_sequence, values, side=side, out_int32=True
-    )
-
-
-def take(x, indices):
-    return x[indices]
+def repeat(x, repeats, axis):
+    """1-D `x`'s elements, each `repeats[i]` times (a list of Python
+    ints): joined from views, so torch needs no output size from the
+    device and gathers nothing (`torch.repeat_interleave` with a tensor
+    of repeats does both, or reads the size back)."""
+    if axis != 0 or len(shape(x)) != 1:
+        raise ValueError(
+            f"repeat here takes a 1-D tensor along axis 0; got shape "
+            f"{shape(x)} and axis={axis}."
+        )
+    return torch.cat([x[i].expand(n) for i, n in enumerate(repeats)])
 
 
 def concatenate(xs):

@@ -39,6 +39,15 @@ GROUPED = ("Adam", "AdamW", "SGD", "Lion", "RMSprop", "Adamax")
 # temporaries and the rounding's (some 20 bytes an element of each):
 # with Adam's two slots, about 250 MiB.
 GROUP_ELEMENTS = 2**22
+# Elements rounded stochastically in one pass (whole tensors; one larger
+# tensor alone). The rounding's twenty integer operations each make a
+# temporary the pass's size: on a 2-core CPU, with AdamW over 4.5M
+# parameters, passes of 2**18-2**20 elements rounded 1.3x faster than
+# passes of 2**22, whose temporaries left the cache
+# (`benchmarks/optimizer_update.py --rounded_elements`). A GPU pays a
+# launch per operation and pass instead: there larger passes should do
+# better (unmeasured).
+ROUNDED_ELEMENTS = 2**20
 
 
 def groups(variables, elements):
@@ -63,8 +72,9 @@ class _Group(typing.NamedTuple):
     variables: list  # the weights
     widened: list  # their bfloat16 weights and slots
     decayed: list  # the weights whose decay is computed here
-    stochastic: list  # positions in `widened` rounded stochastically
-    layout: object  # `rounding.many_layout` of those, or None
+    # Runs of positions in `widened` rounded stochastically, each with
+    # its `rounding.many_layout`.
+    rounded: list
 
 
 def _plan(optimizer, trainable_variables):
@@ -85,19 +95,23 @@ def _plan(optimizer, trainable_variables):
         ]
         places = [optimizer._rounding_place(v) for v in widened]
         stochastic = [i for i, place in enumerate(places) if place is not None]
-        layout = None
-        if stochastic:
-            layout = many_layout(
-                [tuple(widened[i].shape) for i in stochastic],
-                optimizer._rounding_seed,
-                [places[i] for i in stochastic],
+        rounded = [
+            (
+                [stochastic[j] for j in run],
+                many_layout(
+                    [tuple(widened[stochastic[j]].shape) for j in run],
+                    optimizer._rounding_seed,
+                    [places[stochastic[j]] for j in run],
+                ),
             )
+            for run in groups(
+                [widened[i] for i in stochastic], ROUNDED_ELEMENTS
+            )
+        ]
         decayed = [
             v for v in variables if optimizer._stochastic_index(v) is not None
         ]
-        made.append(
-            _Group(indices, variables, widened, decayed, stochastic, layout)
-        )
+        made.append(_Group(indices, variables, widened, decayed, rounded))
     plans[key] = made
     return made
 
@@ -143,15 +157,15 @@ def _write_back(optimizer, group, copies):
     rounded as the optimizer's `assign` rounds it, the stochastic ones
     in one pass."""
     values = list(copies)
-    if group.stochastic:
+    for positions, layout in group.rounded:
         rounded = stochastic_round_many(
-            [values[i] for i in group.stochastic],
+            [values[i] for i in positions],
             optimizer._rounding_seed,
             optimizer.iterations,
             None,  # the layout holds the indices
-            group.layout,
+            layout,
         )
-        for i, value in zip(group.stochastic, rounded):
+        for i, value in zip(positions, rounded):
             values[i] = value
     with backend.stored_reads():  # the write reaches the variable
         for variable, value in zip(group.widened, values):

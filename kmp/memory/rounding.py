@@ -29,6 +29,8 @@ same bits, without eager `keras.ops`' cost per call).
 import math
 import typing
 
+import numpy as np
+
 from kmp import backend
 
 # Chris Wellons's "lowbias32" integer hash: multipliers found by search
@@ -141,9 +143,10 @@ class Layout(typing.NamedTuple):
     Keras puts arrays, so that a step copies nothing from the host."""
 
     shapes: list
+    sizes: list  # elements in each tensor
     total: int  # elements in all
     cuts: list  # where the second tensor starts, the third, ...
-    starts: object  # int32 array: where each tensor starts
+    shifts: object  # int32 array: each tensor's start times the golden step
     bases: object  # int32 array: each tensor's fixed part of the key
 
 
@@ -155,9 +158,13 @@ def many_layout(shapes, seed, indices) -> Layout:
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     return Layout(
         shapes=[tuple(shape) for shape in shapes],
+        sizes=sizes,
         total=sum(sizes),
         cuts=starts[1:],
-        starts=ops.convert_to_tensor(starts, "int32"),
+        shifts=ops.convert_to_tensor(
+            [_signed((start * _GOLDEN) & 0xFFFFFFFF) for start in starts],
+            "int32",
+        ),
         bases=ops.convert_to_tensor(
             [_base(seed, index) for index in indices], "int32"
         ),
@@ -184,18 +191,22 @@ def stochastic_round_many(tensors, seed, step, indices, layout=None):
     ops = backend.integer_ops()
     if layout is None:
         layout = many_layout([ops.shape(x) for x in tensors], seed, indices)
-    # Each element's tensor, found among the starts (a search, not a
-    # repeat by the sizes, whose output size torch reads back from the
-    # device), its index within that tensor, and the tensor's key.
+    # The hash's input for element i of a tensor starting at `start` is
+    # i * golden + key = position * golden + (key - start * golden),
+    # wrapping: one number per tensor, repeated over its elements, and
+    # no element has to find its tensor (a search and two gathers, which
+    # cost this rounding more than its hash did on a CPU).
+    offsets = ops.subtract(_key(layout.bases, step), layout.shifts)
     position = ops.arange(layout.total, dtype="int32")
-    owner = ops.subtract(
-        ops.searchsorted(layout.starts, position, side="right"), 1
+    inputs = ops.add(
+        ops.multiply(position, _signed(_GOLDEN)),
+        # Host counts (NumPy: jnp.repeat refuses a list), static to XLA.
+        ops.repeat(offsets, np.asarray(layout.sizes), axis=0),
     )
-    counter = ops.subtract(position, ops.take(layout.starts, owner))
-    key = ops.take(_key(layout.bases, step), owner)
+    mixed = hash32(inputs)
     flat = ops.concatenate(
         [ops.reshape(ops.cast(x, "float32"), (-1,)) for x in tensors]
     )
-    rounded = _rounded(flat, _noise(counter, key))
+    rounded = _rounded(flat, _shift_right(mixed, 16))
     pieces = ops.split(rounded, layout.cuts)
     return [ops.reshape(p, shape) for p, shape in zip(pieces, layout.shapes)]

@@ -22,12 +22,18 @@ def test_groups_hold_at_most_their_elements_in_order():
     assert list(grouped_update.groups(variables, 100)) == [[0, 1, 2, 3, 4]]
 
 
-def _grouped_run(monkeypatch, group_elements=None, in_groups=True):
+def _grouped_run(
+    monkeypatch, group_elements=None, in_groups=True, rounded_elements=None
+):
     """Four AdamW steps of a 3-layer MLP under bfloat16 masters and
     state; the weights and slots after, and how many multi-tensor
     updates ran."""
     if group_elements is not None:
         monkeypatch.setattr(grouped_update, "GROUP_ELEMENTS", group_elements)
+    if rounded_elements is not None:
+        monkeypatch.setattr(
+            grouped_update, "ROUNDED_ELEMENTS", rounded_elements
+        )
     monkeypatch.setattr(backend, "updates_in_groups", lambda: in_groups)
     kmp.enable("mixed_bfloat16", master_weights="bfloat16")
     keras.utils.set_random_seed(1)
@@ -67,6 +73,14 @@ def test_on_torch_groups_of_variables_update_at_once(monkeypatch):
     apart, calls = _grouped_run(monkeypatch, group_elements=8)
     assert calls == [1] * 6 * 4
     for a, b in zip(together, apart):
+        np.testing.assert_array_equal(a, b)
+    # One group, rounded a tensor or two per pass (18 tensors, in
+    # passes of at most 72 elements): the same bits again.
+    passes, calls = _grouped_run(
+        monkeypatch, group_elements=2**22, rounded_elements=72
+    )
+    assert calls == [6] * 4
+    for a, b in zip(together, passes):
         np.testing.assert_array_equal(a, b)
     # Variable by variable (Keras's per-variable update_step: the same
     # float32 arithmetic in another order, and the decay rounded apart
