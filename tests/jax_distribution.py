@@ -25,10 +25,10 @@ from kmp.examples import cifar10  # noqa: E402
 from kmp.examples import imdb  # noqa: E402
 
 
-def sharding(model, name):
-    """Into how many distinct parts the first weight whose path contains
-    `name` is split over the devices."""
-    kernel = next(v for v in model.weights if name in v.path)
+def sharding(variables, name):
+    """Into how many distinct parts the first of `variables` whose path
+    contains `name` is split over the devices."""
+    kernel = next(v for v in variables if name in v.path)
     shards = kernel.value.addressable_shards
     return len({tuple((s.start, s.stop) for s in x.index) for x in shards})
 
@@ -40,6 +40,8 @@ def main(name):
         policy="mixed_bfloat16",
         synthetic_size=64,
         distribution=name,
+        # Split kernels, 8-bit slots: the codes take the kernel's layout.
+        optimizer_states="int8" if name == "model" else "float32",
         output_dir=os.path.join(out, "imdb"),
     )
     imdb_results = imdb.train(imdb_config)
@@ -48,9 +50,16 @@ def main(name):
         "losses": imdb_results["step_losses"],
         "replicas": imdb_results["replicas"],
         # Loaded under the distribution: its variables take the layout.
-        "query_parts": sharding(model, "attention_0/query/kernel"),
-        "ffn_up_parts": sharding(model, "ffn_up_0/kernel"),
-        "ffn_down_parts": sharding(model, "ffn_down_0/kernel"),
+        "query_parts": sharding(model.weights, "attention_0/query/kernel"),
+        "ffn_up_parts": sharding(model.weights, "ffn_up_0/kernel"),
+        "ffn_down_parts": sharding(model.weights, "ffn_down_0/kernel"),
+        # The loaded optimizer's first 8-bit slot codes of ffn_up_0's
+        # kernel (none with float32 state).
+        "ffn_up_codes": [
+            [str(v.dtype), sharding([v], v.path)]
+            for v in model.optimizer.variables
+            if "ffn_up_0" in v.path and v.path.endswith("codes")
+        ],
     }
     results["audit"] = [
         f.problem
@@ -146,7 +155,7 @@ def parts():
                 "largest": float(np.max(shards[0])),
             }
         out["float8_histories"] = histories
-        out["hidden_parts"] = sharding(model, "hidden/kernel")
+        out["hidden_parts"] = sharding(model.weights, "hidden/kernel")
         # The same model with kmp.float8's default matmul (kmp's own):
         # trains on the mesh, its hidden kernel still split.
         own = _float8_mlp(matmul=None)
@@ -154,7 +163,7 @@ def parts():
         out["kmp_matmul"] = {
             "class": type(own.get_layer("hidden")).__module__,
             "losses": [float(v) for v in losses.history["loss"]],
-            "hidden_parts": sharding(own, "hidden/kernel"),
+            "hidden_parts": sharding(own.weights, "hidden/kernel"),
         }
         diagnosis = kmp.diagnose(model, (x, y), verbose=0)
         out["diagnosed_layers"] = len(diagnosis.layers)

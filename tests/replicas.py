@@ -8,6 +8,7 @@
     python tests/replicas.py float8_fit
     python tests/replicas.py keras_float8 kmp|stock
     python tests/replicas.py bfloat16_masters
+    python tests/replicas.py int8_state
     python tests/replicas.py all     # every scenario the tests read
 
 A helper for tests/replicas_test.py: logical devices must be set before
@@ -261,7 +262,40 @@ def bfloat16_masters():
     }
 
 
-# What `all` runs, in order; the last three set the global policy.
+def int8_state():
+    """AdamW's slots in 8 bits (the 512-element kernel's; the smaller
+    ones float32) over bfloat16 weights rounded stochastically, under
+    MirroredStrategy and Keras's fit."""
+    kmp.enable("mixed_bfloat16", master_weights="bfloat16")
+    x, y = classification_data()
+    with STRATEGY.scope():
+        model = mlp(units=64)
+        optimizer = kmp.wrap(
+            keras.optimizers.AdamW(1e-2, weight_decay=0.05),
+            state_dtype="int8",
+            rounding="stochastic",
+        )
+        model.compile(
+            optimizer=optimizer, loss="sparse_categorical_crossentropy"
+        )
+    history = model.fit(x, y, batch_size=32, epochs=3, verbose=0)
+    return {
+        "history": history.history,
+        "codes": [
+            v.path for v in optimizer.variables if v.path.endswith("codes")
+        ],
+        "variables": [
+            [  # numpy has no bfloat16: the values as float32
+                np.asarray(keras.ops.cast(v, "float32")).tolist()
+                for v in STRATEGY.experimental_local_results(w.value)
+            ]
+            for w in [*model.trainable_weights, *optimizer.variables]
+        ],
+    }
+
+
+# What `all` runs, in order; from `distribute_stock` on, each sets the
+# global policy it trains under.
 ALL = {
     "one_inf kmp 0": lambda: one_inf("kmp", 0),
     "one_inf kmp 1": lambda: one_inf("kmp", 1),
@@ -275,6 +309,7 @@ ALL = {
     "keras_float8 kmp": lambda: keras_float8("kmp"),
     "keras_float8 stock": lambda: keras_float8("stock"),
     "bfloat16_masters": bfloat16_masters,
+    "int8_state": int8_state,
 }
 
 if __name__ == "__main__":
@@ -297,6 +332,8 @@ if __name__ == "__main__":
         out = keras_float8(sys.argv[2])
     elif scenario == "bfloat16_masters":
         out = bfloat16_masters()
+    elif scenario == "int8_state":
+        out = int8_state()
     else:
         raise SystemExit(f"unknown scenario {scenario!r}")
     print("RESULT " + json.dumps(out))

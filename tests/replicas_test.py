@@ -117,6 +117,19 @@ def test_bfloat16_masters_round_alike_on_every_replica(replicas):
 
 
 @tf_only
+def test_int8_state_quantizes_alike_on_every_replica(replicas):
+    # Each replica's update of an 8-bit slot draws the same rounding
+    # (seed, step, variable, element): codes, scales and the bfloat16
+    # weights stay one model's.
+    out = replicas["int8_state"]
+    assert len(out["codes"]) == 2  # m and v of the 8 x 64 kernel
+    loss = out["history"]["loss"]
+    assert loss[-1] < 0.8 * loss[0]
+    for replicas_values in out["variables"]:
+        assert replicas_values[0] == replicas_values[1]
+
+
+@tf_only
 def test_float8_layers_train_alike_on_every_replica(replicas):
     out = replicas["float8_fit"]
     assert out["modes"][0] == "float8"  # Keras's float8, by kmp.float8

@@ -143,7 +143,9 @@ def update_in_groups(
                     # In float32 here, rounded stochastically below (the
                     # optimizer's `_apply_weight_decay` left them out).
                     stock_decay(group.decayed)
-                with quantized_state.dequantized(optimizer, group.variables):
+                with quantized_state.dequantized(
+                    optimizer, group.variables, pass_elements=ROUNDED_ELEMENTS
+                ):
                     stock_update(
                         [ops.cast(grads[i], "float32") for i in group.indices],
                         group.variables,

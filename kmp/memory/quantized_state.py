@@ -147,6 +147,14 @@ def quantize(x, signed, noise=None):
     shape = ops.shape(x)
     size = math.prod(int(dim) for dim in shape)
     grid = _in_blocks(ops.reshape(ops.cast(x, "float32"), (-1,)), size)
+    index, scales = _grid_codes(grid, signed, noise)
+    codes = ops.cast(index[:size] - _OFFSET, "int8")
+    return ops.reshape(codes, shape), scales
+
+
+def _grid_codes(grid, signed, noise):
+    """The table indices (int32, flat) and the scales of the blocks of
+    `grid` (blocks, BLOCK): `quantize`'s work, block by block."""
     if not signed:
         grid = ops.maximum(grid, 0.0)
     scales = ops.max(ops.abs(grid), axis=1)
@@ -163,13 +171,61 @@ def quantize(x, signed, noise=None):
         uniform = ops.divide(ops.cast(noise, "float32") + 0.5, 2.0**16)
         up = ops.less(uniform, fraction)
     rank = below + ops.cast(up, "int32")  # among 0 and the magnitudes
-    if signed:  # the table: the magnitudes negated, 0, the magnitudes
-        rank = ops.where(ops.less(normal, 0.0), -rank, rank)
-        index = rank + _MAGNITUDES
-    else:
-        index = rank
-    codes = ops.cast(index[:size] - _OFFSET, "int8")
-    return ops.reshape(codes, shape), scales
+    if not signed:
+        return rank, scales
+    # The table: the magnitudes negated, 0, the magnitudes.
+    rank = ops.where(ops.less(normal, 0.0), -rank, rank)
+    return rank + _MAGNITUDES, scales
+
+
+def _joined_blocks(tensors):
+    """`tensors` flat, each zero-padded to whole blocks, end to end."""
+    parts = []
+    for x in tensors:
+        size = math.prod(int(dim) for dim in ops.shape(x))
+        flat = ops.reshape(x, (-1,))
+        padding = _blocks(size) * BLOCK - size
+        parts.append(ops.pad(flat, [(0, padding)]) if padding else flat)
+    return ops.concatenate(parts) if len(parts) > 1 else parts[0]
+
+
+def _cut(flat, shapes, per_element=True):
+    """`flat` (blocks of `_joined_blocks`, or with `per_element=False`
+    their scales) cut back into one tensor of each of `shapes`."""
+    pieces, start = [], 0
+    for shape in shapes:
+        size = math.prod(int(dim) for dim in shape)
+        width = _blocks(size) * (BLOCK if per_element else 1)
+        piece = flat[start : start + width]
+        pieces.append(
+            ops.reshape(piece[:size], shape) if per_element else piece
+        )
+        start += width
+    return pieces
+
+
+def quantize_many(tensors, signed, noise):
+    """`quantize` of each of `tensors` (the same codes and scales), in one
+    pass: a fixed number of operations where one slot at a time takes
+    some forty (a kernel each on eager torch).
+
+    Args:
+        tensors: float32 tensors, each of at least one element.
+        signed: The map all of them take.
+        noise: Uniform int32 in [0, 2**16): each tensor's `quantize`
+            noise, joined in order (`rounding.many_noise` over the
+            tensors' padded sizes).
+
+    Returns:
+        A list of `(codes, scales)`, one per tensor.
+    """
+    shapes = [ops.shape(x) for x in tensors]
+    grid = ops.reshape(_joined_blocks(tensors), (-1, BLOCK))
+    index, scales = _grid_codes(grid, signed, noise)
+    codes = ops.cast(index - _OFFSET, "int8")
+    return list(
+        zip(_cut(codes, shapes), _cut(scales, shapes, per_element=False))
+    )
 
 
 def _neighbours(magnitude, signed):
@@ -215,6 +271,17 @@ def dequantize(codes, scales, signed):
     values = _in_blocks(ops.take(_table(signed), index), size)
     flat = ops.reshape(ops.multiply(values, scales[:, None]), (-1,))
     return ops.reshape(flat[:size], shape)
+
+
+def dequantize_many(codes, scales, signed):
+    """`dequantize` of each pair of `codes` and `scales` (lists, all of
+    one map), in one pass; the float32 tensors, in order."""
+    shapes = [ops.shape(c) for c in codes]
+    index = ops.cast(_joined_blocks(codes), "int32") + _OFFSET
+    values = ops.reshape(ops.take(_table(signed), index), (-1, BLOCK))
+    joined = ops.concatenate(scales) if len(scales) > 1 else scales[0]
+    flat = ops.reshape(ops.multiply(values, joined[:, None]), (-1,))
+    return _cut(flat, shapes)
 
 
 def quantizes(shape, name) -> bool:
@@ -308,43 +375,122 @@ def hold(working, value):
 
 
 @contextlib.contextmanager
-def dequantized(optimizer, weights, after=None):
+def dequantized(optimizer, weights, after=None, pass_elements=None):
     """A scope in which the 8-bit slots of `weights` read as float32 (the
     stock `update_step` reads and writes them); on exit each is
     requantized, rounded stochastically, into its codes and scales.
-    `after` (the gradients): dequantized once they exist, not earlier
-    (`kmp.backend.ordered_after`)."""
+
+    Args:
+        optimizer: The 8-bit optimizer.
+        weights: The weights whose slots to dequantize.
+        after: The gradients: dequantized once they exist, not earlier
+            (`kmp.backend.ordered_after`); None: no order asked.
+        pass_elements: None: a slot at a time (a compiled step fuses
+            each). A number: slots of one map at once, in passes of up
+            to that many elements (`_passes`), the same bits in a fixed
+            number of operations a pass (eager torch: a kernel each).
+    """
     slots = slots_of(optimizer, weights)
     empty = [slot.working._value for slot in slots]
+    passes = _passes(optimizer, slots, pass_elements)
     try:
         with backend.stored_reads():
-            for slot in slots:
-                codes, scales = slot.codes.value, slot.scales.value
+            for run, layout in passes:
+                codes = [slot.codes.value for slot in run]
+                scales = [slot.scales.value for slot in run]
                 if after is not None:
                     codes, scales = backend.ordered_after(
                         (codes, scales), after
                     )
-                hold(slot.working, dequantize(codes, scales, slot.signed))
+                signed = run[0].signed
+                if layout is None:
+                    values = [dequantize(codes[0], scales[0], signed)]
+                else:
+                    values = dequantize_many(codes, scales, signed)
+                for slot, value in zip(run, values):
+                    hold(slot.working, value)
         yield
         with backend.stored_reads():
-            for slot in slots:
-                _store(optimizer, slot)
+            for run, layout in passes:
+                _store(optimizer, run, layout)
     finally:
         for slot, value in zip(slots, empty):
             hold(slot.working, value)
 
 
-def _store(optimizer, slot):
-    value = slot.working.value
-    place = len(optimizer._trainable_variables) + _index(optimizer, slot)
-    size = _blocks(math.prod(int(d) for d in slot.codes.shape)) * BLOCK
-    # The draws once the new value exists, not hoisted to the step's
+def _passes(optimizer, slots, pass_elements):
+    """`[(slots, layout)]`: `slots` a slot at a time, or (with a number
+    of elements) runs of slots of one map, each with the
+    `rounding.many_layout` of its codes' draws, made once and kept."""
+    if pass_elements is None:
+        return [([slot], None) for slot in slots]
+    kept = optimizer.__dict__.setdefault("_quantized_passes", {})
+    key = (pass_elements, *(id(slot.codes) for slot in slots))
+    if key in kept:
+        return kept[key]
+    passes = []
+    for signed in (True, False):
+        alike = [slot for slot in slots if slot.signed == signed]
+        padded = [
+            (_blocks(math.prod(int(d) for d in slot.codes.shape)) * BLOCK,)
+            for slot in alike
+        ]
+        for run in _runs(padded, pass_elements):
+            passes.append(
+                (
+                    [alike[i] for i in run],
+                    rounding.many_layout(
+                        [padded[i] for i in run],
+                        optimizer._rounding_seed,
+                        [_place(optimizer, alike[i]) for i in run],
+                    ),
+                )
+            )
+    kept[key] = passes
+    return passes
+
+
+def _runs(shapes, elements):
+    """Consecutive runs of indices into `shapes`, each of at most
+    `elements` elements (or one larger shape alone)."""
+    run, size = [], 0
+    for i, shape in enumerate(shapes):
+        count = math.prod(shape)
+        if run and size + count > elements:
+            yield run
+            run, size = [], 0
+        run.append(i)
+        size += count
+    if run:
+        yield run
+
+
+def _store(optimizer, slots, layout):
+    """Requantizes `slots` (of one map) from their working values: one
+    alone (`layout` None) or all in one pass (their `_passes` layout)."""
+    values = [slot.working.value for slot in slots]
+    # The draws once the new values exist, not hoisted to the step's
     # start (`kmp.backend.ordered_after`).
-    step = backend.ordered_after(optimizer.iterations, value)
-    noise = rounding.noise_bits((size,), optimizer._rounding_seed, step, place)
-    codes, scales = quantize(value, slot.signed, noise)
-    slot.codes.assign(codes)
-    slot.scales.assign(scales)
+    step = backend.ordered_after(optimizer.iterations, values)
+    if layout is None:
+        (slot,) = slots
+        size = _blocks(math.prod(int(d) for d in slot.codes.shape)) * BLOCK
+        noise = rounding.noise_bits(
+            (size,), optimizer._rounding_seed, step, _place(optimizer, slot)
+        )
+        quantized = [quantize(values[0], slot.signed, noise)]
+    else:
+        noise = rounding.many_noise(layout, step)
+        quantized = quantize_many(values, slots[0].signed, noise)
+    for slot, (codes, scales) in zip(slots, quantized):
+        slot.codes.assign(codes)
+        slot.scales.assign(scales)
+
+
+def _place(optimizer, slot):
+    """The index the slot's draws hash: after the trainable variables,
+    its codes' place among the optimizer's variables."""
+    return len(optimizer._trainable_variables) + _index(optimizer, slot)
 
 
 def _index(optimizer, slot):

@@ -191,6 +191,18 @@ def stochastic_round_many(tensors, seed, step, indices, layout=None):
     ops = backend.integer_ops()
     if layout is None:
         layout = many_layout([ops.shape(x) for x in tensors], seed, indices)
+    flat = ops.concatenate(
+        [ops.reshape(ops.cast(x, "float32"), (-1,)) for x in tensors]
+    )
+    rounded = _rounded(flat, many_noise(layout, step))
+    pieces = ops.split(rounded, layout.cuts)
+    return [ops.reshape(p, shape) for p, shape in zip(pieces, layout.shapes)]
+
+
+def many_noise(layout, step):
+    """`noise_bits` of each tensor of `layout` (`many_layout`), joined
+    flat in one pass."""
+    ops = backend.integer_ops()
     # The hash's input for element i of a tensor starting at `start` is
     # i * golden + key = position * golden + (key - start * golden),
     # wrapping: one number per tensor, repeated over its elements, and
@@ -203,10 +215,4 @@ def stochastic_round_many(tensors, seed, step, indices, layout=None):
         # Host counts (NumPy: jnp.repeat refuses a list), static to XLA.
         ops.repeat(offsets, np.asarray(layout.sizes), axis=0),
     )
-    mixed = hash32(inputs)
-    flat = ops.concatenate(
-        [ops.reshape(ops.cast(x, "float32"), (-1,)) for x in tensors]
-    )
-    rounded = _rounded(flat, _shift_right(mixed, 16))
-    pieces = ops.split(rounded, layout.cuts)
-    return [ops.reshape(p, shape) for p, shape in zip(pieces, layout.shapes)]
+    return _shift_right(hash32(inputs), 16)

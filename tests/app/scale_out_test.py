@@ -62,10 +62,14 @@ def test_the_examples_train_under_keras_distribution_on_4_devices(name):
     if name == "data":  # the batch over all 4, every kernel whole
         assert imdb["replicas"] == cifar["replicas"] == 4
         assert imdb["query_parts"] == imdb["ffn_up_parts"] == 1
+        assert imdb["ffn_up_codes"] == []  # float32 state
     else:  # a 2 x 2 mesh: the batch over 2, the kernels in 2 parts
         assert imdb["replicas"] == cifar["replicas"] == 2
         assert imdb["query_parts"] == imdb["ffn_up_parts"] == 2
         assert imdb["ffn_down_parts"] == 2
+        # 8-bit AdamW state: each slot's codes split as their kernel,
+        # saved and loaded under the mesh.
+        assert imdb["ffn_up_codes"] == [["int8", 2], ["int8", 2]]
     batch_axis = 4 if name == "data" else 2
     shape = "(4,)" if name == "data" else "(2, 2)"
     (seen,) = out["audit"]  # kmp.audit reports the mesh it sees

@@ -33,16 +33,21 @@ def small(tmp_path, **overrides):
 
 @pytest.mark.slow
 def test_trains_on_synthetic_data_with_float16_and_writes_results(tmp_path):
-    # 30 steps of 32 images: enough to learn the synthetic twin's colour
-    # patterns well above chance (0.1): 0.54 (TF), 0.61 (torch) measured
-    # on 2026-11-28 (40 steps of 512 images gave 0.88, 0.86 on JAX,
-    # 0.52-0.68 on torch, in 84 s of float16 convolutions on TF's CPU);
-    # the whole test split is validated.
+    # On JAX, 30 steps of 32 images: enough to learn the synthetic twin's
+    # colour patterns well above chance (0.1); 0.54 on TF and 0.61 on
+    # torch measured on 2026-11-28. But TF (no XLA on a CPU, as Keras
+    # decides) and eager torch run float16 convolutions on this CPU at
+    # some 0.1 GFLOP/s: 2 s a step of 32 width-8 images, 85 s and 54 s
+    # for those 30 steps. There the run is 2 x 3 steps and the test
+    # checks what it writes; that float16 learns on every backend is
+    # tests/memory/mnist_modes_test.py's (real digits, within 0.5 points
+    # of float32's accuracy). The whole test split is validated.
+    learns = keras.backend.backend() == "jax"
     results = cifar10.train(
         small(
             tmp_path,
             policy="mixed_float16",
-            steps=15,
+            steps=15 if learns else 3,
             epochs=2,
             batch_size=32,
             learning_rate=0.4,
@@ -56,8 +61,10 @@ def test_trains_on_synthetic_data_with_float16_and_writes_results(tmp_path):
     assert results["skipped_steps"] == 0
     assert results["stopped"] is None  # the monitor had no reason to stop
     assert results["loss_scale"] == 32768.0
-    assert results["accuracy"] > 0.3
-    assert results["history"]["loss"][-1] < results["history"]["loss"][0]
+    if learns:
+        assert results["accuracy"] > 0.3
+        assert results["history"]["loss"][-1] < results["history"]["loss"][0]
+    assert np.isfinite(results["history"]["loss"]).all()
     assert results["examples_per_s"] > 0
     assert {"loss", "val_loss", "loss_scale"} <= set(results["history"])
     assert sorted(os.listdir(tmp_path)) == [

@@ -19,6 +19,7 @@ import kmp
 from kmp import backend
 from kmp.memory import optimizer_state
 from kmp.memory import quantized_state
+from kmp.memory import rounding
 from kmp.memory.quantized_state import BLOCK
 
 OPTIMIZERS = {
@@ -118,6 +119,30 @@ def test_stochastic_rounding_is_unbiased():
     nearest = _round_trip(x.reshape(-1).astype("float32"), False)[1]
     assert len(np.unique(rows)) == 2 and nearest != 0.3
     assert abs(rows.mean() - 0.3) < 2e-4
+
+
+@pytest.mark.parametrize("signed", [True, False])
+def test_many_slots_quantize_in_one_pass_as_each_alone(signed):
+    # Sizes off the block (a short last block, a slot under a block) and
+    # one of whole blocks; each with its own draws (index, step 7).
+    rng = np.random.default_rng(0)
+    shapes, places = [(3, 100), (BLOCK,), (2, 3, 50), (17,)], [5, 0, 9, 2]
+    slots = [rng.normal(size=s).astype("float32") ** 3 for s in shapes]
+    padded = [(-(-int(np.prod(s)) // BLOCK) * BLOCK,) for s in shapes]
+    layout = rounding.many_layout(padded, 11, places)
+    together = quantized_state.quantize_many(
+        slots, signed, rounding.many_noise(layout, 7)
+    )
+    codes, scales = [c for c, _ in together], [s for _, s in together]
+    back = quantized_state.dequantize_many(codes, scales, signed)
+    for x, size, place, (c, s), b in zip(slots, padded, places, together, back):
+        noise = rounding.noise_bits(size, 11, 7, place)
+        alone_c, alone_s = quantized_state.quantize(x, signed, noise)
+        np.testing.assert_array_equal(_numpy(c), _numpy(alone_c))
+        np.testing.assert_array_equal(_numpy(s), _numpy(alone_s))
+        alone = quantized_state.dequantize(alone_c, alone_s, signed)
+        np.testing.assert_array_equal(_numpy(b), _numpy(alone))
+        assert tuple(b.shape) == x.shape
 
 
 def _zipf_moments():
@@ -249,6 +274,37 @@ def test_on_torch_the_grouped_update_is_the_per_variable_one(monkeypatch):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.skipif(
+    backend.name() != "torch",
+    reason="only torch's grouped update quantizes many slots at once",
+)
+def test_on_torch_slots_are_requantized_together_with_the_same_bits(
+    monkeypatch,
+):
+    dequantized = quantized_state.dequantized
+
+    def run(together):
+        def scope(optimizer, weights, after=None, pass_elements=None):
+            passes = pass_elements if together else None
+            return dequantized(optimizer, weights, after, passes)
+
+        monkeypatch.setattr(quantized_state, "dequantized", scope)
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential(
+            [keras.Input((16,)), *map(keras.layers.Dense, (32, 32, 4))]
+        )
+        optimizer = kmp.wrap(keras.optimizers.Adam(1e-2), state_dtype="int8")
+        model.compile(optimizer, "mse")
+        x, y = _data()
+        model.fit(x, y, batch_size=32, epochs=1, steps_per_epoch=3, verbose=0)
+        codes = [v for v in optimizer.variables if v.path.endswith("codes")]
+        assert len(codes) == 4  # two kernels' m and v: two per pass
+        return [_numpy(v) for v in [*model.weights, *optimizer.variables]]
+
+    for a, b in zip(run(True), run(False)):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_adamw_s_loss_follows_float32_state_within_1_percent():
     def loss(state_dtype):
         optimizer = keras.optimizers.AdamW(3e-3, weight_decay=0.01)
@@ -302,11 +358,13 @@ def test_the_second_moment_follows_float32_rounded_stochastically(
     expected = v0 * (1.44 - 0.44 * 0.999**100)
     assert abs(moved.mean() / expected - 1) < 2e-3, (moved.mean(), expected)
     # Rounded to nearest, every step is under half a gap: it never moves.
-    quantize = quantized_state.quantize
+    # (Both `quantize` and the torch grouped update's `quantize_many`
+    # round in `_grid_codes`.)
+    grid_codes = quantized_state._grid_codes
     monkeypatch.setattr(
         quantized_state,
-        "quantize",
-        lambda x, signed, noise=None: quantize(x, signed),
+        "_grid_codes",
+        lambda grid, signed, noise: grid_codes(grid, signed, None),
     )
     moved, v0 = _second_moment_after_a_change()
     np.testing.assert_allclose(moved, v0, rtol=1e-6)
@@ -480,7 +538,7 @@ def test_slots_made_under_a_deferred_start_train():
         [keras.Input((300,)), keras.layers.Dense(300), keras.layers.Dense(4)]
     )
     optimizer = kmp.wrap(keras.optimizers.AdamW(1e-3), state_dtype="int8")
-    model.compile(optimizer=optimizer, loss="mse", jit_compile=JIT_COMPILE)
+    model.compile(optimizer=optimizer, loss="mse", jit_compile=JIT_COMPILE[0])
     with backend.initialized_together():
         model.optimizer.build(model.trainable_variables)
     x = np.ones((16, 300), "float32")
