@@ -7,9 +7,11 @@ bytes.
     modes            `low_precision`: which of those modes an optimizer
                      is in (`kmp.wrap(..., state_dtype=..., rounding=...)`),
                      decided now or, for the rounding, when it is built
-    quantized_state  8-bit optimizer state (`state_dtype="int8"`): codes
-                     in blocks with a float32 scale each, dequantized
-                     for the update, requantized stochastically
+    quantized_state  8-bit optimizer state (`state_dtype="int8"`): the
+                     slots in block codes, dequantized for the update,
+                     requantized stochastically
+    block_codes      the 8-bit format: int8 codes of a dynamic map in
+                     blocks with a float32 scale each
     rounding         stochastic rounding to bfloat16: unbiased, the same
                      bits on every backend, no random state
     grouped_update   the 16-bit update on eager torch, a group of

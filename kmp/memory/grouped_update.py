@@ -53,16 +53,9 @@ ROUNDED_ELEMENTS = 2**20
 def groups(variables, elements):
     """Consecutive runs of `variables`' indices, each of at most
     `elements` elements (or one variable larger than that)."""
-    group, size = [], 0
-    for i, variable in enumerate(variables):
-        count = math.prod(int(dim) for dim in variable.shape)
-        if group and size + count > elements:
-            yield group
-            group, size = [], 0
-        group.append(i)
-        size += count
-    if group:
-        yield group
+    return quantized_state.runs(
+        [math.prod(int(dim) for dim in v.shape) for v in variables], elements
+    )
 
 
 class _Group(typing.NamedTuple):
