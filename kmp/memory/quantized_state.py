@@ -20,7 +20,6 @@ import math
 import typing
 
 import keras
-from keras import ops
 
 from kmp import backend
 from kmp.memory import rounding
@@ -61,20 +60,31 @@ def add_slot(optimizer, shape, initializer, name, layout, signed):
     scales through `add_variable` (tracked, saved), its working variable
     apart (untracked); returns the working variable, which Keras's
     `build` keeps where it keeps the slot."""
-    start = keras.initializers.get(initializer)(shape, dtype="float32")
-    first_codes, first_scales = quantize(start, signed)
-    # The initializers return the arrays, not names rebound below: under
-    # a stateless scope Keras calls them later (a deferred start).
+    start = keras.initializers.get(initializer)
+
+    def first(part):
+        # The first codes or scales, computed where Keras runs the
+        # initializer, not here: under a stateless scope it runs later
+        # (a deferred start), and on TensorFlow outside the trace the
+        # slot may be made in (Keras 3.16 builds an optimizer inside the
+        # traced step), where this trace's tensors are out of scope.
+        # Both calls quantize the same start: slots start from a
+        # constant (Keras's from zeros).
+        def initializer(shape_, dtype):
+            return quantize(start(shape, dtype="float32"), signed)[part]
+
+        return initializer
+
     codes = optimizer.add_variable(
         shape=shape,
-        initializer=lambda shape, dtype: first_codes,
+        initializer=first(0),
         dtype="int8",
         layout=layout,
         name=f"{name}_codes",
     )
     scales = optimizer.add_variable(
-        shape=ops.shape(first_scales),
-        initializer=lambda shape, dtype: first_scales,
+        shape=(padded_size(shape) // BLOCK,),
+        initializer=first(1),
         dtype="float32",
         name=f"{name}_scales",
     )

@@ -538,17 +538,24 @@ def test_torch_compile_recompiles_the_stock_scaler_s_cond_not_kmp_s():
     _, stock, stock_recompiles = _compiled_fit_with_one_overflow(
         optimizer(keras.optimizers.LossScaleOptimizer), jit_compile=True
     )
-    assert any("'cond'" in w for w in stock)
     steps, ours, our_recompiles = _compiled_fit_with_one_overflow(
         optimizer(kmp.LossScaleOptimizer), jit_compile=True
     )
     assert ours == []
-    # README's defect table quotes these counts (torch 2.13.0, Keras
-    # 3.15.1, pinned by the test extra): `cond` up to dynamo's limit.
-    assert stock_recompiles.count("cond") == 8
-    assert len(stock_recompiles) == 15, stock_recompiles
     assert "cond" not in our_recompiles
-    assert len(our_recompiles) == 3, our_recompiles
+    if backend.keras_version() < (3, 16):
+        # The defect table quotes these counts (torch 2.13.0, Keras
+        # 3.15.1, pinned by the test extra): `cond` up to dynamo's limit.
+        assert any("'cond'" in w for w in stock)
+        assert stock_recompiles.count("cond") == 8
+        assert len(stock_recompiles) == 15, stock_recompiles
+        assert len(our_recompiles) == 3, our_recompiles
+    else:
+        # Keras 3.16 (keras-nightly 3.16.0.dev2026102704) fixed it: its
+        # scaler's step recompiles no `cond` (6 recompiles in all, kmp's
+        # 1), and the table's row says so.
+        assert stock == [] and "cond" not in stock_recompiles
+        assert len(our_recompiles) <= len(stock_recompiles)
     eager, _, _ = _compiled_fit_with_one_overflow(
         optimizer(kmp.LossScaleOptimizer), jit_compile=False
     )
@@ -794,7 +801,9 @@ def test_a_missing_keras_suite_is_an_error_with_the_pinned_keras(
         [
             sys.executable,
             *("-m", "pytest", "-q", "-p", "no:cacheprovider"),
-            *("-p", "hide_keras_suite"),
+            # In this process: no worker processes to start (each would
+            # import Keras again) for one file.
+            *("-n", "0", "-p", "hide_keras_suite"),
             os.path.join(here, "keras_suite_test.py"),
         ],
         env=dict(
