@@ -26,7 +26,7 @@ over its norm, is 0.027 with this map in blocks of 256 and 0.030 in
 blocks of 2,048; with a linear map (255 even levels) 68 and 263: a
 small second moment rounds to 0 and its update explodes, and training
 that model with linear codes ends in NaN where this format reaches
-0.93x float32 state's loss (`tests/memory/quantized_state_test.py`
+0.93x float32 state's loss (`tests/memory/block_codes_test.py`
 keeps the 256-block comparison). On a dense regression whose moments
 span fewer decades, all four stay within 0.2 % of float32's loss.
 

@@ -42,7 +42,7 @@ GROUP_ELEMENTS = 2**22
 # Elements rounded stochastically in one pass (whole tensors; one larger
 # tensor alone). The rounding's twenty integer operations each make a
 # temporary the pass's size: on a 2-core CPU, with AdamW over 4.5M
-# parameters, passes of 2**18-2**20 elements rounded 1.3x faster than
+# parameters, passes of 2**18-2**20 elements rounded 1.2-1.3x faster than
 # passes of 2**22, whose temporaries left the cache
 # (`benchmarks/optimizer_update.py --rounded_elements`). A GPU pays a
 # launch per operation and pass instead: there larger passes should do
