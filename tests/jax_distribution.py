@@ -53,8 +53,9 @@ def main(name):
         "query_parts": sharding(model.weights, "attention_0/query/kernel"),
         "ffn_up_parts": sharding(model.weights, "ffn_up_0/kernel"),
         "ffn_down_parts": sharding(model.weights, "ffn_down_0/kernel"),
-        # The loaded optimizer's first 8-bit slot codes of ffn_up_0's
-        # kernel (none with float32 state).
+        # The loaded optimizer's 8-bit codes of ffn_up_0's slots, each's
+        # dtype and parts (its bias's slots are under a block: float32;
+        # none with float32 state).
         "ffn_up_codes": [
             [str(v.dtype), sharding([v], v.path)]
             for v in model.optimizer.variables
