@@ -233,64 +233,59 @@ def distribute_stock():
     }
 
 
-def bfloat16_masters():
-    """bfloat16 weights rounded stochastically (decayed in float32) and
-    bfloat16 AdamW state, under MirroredStrategy and Keras's fit."""
+def _bfloat16_masters_fit(state_dtype, units):
+    """AdamW with weight decay over bfloat16 weights (rounded
+    stochastically, decayed in float32), its state in `state_dtype`,
+    under MirroredStrategy and Keras's fit: the optimizer, the model's
+    trainable weights and fit's history."""
     kmp.enable("mixed_bfloat16", master_weights="bfloat16")
     x, y = classification_data()
     with STRATEGY.scope():
-        model = mlp()
+        model = mlp(units=units)
         optimizer = kmp.wrap(
             keras.optimizers.AdamW(1e-2, weight_decay=0.05),
-            state_dtype="bfloat16",
+            state_dtype=state_dtype,
         )
         model.compile(
             optimizer=optimizer, loss="sparse_categorical_crossentropy"
         )
     history = model.fit(x, y, batch_size=32, epochs=3, verbose=0)
+    return optimizer, model.trainable_weights, history.history
+
+
+def _per_replica_floats(variables):
+    """Each variable's value on each replica; numpy has no bfloat16:
+    the values as float32."""
+    return [
+        [
+            np.asarray(keras.ops.cast(v, "float32")).tolist()
+            for v in STRATEGY.experimental_local_results(w.value)
+        ]
+        for w in variables
+    ]
+
+
+def bfloat16_masters():
+    """bfloat16 weights and bfloat16 AdamW state."""
+    optimizer, weights, history = _bfloat16_masters_fit("bfloat16", 16)
     return {
-        "history": history.history,
+        "history": history,
         "optimizer": type(optimizer).__name__,
-        "dtypes": sorted({str(w.dtype) for w in model.trainable_weights}),
-        "weights": [
-            [  # numpy has no bfloat16: the values as float32
-                np.asarray(keras.ops.cast(v, "float32")).tolist()
-                for v in STRATEGY.experimental_local_results(w.value)
-            ]
-            for w in model.trainable_weights
-        ],
+        "dtypes": sorted({str(w.dtype) for w in weights}),
+        "weights": _per_replica_floats(weights),
     }
 
 
 def int8_state():
-    """AdamW's slots in 8 bits (the 512-element kernel's; the smaller
-    ones float32) over bfloat16 weights rounded stochastically, under
-    MirroredStrategy and Keras's fit."""
-    kmp.enable("mixed_bfloat16", master_weights="bfloat16")
-    x, y = classification_data()
-    with STRATEGY.scope():
-        model = mlp(units=64)
-        optimizer = kmp.wrap(
-            keras.optimizers.AdamW(1e-2, weight_decay=0.05),
-            state_dtype="int8",
-            rounding="stochastic",
-        )
-        model.compile(
-            optimizer=optimizer, loss="sparse_categorical_crossentropy"
-        )
-    history = model.fit(x, y, batch_size=32, epochs=3, verbose=0)
+    """bfloat16 weights and AdamW's slots in 8 bits (the 512-element
+    kernel's; the smaller ones float32)."""
+    optimizer, weights, history = _bfloat16_masters_fit("int8", 64)
     return {
-        "history": history.history,
+        "history": history,
         "codes": [
             v.path for v in optimizer.variables if v.path.endswith("codes")
         ],
-        "variables": [
-            [  # numpy has no bfloat16: the values as float32
-                np.asarray(keras.ops.cast(v, "float32")).tolist()
-                for v in STRATEGY.experimental_local_results(w.value)
-            ]
-            for w in [*model.trainable_weights, *optimizer.variables]
-        ],
+        "variables": _per_replica_floats([*weights, *optimizer.variables]),
     }
 
 
