@@ -238,13 +238,15 @@ def _neighbours(magnitude, signed):
     the `first * (2**level - 1)` of the decades below.
     """
     first = 1 if signed else 2
-    level = ops.zeros(ops.shape(magnitude), "int32")
-    for exponent in range(-6, 0):  # how many decade tops it is above
-        level = level + ops.cast(
-            ops.greater(magnitude, 10.0**exponent), "int32"
-        )
-    sizes = ops.take(_constant("sizes", _LEVEL_SIZES), level)
-    top = ops.take(_constant("tops", _DECADE_TOPS), level)
+    # The decade's top and size, chosen by a compare a decade: selects
+    # fuse with the arithmetic around them where gathers from 7-entry
+    # tables did not (XLA on a CPU: half the time, the same values).
+    top = ops.full(ops.shape(magnitude), float(_DECADE_TOPS[0]), "float32")
+    sizes = ops.ones(ops.shape(magnitude), "int32")
+    for level in range(1, _DECADES):
+        above = ops.greater(magnitude, float(_DECADE_TOPS[level - 1]))
+        top = ops.where(above, float(_DECADE_TOPS[level]), top)
+        sizes = ops.where(above, int(_LEVEL_SIZES[level]), sizes)
     count = ops.cast(sizes * first, "float32")
     steps = ops.divide(ops.divide(magnitude, top) - 0.1, 0.9) * count
     step = ops.clip(ops.floor(steps), 0.0, count - 1.0)
