@@ -703,7 +703,9 @@ _PART2 = {
     (_INT8, 2): {
         "rows": {
             mode: _seeds_row(
-                "memory_modes_cifar10_int8_120_steps_jax.json", mode, 3
+                "memory_modes_cifar10_int8_120_steps_6_seeds_jax.json",
+                mode,
+                6,
             )
             for mode in ("float32", "both", "int8 + bf16 masters")
         }
@@ -1298,15 +1300,17 @@ README_KEYS = {
     "language model at CPU sizes with AdamW, 3 seeds: weights + state vs "
     "float32's with float32 / bfloat16 masters (issue 42's bounds: 0.51x / "
     "0.345x), and the mean final loss's change (bounds: 1% / 2%); ResNet-9 "
-    "(SGD, 4 seeds, 40 steps) with bfloat16 masters": [
+    "(SGD) with bfloat16 masters, 4 seeds at 40 steps / 6 seeds at 120 "
+    "steps": [
         ("memory_modes_lm_int8_jax.json", ("modes", mode, key))
         for key in ("bytes_over_float32", "loss_change")
         for mode in ("int8 state", "int8 + bf16 masters")
     ]
     + [
-        (
+        (path, ("modes", "int8 + bf16 masters", "loss_change"))
+        for path in (
             "memory_modes_cifar10_int8_jax.json",
-            ("modes", "int8 + bf16 masters", "loss_change"),
+            "memory_modes_cifar10_int8_120_steps_6_seeds_jax.json",
         )
     ],
     "kmp's float8 matmul since 2026-11-28, its GEMM writing bfloat16 "

@@ -38,10 +38,11 @@ a value there): rounded to nearest it freezes, as a bfloat16 one would
 (the test measures both). Momentum (beta 0.9) and
 Lion's (0.99) are rounded the same way; it costs nothing more.
 
-The cost, on a 2-core CPU (JAX, a 2.1M-parameter MLP, batch 64): an
-AdamW step of 85 ms against 13 ms with bfloat16 or float32 state (the
-quantization's some 20 elementwise operations per slot element; no
-fused kernel as bitsandbytes' CUDA ones). Unmeasured on a GPU.
+The cost, on a 2-core CPU: an AdamW update of 4.5M parameters takes
+6.8x a bfloat16-state one compiled on JAX and 6.7x on eager torch
+(BENCHMARKS.md, "8-bit optimizer state": the quantization's some 20
+elementwise operations per slot element; no fused kernel as
+bitsandbytes' CUDA ones). Unmeasured on a GPU.
 
 `BLOCK = 256` (as torchao's AdamW8bit): the scales add 4 / 256 bytes an
 element (1.6 %), and a block is small enough that one large entry does
