@@ -352,6 +352,24 @@ _PART1 = {
             ),
         }
     },
+    ("Does `fit` wait for each step's logs?", 0): {
+        "rows": {
+            name: (
+                f"fit_overlap_{name}.json",
+                {
+                    "waits: step (ms)": [("variants", "waits", "step_ms")],
+                    "kmp: step (ms)": [("variants", "kmp", "step_ms")],
+                    "waits: epoch (s)": [("variants", "waits", "epoch_s")],
+                    "kmp: epoch (s)": [("variants", "kmp", "epoch_s")],
+                    "waits / kmp, epoch (median of rounds, quartiles)": [
+                        ("waits_over_kmp", key)
+                        for key in ("median", "q1", "q3")
+                    ],
+                },
+            )
+            for name in ("jax", "torch")
+        }
+    },
     ("Keras on PyTorch with kmp vs PyTorch's own `torch.amp`", 0): {
         "rows": {
             label: (

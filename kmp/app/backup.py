@@ -117,7 +117,7 @@ class Backup:
         # Where the data starts (`resumed_epoch`), read before Keras's
         # restore.
         self.initial_epoch = _epochs_done(backup_dir)
-        keras_backup = keras.callbacks.BackupAndRestore(backup_dir)
+        keras_backup = _EpochBackup(backup_dir)
         self.record = _EpochRecord(self, per_step)
         self.callbacks = [
             # Before Keras's restore, whose weight loading is collective:
@@ -199,6 +199,18 @@ class Backup:
         with open(path + ".tmp", "w") as f:
             json.dump(record, f)
         os.replace(path + ".tmp", path)
+
+
+class _EpochBackup(keras.callbacks.BackupAndRestore):
+    """Keras's `BackupAndRestore` at its default, a backup an epoch, said
+    to be `async_safe`: its batch-end method saves nothing then, and
+    without the word Keras would wait for each step's logs before the
+    next step (`kmp.app.report.StepLog` says what that cost)."""
+
+    async_safe = True
+
+    def __init__(self, backup_dir):
+        super().__init__(backup_dir, save_freq="epoch")
 
 
 class _EpochRecord(keras.callbacks.Callback):

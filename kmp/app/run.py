@@ -22,7 +22,9 @@ whose members are all it uses:
     run.data(train, test)         `fit`'s data arguments: this process's
                                   share, validation's steps
     run.callbacks                 loss-scale monitor, step log,
-                                  validation progress, backup
+                                  validation progress, backup, progress
+                                  bar: all async-safe but validation's
+                                  (Keras need not wait for each step)
     run.finish(model, history, name)    the results record; writes it
                                   (`results.json`, its one writer), the
                                   model and `results.png` (chief only)
@@ -166,6 +168,9 @@ class Run:
             report.ValidationProgress(shown, config.verbose),
             *self.backup.callbacks,
         ]
+        if config.verbose:
+            # Keras's own bar makes each step wait for the last one's logs.
+            self.callbacks.append(report.ProgressBar())
         return batching.steps_per_epoch(config, splits)
 
     def scope(self):

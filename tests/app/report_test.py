@@ -1,9 +1,13 @@
 """Run reports: table cells, Markdown, step timing, memory, the PNG."""
 
 import math
+import threading
 
+import keras
+import numpy as np
 import pytest
 
+import kmp
 from kmp.app import report
 
 RUN = {
@@ -58,13 +62,79 @@ def test_show_prints_one_run_and_several(capsys):
 
 @pytest.mark.backend_independent
 def test_step_log_median_skips_compiling_steps():
+    assert report._median_after([9.0, 8.0, 1.0, 3.0, 2.0], 2) == 2.0
+    assert report._median_after([9.0, 8.0, 1.0, 3.0], 2) == 2.0
+    assert math.isnan(report._median_after([], 2))
+
+
+@pytest.mark.backend_independent
+def test_step_log_times_steps_by_arrival_in_step_order(monkeypatch):
+    # Batch ends may come from Keras's threads out of order: a step's
+    # time is from the arrival of the step before it (the epoch's start
+    # for its first step), its loss in its place.
+    clock = iter([10.0, 13.0, 11.5, 20.0, 21.0, 22.5])
+    monkeypatch.setattr(report.time, "perf_counter", lambda: next(clock))
     log = report.StepLog()
-    log.times = [9.0, 8.0, 1.0, 3.0, 2.0]
-    assert log.median_step_time() == 2.0
-    log.times = [9.0, 8.0, 1.0, 3.0]
-    assert log.median_step_time() == 2.0
-    log.times = []
-    assert math.isnan(log.median_step_time())
+    log.on_train_begin()
+    log.on_epoch_begin(0)  # 10.0
+    log.on_train_batch_end(1, {"loss": 0.5})  # 13.0
+    log.on_train_batch_end(0, {"loss": 0.7})  # 11.5
+    log.on_epoch_begin(1)  # 20.0
+    log.on_train_batch_end(0, {"loss": 0.4})  # 21.0
+    log.on_train_batch_end(1, {})  # 22.5, no loss logged
+    assert log.times == [1.5, 1.5, 1.0, 1.5]
+    assert log.losses == [0.7, 0.5, 0.4]
+    assert log.median_step_time(skip=0) == 1.5
+
+
+@pytest.mark.backend_independent
+def test_the_progress_bar_never_steps_back(monkeypatch):
+    drawn = []
+    monkeypatch.setattr(
+        keras.callbacks.ProgbarLogger,
+        "on_train_batch_end",
+        lambda self, batch, logs=None: drawn.append(batch),
+    )
+    bar = report.ProgressBar()
+    for batch in (0, 2, 1, 3):
+        bar.on_train_batch_end(batch, {})
+    assert drawn == [0, 2, 3]
+    assert report.ProgressBar.async_safe
+
+
+def test_fit_hands_the_run_s_batch_ends_to_keras_threads():
+    # With StepLog and ProgressBar (and kmp's monitor) every callback is
+    # async-safe: on JAX and torch Keras runs batch ends off the main
+    # thread and dispatches the next step without waiting for the logs;
+    # TensorFlow's Keras never does (not thread-safe there).
+    class Where(keras.callbacks.Callback):
+        async_safe = True
+
+        def on_train_begin(self, logs=None):
+            self.main = set()
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.main.add(threading.current_thread() is threading.main_thread())
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    where, log = Where(), report.StepLog()
+    x = np.ones((32, 4), "float32")
+    model.fit(
+        x,
+        x[:, :1],
+        batch_size=4,
+        epochs=2,
+        verbose=1,
+        callbacks=[
+            where,
+            log,
+            report.ProgressBar(),
+            kmp.callbacks.LossScaleMonitor(),
+        ],
+    )
+    assert where.main == {keras.backend.backend() == "tensorflow"}
+    assert len(log.times) == len(log.losses) == 16
 
 
 def test_peak_memory_is_measured_and_says_what():

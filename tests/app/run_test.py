@@ -4,6 +4,7 @@ what `train_example` prints."""
 
 import dataclasses
 import json
+import threading
 
 import keras
 import numpy as np
@@ -89,6 +90,35 @@ def test_a_run_fits_writes_the_record_and_restores_the_policy(tmp_path):
     assert (tmp_path / "tiny.keras").exists()
     assert (tmp_path / "results.png").exists()
     assert not (tmp_path / "backup").exists()  # done: Keras deletes it
+
+
+def test_a_run_s_callbacks_let_keras_run_ahead(tmp_path):
+    # Every callback of a run (monitor, step log, progress bar, the
+    # backup's) is async-safe for training: on JAX and torch Keras reads
+    # batch ends on its threads and does not wait for each step's logs
+    # (benchmarks/fit_overlap.py); TensorFlow's Keras always waits.
+    class Where(keras.callbacks.Callback):
+        async_safe = True
+        main = set()
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.main.add(threading.current_thread() is threading.main_thread())
+
+    config = dataclasses.replace(_config(tmp_path), verbose=1)
+    with Run(config, name="tiny") as run:
+        kmp.enable(config.policy)
+        splits = _splits()
+        steps = run.start(splits)
+        model = _model()
+        model.fit(
+            **run.data(splits.train, splits.test),
+            epochs=1,
+            steps_per_epoch=steps,
+            callbacks=[*run.callbacks, Where()],
+            verbose=1,
+        )
+        assert len(run.steps.times) == len(run.steps.losses) == steps
+    assert Where.main == {keras.backend.backend() == "tensorflow"}
 
 
 def test_what_a_run_refuses_and_when():
