@@ -120,7 +120,7 @@ class StepLog(keras.callbacks.Callback):
 
     def __init__(self):
         super().__init__()
-        self._lock = threading.Lock()
+        self._arrivals_lock = threading.Lock()
         self._records = []  # (epoch, batch, arrival, loss)
         self._starts = {}
         self._epoch = 0
@@ -136,11 +136,11 @@ class StepLog(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         arrival = time.perf_counter()
         loss = float(logs["loss"]) if logs and "loss" in logs else None
-        with self._lock:
+        with self._arrivals_lock:
             self._records.append((self._epoch, batch, arrival, loss))
 
     def _in_order(self):
-        with self._lock:
+        with self._arrivals_lock:
             return sorted(self._records, key=lambda record: record[:2])
 
     @property
@@ -182,7 +182,7 @@ class ProgressBar(keras.callbacks.ProgbarLogger):
 
     def __init__(self):
         super().__init__()
-        self._lock = threading.Lock()
+        self._draw_lock = threading.Lock()
         self._drawn = -1
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -190,7 +190,7 @@ class ProgressBar(keras.callbacks.ProgbarLogger):
         super().on_epoch_begin(epoch, logs)
 
     def on_train_batch_end(self, batch, logs=None):
-        with self._lock:
+        with self._draw_lock:
             if batch <= self._drawn:
                 return
             self._drawn = batch
