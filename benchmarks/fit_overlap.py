@@ -8,8 +8,8 @@ A callback with a batch-end method of its own (Keras's progress bar, the
 step log kmp's runs kept until 2026-11-28) makes Keras wait for every
 step's logs before it starts the next step: the host's work between
 steps (the next batch, the call) and the device's step then add up. With
-every callback `async_safe` (kmp's `StepLog`, `ProgressBar` and
-`LossScaleMonitor`) Keras on JAX and torch reads the logs on its thread
+every callback `async_safe` (kmp's `StepLog`, `kmp.callbacks.ProgressBar`
+and `LossScaleMonitor`) Keras on JAX and torch reads the logs on its thread
 pool and the two overlap. (Keras on TensorFlow always waits.)
 
 Times one epoch of `fit` of an MLP (`--width`, 3 layers) on a
@@ -98,7 +98,7 @@ def main():
                 model.fit(
                     data,
                     verbose=1,
-                    callbacks=[log, report.ProgressBar(), extra()],
+                    callbacks=[log, kmp.callbacks.ProgressBar(), extra()],
                 )
             logs.setdefault(name, []).append(log.median_step_time())
 

@@ -215,3 +215,18 @@ def test_stop_after_none_skips_to_the_end_and_bad_values_are_refused():
     for bad in (0, 2.5, True, "10"):
         with pytest.raises(kmp.InputError, match="stop_after must be"):
             kmp.callbacks.LossScaleMonitor(stop_after=bad)
+
+
+@pytest.mark.backend_independent
+def test_the_progress_bar_never_steps_back(monkeypatch):
+    drawn = []
+    monkeypatch.setattr(
+        keras.callbacks.ProgbarLogger,
+        "on_train_batch_end",
+        lambda self, batch, logs=None: drawn.append(batch),
+    )
+    bar = kmp.callbacks.ProgressBar()
+    for batch in (0, 2, 1, 3):
+        bar.on_train_batch_end(batch, {})
+    assert drawn == [0, 2, 3]
+    assert kmp.callbacks.ProgressBar.async_safe

@@ -172,31 +172,6 @@ def _median_after(times, skip):
     return (times[middle - 1] + times[middle]) / 2
 
 
-class ProgressBar(keras.callbacks.ProgbarLogger):
-    """Keras's progress bar, `async_safe`: `fit` given it (in place of
-    the one it adds) does not wait for each step's logs to draw them
-    (`StepLog` says why that matters). A batch end that arrives after a
-    later one's is not drawn: the bar never steps back."""
-
-    async_safe = True
-
-    def __init__(self):
-        super().__init__()
-        self._draw_lock = threading.Lock()
-        self._drawn = -1
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._drawn = -1
-        super().on_epoch_begin(epoch, logs)
-
-    def on_train_batch_end(self, batch, logs=None):
-        with self._draw_lock:
-            if batch <= self._drawn:
-                return
-            self._drawn = batch
-            super().on_train_batch_end(batch, logs)
-
-
 class ValidationProgress(keras.callbacks.Callback):
     """A progress bar for the validation that `fit` runs after each epoch.
 

@@ -170,7 +170,7 @@ class Run:
         ]
         if config.verbose:
             # Keras's own bar makes each step wait for the last one's logs.
-            self.callbacks.append(report.ProgressBar())
+            self.callbacks.append(kmp.callbacks.ProgressBar())
         return batching.steps_per_epoch(config, splits)
 
     def scope(self):

@@ -87,23 +87,8 @@ def test_step_log_times_steps_by_arrival_in_step_order(monkeypatch):
     assert log.median_step_time(skip=0) == 1.5
 
 
-@pytest.mark.backend_independent
-def test_the_progress_bar_never_steps_back(monkeypatch):
-    drawn = []
-    monkeypatch.setattr(
-        keras.callbacks.ProgbarLogger,
-        "on_train_batch_end",
-        lambda self, batch, logs=None: drawn.append(batch),
-    )
-    bar = report.ProgressBar()
-    for batch in (0, 2, 1, 3):
-        bar.on_train_batch_end(batch, {})
-    assert drawn == [0, 2, 3]
-    assert report.ProgressBar.async_safe
-
-
 def test_fit_hands_the_run_s_batch_ends_to_keras_threads():
-    # With StepLog and ProgressBar (and kmp's monitor) every callback is
+    # With StepLog, kmp's ProgressBar and monitor every callback is
     # async-safe: on JAX and torch Keras runs batch ends off the main
     # thread and dispatches the next step without waiting for the logs;
     # TensorFlow's Keras never does (not thread-safe there).
@@ -129,7 +114,7 @@ def test_fit_hands_the_run_s_batch_ends_to_keras_threads():
         callbacks=[
             where,
             log,
-            report.ProgressBar(),
+            kmp.callbacks.ProgressBar(),
             kmp.callbacks.LossScaleMonitor(),
         ],
     )
