@@ -27,6 +27,7 @@ both at `verbose=1`, with each variant's median step time from its
 """
 
 import argparse
+import contextlib
 import io
 import os
 import statistics
@@ -94,7 +95,7 @@ def main():
         def run():
             log = report.StepLog()
             # The bar draws into a buffer: the benchmark's own lines stay.
-            with _quiet():
+            with contextlib.redirect_stdout(io.StringIO()):
                 model.fit(
                     data,
                     verbose=1,
@@ -131,20 +132,6 @@ def main():
         f"fit_overlap_{backend.name()}.json",
         args.output,
     )
-
-
-class _quiet:
-    """Keras's progress bar writes to sys.stdout: into a buffer here."""
-
-    def __enter__(self):
-        import sys
-
-        self._stdout, sys.stdout = sys.stdout, io.StringIO()
-
-    def __exit__(self, *exc):
-        import sys
-
-        sys.stdout = self._stdout
 
 
 if __name__ == "__main__":

@@ -205,7 +205,7 @@ class _EpochBackup(keras.callbacks.BackupAndRestore):
     """Keras's `BackupAndRestore` at its default, a backup an epoch, said
     to be `async_safe`: its batch-end method saves nothing then, and
     without the word Keras would wait for each step's logs before the
-    next step (`kmp.app.report.StepLog` says what that cost)."""
+    next step (`kmp.callbacks.ProgressBar` says what that costs)."""
 
     async_safe = True
 
