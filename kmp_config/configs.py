@@ -458,8 +458,9 @@ class LmConfig(RunConfig):
     float8_matmul: str = flag(
         "auto",
         "With --float8: kmp computes each layer with kmp's own float8 "
-        "matmul (JAX only; faster on an H200, BENCHMARKS.md); keras as "
-        "Keras's float8 does; auto picks kmp on JAX, keras elsewhere.",
+        "matmul (JAX and torch; faster on an H200 with JAX, "
+        "BENCHMARKS.md); keras as Keras's float8 does; auto picks kmp on "
+        "JAX and torch, keras on TensorFlow.",
         ("auto", "keras", "kmp"),
     )
     remat: bool = flag(

@@ -370,6 +370,30 @@ _PART1 = {
             for name in ("jax", "torch")
         }
     },
+    ("Float8 on PyTorch: kmp's matmul through `torch._scaled_mm`", 0): {
+        "cells": 2,
+        "rows": {
+            ("256", matmul): (
+                "float8_matmul_torch_256.json",
+                {
+                    "step (ms)": [
+                        lambda data, m=matmul: (
+                            1000 * data["sizes"][0]["runs"][m]["step_time_s"]
+                        )
+                    ],
+                    "`_scaled_mm` a step": [
+                        ("sizes", 0, "runs", matmul, "scaled_mm_calls")
+                    ],
+                    "speed vs bf16": (
+                        [("sizes", 0, "speed_vs_bf16")]
+                        if matmul == "float8"
+                        else []
+                    ),
+                },
+            )
+            for matmul in ("bf16", "float8")
+        },
+    },
     ("Keras on PyTorch with kmp vs PyTorch's own `torch.amp`", 0): {
         "rows": {
             label: (
@@ -1252,6 +1276,10 @@ README_KEYS = {
             "multi_worker_scaling_tensorflow.json",
             ("ratios", "2 workers / 1 worker", "median"),
         )
+    ],
+    "kmp's float8 matmul on torch (`torch._scaled_mm`) vs bfloat16, an "
+    "eager forward and backward step of 4 square kernels (256 wide on a CPU)": [
+        ("float8_matmul_torch_256.json", ("sizes", 0, "speed_vs_bf16"))
     ],
     "ResNet-9 in Keras on torch with kmp vs the same net in PyTorch with "
     "`torch.amp`, float16": [

@@ -4,8 +4,11 @@ Float8 tensor cores exist from NVIDIA compute capability 8.9 (Ada, e.g.
 L4, L40) and 9.0 (Hopper: H100, H200). Elsewhere `kmp.float8`'s layers
 compute correctly, through float8 rounding, but the matmuls run in the
 compute dtype plus the quantization's extra work: slower than bfloat16.
-XLA makes the FP8 GEMMs, so a model compiled without it has none, and
-neither has one on the torch backend.
+Keras's float8 layers (and kmp's own `Float8Dense`, ...) leave the FP8
+GEMM to XLA's rewrite of quantize-dequantize-matmul, so a model compiled
+without XLA has none, and neither has one on the torch backend; the
+layers `kmp.float8` gives kmp's matmul (JAX, torch) call an FP8 GEMM
+themselves, compiled or not.
 """
 
 import keras
@@ -15,6 +18,7 @@ from kmp.fp8 import Float8Dense
 from kmp.fp8 import Float8EinsumDense
 from kmp.fp8 import float8_matmuls
 from kmp.fp8 import matmul_sizes
+from kmp.fp8.scaled_layers import SCALED_CLASSES
 from kmp.scaling import LossScaleOptimizer
 
 FLOAT8_CAPABILITY = (8, 9)
@@ -74,17 +78,23 @@ def check_float8(model, layers, findings):
                 "Hopper GPUs.",
             )
         )
-    if backend.step_compiler() != "XLA":
+    # The layers whose FP8 GEMM only XLA's rewrite makes.
+    rewritten = [
+        layer for layer in found if not isinstance(layer, SCALED_CLASSES)
+    ]
+    if rewritten and backend.step_compiler() != "XLA":
         findings.append(
             (
                 "warning",
                 "environment",
-                f"{len(found)} float8 matmul layers on the "
+                f"{len(rewritten)} float8 matmul layers on the "
                 f"{backend.name()} backend: only XLA turns their "
                 "dequantize-then-matmul into FP8 GEMMs, so here they "
                 "compute correctly but in the compute dtype, slower than "
                 "without float8.",
-                "Use kmp.float8 with KERAS_BACKEND=jax or tensorflow.",
+                "kmp.float8(model, matmul='kmp') gives them kmp's float8 "
+                "matmul (torch._scaled_mm here); or use KERAS_BACKEND=jax "
+                "or tensorflow.",
             )
         )
     elif (
@@ -107,8 +117,10 @@ def check_float8(model, layers, findings):
                 "model.compile(..., run_eagerly=False).",
             )
         )
-    elif getattr(model, "compiled", False) and not getattr(
-        model, "jit_compile", True
+    elif (
+        rewritten
+        and getattr(model, "compiled", False)
+        and not getattr(model, "jit_compile", True)
     ):
         findings.append(
             (

@@ -11,9 +11,11 @@
                    and the operands each quantizes (for the doctor)
     convert        `kmp.float8`: which layers of a model are eligible,
                    converted in place to Keras's own float8
-    scaled_matmul  kmp's own float8 matmul on JAX: `dot_general` on
+    scaled_matmul  kmp's own float8 matmul on JAX and torch: a GEMM on
                    two float8 operands scaled from their current amax,
-                   both backward matmuls on float8 too (custom VJP)
+                   both backward matmuls on float8 too (`dot_general`s
+                   in a custom VJP; on torch `_torch_matmul`'s
+                   `torch._scaled_mm`s in an autograd Function)
     scaled_layers  Keras's float8 `Dense` and `EinsumDense` computed by
                    it (`kmp.float8(model, matmul="kmp")`)
 

@@ -54,9 +54,9 @@ def float8(model, also=(), skip=(), matmul=None, min_size=None):
     eligible `Dense` and `EinsumDense`, the projections of attention
     layers included, becomes Keras's float8 layer (the dtype policy
     `layer.quantize("float8")` sets: E4M3 inputs and kernels, E5M2
-    output gradients). On JAX it computes with kmp's own float8 matmul,
-    each operand scaled from its current amax; on TensorFlow and torch
-    as Keras's does, with delayed scales from an amax history
+    output gradients). On JAX and torch it computes with kmp's own
+    float8 matmul, each operand scaled from its current amax; on
+    TensorFlow as Keras's does, with delayed scales from an amax history
     (`matmul`). Weights and names are kept, and the policy is saved with
     the layer, so a `.keras` file restores it for any model class,
     KerasHub's included. On a GPU with float8 tensor cores only the
@@ -86,16 +86,18 @@ def float8(model, also=(), skip=(), matmul=None, min_size=None):
             classes, or regular expressions matched against a layer's
             `path` or `name`.
         skip: Layers to leave, in the same forms.
-        matmul: How each converted layer computes. `"kmp"` (JAX only;
-            the default there) uses kmp's own float8 matmul
-            (`kmp.fp8.scaled_matmul`): `dot_general` on float8 operands
-            scaled from their current amax, both backward matmuls in
-            float8 too (on an H200, 1.18x bfloat16 in `fit` on a stack
-            of 8192-wide Dense layers, where Keras's float8 ran at
-            0.90x on an H100). `"keras"` (the default on TensorFlow and
-            torch, the only choice there) computes as Keras's float8
-            does: quantize-dequantize around a 16-bit matmul, which XLA
-            may rewrite into an FP8 GEMM, with delayed scales from amax
+        matmul: How each converted layer computes. `"kmp"` (JAX and
+            torch; the default there) uses kmp's own float8 matmul
+            (`kmp.fp8.scaled_matmul`): a GEMM on float8 operands scaled
+            from their current amax (`dot_general` on JAX,
+            `torch._scaled_mm` on torch), both backward matmuls in
+            float8 too (on an H200, JAX, 1.18x bfloat16 in `fit` on a
+            stack of 8192-wide Dense layers, where Keras's float8 ran at
+            0.90x on an H100; torch's speed is unmeasured). `"keras"`
+            (the default on TensorFlow, the only choice there) computes
+            as Keras's float8 does: quantize-dequantize around a 16-bit
+            matmul, which XLA may rewrite into an FP8 GEMM (nothing
+            rewrites it on torch), with delayed scales from amax
             histories. `None` picks the backend's default. The file is
             the same either way (Keras's float8 layers and policies, which
             stock Keras loads); `kmp.load_model` gives the loaded float8
@@ -106,7 +108,7 @@ def float8(model, also=(), skip=(), matmul=None, min_size=None):
             proportion to `k * n` per row, and costs a quantization of
             each operand and gradient, in proportion to `k + n` per row.
             Measured on an H200 (BENCHMARKS.md, "On an H200 ...
-            2026-11-28"), kmp's matmul on 8192 rows of square kernels,
+            2026-11-28"), kmp's matmul on JAX, 8192 rows of square kernels,
             forward and backward: 0.72x bfloat16's speed at 1024
             (`min_size` 512), 0.98x at 2048 (1024), 1.32x at 4096
             (2048), 1.48x at 8192 (4096). `None` (the default) is 2048
@@ -239,10 +241,10 @@ def default_min_size(matmul) -> int:
 
 def use_default_matmul(model) -> int:
     """Gives a model's float8 Keras `Dense` and `EinsumDense` layers the
-    matmul `kmp.float8` gives by default (kmp's own on JAX; elsewhere
-    they stay Keras's), in place: what a `.keras` file cannot keep for
-    the layers a model rebuilds from its code (`kmp.load_model` calls
-    it). Returns how many layers it changed."""
+    matmul `kmp.float8` gives by default (kmp's own on JAX and torch; on
+    TensorFlow they stay Keras's), in place: what a `.keras` file cannot
+    keep for the layers a model rebuilds from its code (`kmp.load_model`
+    calls it). Returns how many layers it changed."""
     if _check_matmul(None) != "kmp":
         return 0
     changed = [
@@ -265,20 +267,28 @@ def _forget_traces(model):
 
 def _check_matmul(matmul):
     """`matmul`, `None` resolved to this backend's default."""
+    kmp_runs = backend.name() in _KMP_MATMUL_BACKENDS
     if matmul is None:
-        return "kmp" if keras.backend.backend() == "jax" else "keras"
+        return "kmp" if kmp_runs else "keras"
     if matmul not in ("keras", "kmp"):
         raise InputError(
             f"kmp.float8: matmul={matmul!r} is not one of 'keras' (Keras's "
-            "float8 layers) and 'kmp' (kmp's own float8 matmul, JAX only)."
+            "float8 layers) and 'kmp' (kmp's own float8 matmul, JAX and "
+            "torch)."
         )
-    if matmul == "kmp" and keras.backend.backend() != "jax":
+    if matmul == "kmp" and not kmp_runs:
         raise InputError(
             "kmp.float8(matmul='kmp') runs kmp's float8 matmul, which is "
-            f"JAX's; Keras's backend is {keras.backend.backend()!r}. Use "
-            "matmul='keras' (the default) here, or KERAS_BACKEND=jax."
+            f"JAX's and torch's; Keras's backend is {backend.name()!r}. Use "
+            "matmul='keras' (the default) here, or KERAS_BACKEND=jax "
+            "(or torch)."
         )
     return matmul
+
+
+# Where kmp's float8 matmul runs (`kmp.fp8.scaled_matmul`): TensorFlow
+# has no float8 GEMM to call.
+_KMP_MATMUL_BACKENDS = ("jax", "torch")
 
 
 def is_float8(layer) -> bool:

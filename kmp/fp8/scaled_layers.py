@@ -1,5 +1,5 @@
 """Keras's float8 `Dense` and `EinsumDense`, computed by kmp's own float8
-matmul on JAX (`kmp.fp8.scaled_matmul`).
+matmul on JAX and torch (`kmp.fp8.scaled_matmul`).
 
 `kmp.float8(model, matmul="kmp")` converts a layer as Keras does
 (`layer.quantize("float8")`: the dtype policy, and with it the `.keras`
@@ -24,17 +24,18 @@ too, no amax histories. What stays Keras's:
   `.keras` file names a subclassed model's weights by its layers' class
   names (`layers/dense`), and a model rebuilt by its own code makes
   Keras's classes (as `kmp.islands.MultiHeadAttention` is named);
-- every other backend, and an einsum that is not one matmul (a batch
+- TensorFlow, and an einsum that is not one matmul (a batch
   dimension shared by the input and the kernel): Keras's own float8 call.
 """
 
-import functools
 import string
 
 import keras
 from keras import ops
 
+from kmp import backend
 from kmp.fp8.scaled_matmul import float8_matmul
+from kmp.fp8.scaled_matmul import keep_state
 from kmp.model_layers import swap_class
 
 
@@ -43,14 +44,14 @@ class _ScaledFloat8:
 
     def quantized_call(self, inputs, *args, **kwargs):
         product = None
-        if (
-            self.quantization_mode == "float8"
-            and keras.backend.backend() == "jax"
+        if self.quantization_mode == "float8" and backend.name() in (
+            "jax",
+            "torch",
         ):
             product = self._float8_product(inputs)
         if product is None:
             return super().quantized_call(inputs, *args, **kwargs)
-        product = _keep(product, self._keras_float8_state())
+        product = keep_state(product, self._keras_float8_state())
         if self.bias is not None:
             product = ops.add(product, self.bias)
         if self.activation is not None:
@@ -67,7 +68,8 @@ class _ScaledFloat8:
 
 @keras.saving.register_keras_serializable(package="kmp")
 class Dense(_ScaledFloat8, keras.layers.Dense):
-    """Keras's float8 `Dense`, computed by kmp's float8 matmul on JAX.
+    """Keras's float8 `Dense`, computed by kmp's float8 matmul on JAX and
+    torch.
 
     Made by `kmp.float8(model, matmul="kmp")`; see the module docstring.
     """
@@ -79,7 +81,8 @@ class Dense(_ScaledFloat8, keras.layers.Dense):
 @keras.saving.register_keras_serializable(package="kmp")
 class EinsumDense(_ScaledFloat8, keras.layers.EinsumDense):
     """Keras's float8 `EinsumDense`, computed by kmp's float8 matmul on JAX
-    when its equation is one matmul (every attention projection is).
+    and torch when its equation is one matmul (every attention projection
+    is).
 
     Made by `kmp.float8(model, matmul="kmp")`; see the module docstring.
     """
@@ -141,34 +144,6 @@ def use_kmp_matmul(layer):
         if type(layer) is keras_class:
             swap_class(layer, kmp_class)
     return layer
-
-
-def _keep(y, state):
-    """`y`, with each variable of `state` given its own value as its
-    gradient (see the module docstring)."""
-    if not state:
-        return y
-    return _keeper()(y, [ops.convert_to_tensor(v) for v in state])
-
-
-@functools.cache
-def _keeper():
-    """`keep(y, values) = y`, whose gradient by `values` is `values`: built
-    at first use, so that jax is imported only then."""
-    import jax
-
-    @jax.custom_vjp
-    def keep(y, values):
-        return y
-
-    def forward(y, values):
-        return y, values
-
-    def backward(values, g):
-        return g, values
-
-    keep.defvjp(forward, backward)
-    return keep
 
 
 def _transpose(x, order):

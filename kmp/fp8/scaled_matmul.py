@@ -1,6 +1,6 @@
-"""kmp's own float8 matmul on JAX: `dot_general` on two float8 operands,
-each scaled from its current amax, with a custom VJP whose two backward
-matmuls also run on float8.
+"""kmp's own float8 matmul on JAX and torch: a GEMM on two float8
+operands, each scaled from its current amax, with a custom gradient whose
+two backward matmuls also run on float8.
 
 Keras's float8 layers write quantize-dequantize around a bfloat16 matmul
 and leave it to XLA to pattern-match an FP8 GEMM, with amax histories on
@@ -44,14 +44,20 @@ its functions return the dequantized tensor in the compute dtype (the
 pattern XLA rewrites); `quantize` here returns the float8 tensor itself,
 which `dot_general` takes.
 
-JAX only: jax is imported inside the functions, so the module imports on
-every backend.
+On JAX the GEMMs are `jax.lax.dot_general`s (below); on torch
+`torch._scaled_mm`, which applies both scales inside the GEMM and so
+writes every result dtype directly (`kmp.fp8._torch_matmul`: its
+layouts, padding and the devices it runs on). TensorFlow has no float8
+GEMM to call: Keras's float8 layers are what runs there. jax and torch
+are imported inside the functions, so the module imports on every
+backend.
 """
 
 import functools
 
 import keras
 
+from kmp import backend
 from kmp.fp8.quantization import E4M3
 from kmp.fp8.quantization import E5M2
 from kmp.fp8.quantization import FLOAT8_MAX
@@ -66,10 +72,12 @@ def float8_matmul(x, w, out_dtype=None):
 
     The operands are cast to E4M3, each with a per-tensor scale from its
     current amax; the output gradient to E5M2 the same way. The three
-    matmuls (the forward, `dx` and `dw`) are `jax.lax.dot_general`s on
-    float8 operands accumulating in float32, which a GPU's XLA compiles
-    to cuBLASLt FP8 GEMMs (on a CPU XLA emulates them). See the module
-    docstring for the rule.
+    matmuls (the forward, `dx` and `dw`) run on float8 operands and
+    accumulate in float32: on JAX `jax.lax.dot_general`s, which a GPU's
+    XLA compiles to cuBLASLt FP8 GEMMs (on a CPU XLA emulates them); on
+    torch `torch._scaled_mm` (cuBLASLt's FP8 GEMM on a GPU of compute
+    capability 8.9 or more, oneDNN's on a CPU). See the module docstring
+    for the rule.
 
     Args:
         x: the activations, `[..., k]`, any float dtype.
@@ -81,33 +89,62 @@ def float8_matmul(x, w, out_dtype=None):
 
     Example:
 
-    >>> import jax.numpy as jnp
-    >>> x = jnp.ones((4, 8), "bfloat16")
-    >>> w = jnp.full((8, 2), 0.5, "float32")
-    >>> float8_matmul(x, w).tolist()[0]
+    >>> import numpy as np
+    >>> x = np.ones((4, 8), "float32")
+    >>> w = np.full((8, 2), 0.5, "float32")
+    >>> keras.ops.convert_to_numpy(float8_matmul(x, w)).tolist()[0]
     [4.0, 4.0]
     """
-    if keras.backend.backend() != "jax":
+    if backend.name() not in ("jax", "torch"):
         raise ValueError(
-            "kmp.fp8.float8_matmul runs on the JAX backend; Keras's "
-            f"backend is {keras.backend.backend()!r}. Set KERAS_BACKEND=jax "
-            "before importing Keras."
+            "kmp.fp8.float8_matmul runs on the JAX and torch backends; "
+            f"Keras's backend is {backend.name()!r}. Set KERAS_BACKEND=jax "
+            "(or torch) before importing Keras; on TensorFlow, kmp.float8 "
+            "gives Keras's float8 layers."
         )
+    x_shape, w_shape = tuple(x.shape), tuple(w.shape)
+    if len(w_shape) != 2 or not x_shape or x_shape[-1] != w_shape[0]:
+        raise ValueError(
+            "float8_matmul multiplies x[..., k] by w[k, n]; got x of shape "
+            f"{x_shape} and w of shape {w_shape}. Pass a 2-D "
+            "kernel whose first dimension is x's last."
+        )
+    if backend.name() == "torch":
+        from kmp.fp8 import _torch_matmul
+
+        x, w = keras.ops.convert_to_tensor(x), keras.ops.convert_to_tensor(w)
+        dtype = keras.backend.standardize_dtype(out_dtype or x.dtype)
+        return _torch_matmul.float8_matmul(x, w, _torch_dtype(dtype))
     import jax.numpy as jnp
 
     x, w = jnp.asarray(x), jnp.asarray(w)
-    if w.ndim != 2 or x.ndim < 1 or x.shape[-1] != w.shape[0]:
-        raise ValueError(
-            "float8_matmul multiplies x[..., k] by w[k, n]; got x of shape "
-            f"{tuple(x.shape)} and w of shape {tuple(w.shape)}. Pass a 2-D "
-            "kernel whose first dimension is x's last."
-        )
     # Static (hashable) for the custom VJP: the output's and the two
     # gradients' dtypes.
     dtypes = (jnp.dtype(out_dtype or x.dtype), x.dtype, w.dtype)
     leading = x.shape[:-1]
     y = _matmul()(x.reshape(-1, x.shape[-1]), w, dtypes)
     return y.reshape(*leading, w.shape[1])
+
+
+def keep_state(y, state):
+    """`y`, with each variable of `state` given its own value as its
+    gradient: how kmp's float8 layers keep Keras's float8 scales and amax
+    histories, which they do not read, as they were (see
+    `kmp.fp8.scaled_layers`)."""
+    if not state:
+        return y
+    values = [keras.ops.convert_to_tensor(v) for v in state]
+    if backend.name() == "torch":
+        from kmp.fp8 import _torch_matmul
+
+        return _torch_matmul.keep(y, values)
+    return _keeper()(y, values)
+
+
+def _torch_dtype(name):
+    import torch
+
+    return getattr(torch, name)
 
 
 def quantize(x, dtype):
@@ -173,3 +210,23 @@ def _matmul():
     matmul = jax.custom_vjp(matmul, nondiff_argnums=(2,))
     matmul.defvjp(forward, backward)
     return matmul
+
+
+@functools.cache
+def _keeper():
+    """`keep(y, values) = y`, whose gradient by `values` is `values` (JAX):
+    built at first use, so that jax is imported only then."""
+    import jax
+
+    @jax.custom_vjp
+    def keep(y, values):
+        return y
+
+    def forward(y, values):
+        return y, values
+
+    def backward(values, g):
+        return g, values
+
+    keep.defvjp(forward, backward)
+    return keep

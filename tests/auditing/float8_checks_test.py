@@ -53,6 +53,18 @@ def test_float8_without_xla_is_flagged_and_plain_models_are_not():
     found = problems(kmp.audit(model, verbose=False))
     if backend.name() == "torch":  # no XLA at all, compiled or not
         assert "only XLA turns" in found and "torch backend" in found
+        (fix,) = [
+            f.fix
+            for f in kmp.audit(model, verbose=False)
+            if "only XLA turns" in f.problem
+        ]
+        assert "matmul='kmp'" in fix
+        # kmp.float8's default on torch: kmp's matmul, torch._scaled_mm
+        # whether compiled or not.
+        scaled = keras_float8_model()
+        scaled.compile(optimizer="sgd", loss="mse", jit_compile=False)
+        report = kmp.audit(scaled, verbose=False)
+        assert "only XLA turns" not in problems(report)
     else:
         assert "without XLA" in found
         model.compile(optimizer="sgd", loss="mse", jit_compile=True)

@@ -143,10 +143,11 @@ def test_float8_flag_trains_float8_layers_and_saves_them(tmp_path):
     assert sum("attention" in layer.path for layer in float8) == 4
     assert any(isinstance(layer, keras.layers.Dense) for layer in float8)
     assert model.layers[-1].quantization_mode is None  # the head
-    if keras.backend.backend() == "jax":
-        # kmp's float8 matmul (kmp.float8's default on JAX) scales each
-        # operand from its current amax: the file keeps its class for
-        # the feed-forward layers, and Keras's histories stay unused.
+    if keras.backend.backend() in ("jax", "torch"):
+        # kmp's float8 matmul (kmp.float8's default on JAX and torch)
+        # scales each operand from its current amax: the file keeps its
+        # class for the feed-forward layers, and Keras's histories stay
+        # unused.
         assert any(type(layer) is scaled_layers.Dense for layer in float8)
         return
     # Keras's float8: the scales were learned from the data, the amax

@@ -62,11 +62,11 @@ def test_converts_eligible_layers_and_leaves_the_rest():
     assert found["down"] == "Dense"  # 24 outputs: not a multiple of 16
     assert found["head"] == "Dense"  # the last matmul before the output
     assert found["embedding"] == "Embedding"
-    # Keras's own float8 layer, with its default amax history; on JAX,
-    # by default, computed by kmp's matmul (a subclass that changes only
-    # how the layer computes).
+    # Keras's own float8 layer, with its default amax history; on JAX and
+    # torch, by default, computed by kmp's matmul (a subclass that changes
+    # only how the layer computes).
     up = model.get_layer("up")
-    if backend.name() == "jax":
+    if backend.name() in ("jax", "torch"):
         assert type(up) is scaled_layers.Dense
     else:
         assert type(up) is keras.layers.Dense

@@ -1,5 +1,5 @@
 """kmp.fp8.scaled_layers: `kmp.float8(model, matmul="kmp")`, Keras's float8
-layers computed by kmp's own float8 matmul on JAX."""
+layers computed by kmp's own float8 matmul on JAX and torch."""
 
 import keras
 import numpy as np
@@ -16,7 +16,11 @@ from kmp import backend
 from kmp.fp8 import scaled_layers
 
 jax_only = pytest.mark.skipif(
-    backend.name() != "jax", reason="kmp's float8 matmul is JAX's"
+    backend.name() != "jax", reason="reads JAX's lowered program"
+)
+kmp_matmul = pytest.mark.skipif(
+    backend.name() not in ("jax", "torch"),
+    reason="kmp's float8 matmul is JAX's and torch's",
 )
 
 
@@ -70,7 +74,9 @@ def converted(matmul="kmp"):
         net.compile(
             optimizer=kmp.wrap(keras.optimizers.Adam(1e-3)),
             loss="mse",
-            jit_compile=True,
+            # XLA on JAX; on torch, Keras's default (eager), where each
+            # aten call can be counted.
+            jit_compile=backend.name() == "jax",
         )
     return net
 
@@ -118,7 +124,52 @@ def test_the_train_step_runs_each_converted_layer_s_three_matmuls_on_float8():
     assert all(not d[0].startswith("f8") for d in dots if d not in float8)
 
 
-@jax_only
+@pytest.mark.skipif(backend.name() != "torch", reason="counts torch's calls")
+def test_a_torch_train_step_runs_each_converted_layer_s_matmuls_as_scaled_mm(
+    monkeypatch,
+):
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from kmp.fp8 import _torch_matmul
+
+    # As on a GPU with float8 tensor cores (torch_matmul_test.py: on a
+    # CPU kmp multiplies the float8 values dequantized instead).
+    monkeypatch.setattr(_torch_matmul, "_scaled_mm_runs", lambda device: True)
+    net = converted()
+    x, y = data(8)
+    net.train_on_batch(x, y)  # builds the optimizer outside the count
+    calls = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten._scaled_mm.default:
+                calls.append((args[0].dtype, args[1].dtype, out.dtype))
+            elif func in (
+                torch.ops.aten.mm.default,
+                torch.ops.aten.bmm.default,
+            ):
+                calls.append(("matmul", out.dtype))
+            return out
+
+    with Record():
+        net.train_on_batch(x, y)
+    e4m3, e5m2, bf16 = torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16
+    float8 = [c for c in calls if c[0] != "matmul"]
+    # As on JAX: each converted layer's forward and kernel gradient, the
+    # input gradients of all but the first (its input needs none).
+    assert sorted(float8, key=str) == sorted(
+        3 * [(e4m3, e4m3, bf16), (e4m3, e5m2, bf16)] + 2 * [(e5m2, e4m3, bf16)],
+        key=str,
+    )
+    # The rest: the float32 head's forward and two gradients.
+    assert [c for c in calls if c[0] == "matmul"] == 3 * [
+        ("matmul", torch.float32)
+    ]
+
+
+@kmp_matmul
 def test_the_outputs_are_bfloat16_s_to_float8_precision():
     with kmp.policy_scope("mixed_bfloat16"):
         reference = model()
@@ -131,7 +182,7 @@ def test_the_outputs_are_bfloat16_s_to_float8_precision():
     assert 0 < error < 0.1
 
 
-@jax_only
+@kmp_matmul
 def test_it_trains_and_leaves_keras_s_float8_state_as_it_was():
     net = converted()
     state = {
@@ -150,7 +201,7 @@ def test_it_trains_and_leaves_keras_s_float8_state_as_it_was():
             np.testing.assert_array_equal(v.numpy(), state[v.path])
 
 
-@jax_only
+@kmp_matmul
 def test_a_keras_file_keeps_kmp_s_matmul(tmp_path):
     net = converted()
     x, y = data()
@@ -167,7 +218,7 @@ def test_a_keras_file_keeps_kmp_s_matmul(tmp_path):
     loaded.fit(x, y, batch_size=8, epochs=1, verbose=0)
 
 
-@jax_only
+@kmp_matmul
 def test_keras_s_float8_layers_are_given_kmp_s_matmul_when_asked_again():
     net = converted(matmul="keras")
     x, y = data()
@@ -192,15 +243,17 @@ def test_an_unknown_matmul_is_refused_with_the_choices():
         kmp.float8(net, matmul="cublas")
 
 
-@pytest.mark.skipif(backend.name() == "jax", reason="the JAX backend has it")
-def test_kmp_s_matmul_off_jax_is_refused_with_the_way_out():
+@pytest.mark.skipif(
+    backend.name() in ("jax", "torch"), reason="this backend has it"
+)
+def test_kmp_s_matmul_on_tensorflow_is_refused_with_the_way_out():
     with kmp.policy_scope("mixed_bfloat16"):
         net = model()
-    with pytest.raises(ValueError, match="JAX.*matmul='keras'"):
+    with pytest.raises(ValueError, match="JAX's and torch's.*matmul='keras'"):
         kmp.float8(net, matmul="kmp")
 
 
-@jax_only
+@kmp_matmul
 def test_a_subclassed_model_s_file_loads_and_takes_kmp_s_matmul_again(
     tmp_path,
 ):
@@ -247,7 +300,7 @@ def test_min_size_converts_only_kernels_large_enough_to_pay():
     assert net.get_layer("thin").quantization_mode == "float8"
 
 
-@jax_only
+@kmp_matmul
 @pytest.mark.parametrize(
     "devices, converted",
     [
@@ -258,9 +311,7 @@ def test_min_size_converts_only_kernels_large_enough_to_pay():
         ([("cpu", "host", None)], ["float8", "float8", None]),
     ],
 )
-def test_the_default_min_size_reads_the_device(
-    devices, converted, monkeypatch
-):
+def test_the_default_min_size_reads_the_device(devices, converted, monkeypatch):
     from kmp.fp8 import convert
 
     monkeypatch.setattr(convert, "GPU_MIN_SIZE", 50)

@@ -1,10 +1,12 @@
-"""kmp.fp8.scaled_matmul: kmp's float8 matmul on JAX, its numerics, its
-gradients, and the float8 `dot_general`s in the lowered program."""
+"""kmp.fp8.scaled_matmul: kmp's float8 matmul on JAX and torch, its
+numerics, its gradients, and on JAX the float8 `dot_general`s in the
+lowered program (torch's `_scaled_mm` calls: torch_matmul_test.py)."""
 
 import functools
 import re
 
 import hypothesis
+import keras
 import numpy as np
 import pytest
 from hypothesis import strategies as st
@@ -13,7 +15,11 @@ from kmp import backend
 from kmp.fp8.scaled_matmul import float8_matmul
 
 jax_only = pytest.mark.skipif(
-    backend.name() != "jax", reason="float8_matmul is JAX's (jax.lax)"
+    backend.name() != "jax", reason="reads JAX's lowered program"
+)
+kmp_matmul = pytest.mark.skipif(
+    backend.name() not in ("jax", "torch"),
+    reason="kmp's float8 matmul is JAX's and torch's",
 )
 
 # The bounds, as relative errors in the Frobenius norm on Gaussian data.
@@ -39,6 +45,30 @@ def relative_error(got, want):
     return np.linalg.norm(got - want) / np.linalg.norm(want)
 
 
+def gradients(x, w, c, scale=1.0):
+    """The gradients of `sum(float8_matmul(x, w) * c) * scale` by `x` and
+    `w`, as NumPy arrays, in this backend's autodiff."""
+    if backend.name() == "torch":
+        import torch
+
+        x = torch.tensor(np.asarray(x), requires_grad=True)
+        w = torch.tensor(np.asarray(w), requires_grad=True)
+        y = float8_matmul(x, w).float()
+        (
+            torch.sum(y * torch.tensor(np.asarray(c, "float32"))) * scale
+        ).backward()
+        return x.grad.numpy(), w.grad.numpy()
+    import jax
+
+    return jax.grad(losses(c)[0], argnums=(0, 1))(x, w, scale)
+
+
+def as_float32(x):
+    if backend.name() == "torch":
+        return x.detach().float().numpy()
+    return np.asarray(x, "float32")
+
+
 def losses(c):
     import jax.numpy as jnp
 
@@ -51,41 +81,52 @@ def losses(c):
     return float8, float32
 
 
-@jax_only
+@kmp_matmul
 def test_the_product_is_float32_s_to_float8_precision():
     x, w, _ = data()
     y = float8_matmul(x, w)
-    assert y.shape == (2, 64, 32) and y.dtype == np.float32
-    assert relative_error(y, x @ w) < FORWARD_BOUND
+    assert tuple(y.shape) == (2, 64, 32)
+    assert keras.backend.standardize_dtype(y.dtype) == "float32"
+    assert relative_error(as_float32(y), x @ w) < FORWARD_BOUND
     # Not float32's product: the operands were rounded to float8.
-    assert relative_error(y, x @ w) > 1e-3
+    assert relative_error(as_float32(y), x @ w) > 1e-3
 
 
-@jax_only
-def test_the_gradients_are_float32_s_to_float8_precision():
-    import jax
-
-    x, w, c = data(seed=1)
-    float8, float32 = losses(c)
-    got = jax.grad(float8, argnums=(0, 1))(x, w)
-    want = jax.grad(float32, argnums=(0, 1))(x, w)
+@kmp_matmul
+@pytest.mark.parametrize("rows", [64, 63])
+def test_the_gradients_are_float32_s_to_float8_precision(rows):
+    # 63 rows: torch pads the rows to 16's multiple for the kernel's
+    # gradient (what CUDA's FP8 GEMM takes); the padding adds nothing.
+    x, w, c = data(seed=1, m=(2, rows))
+    got = gradients(x, w, c)
+    want = (c @ w.T, x.reshape(-1, x.shape[-1]).T @ c.reshape(-1, c.shape[-1]))
     for g, r in zip(got, want):
         assert g.shape == r.shape
         assert relative_error(g, r) < GRADIENT_BOUND
 
 
-@jax_only
+@kmp_matmul
 def test_bfloat16_operands_give_bfloat16_results_and_gradients():
-    import jax
-    import jax.numpy as jnp
+    from keras import ops
 
     x, w, c = data(seed=2)
-    x, w = jnp.asarray(x, "bfloat16"), jnp.asarray(w, "bfloat16")
-    assert float8_matmul(x, w).dtype == jnp.bfloat16
-    assert float8_matmul(x, w, out_dtype="float32").dtype == jnp.float32
-    float8, _ = losses(c)
-    dx, dw = jax.grad(float8, argnums=(0, 1))(x, w)
-    assert dx.dtype == jnp.bfloat16 and dw.dtype == jnp.bfloat16
+    x = ops.convert_to_tensor(x, "bfloat16")
+    w = ops.convert_to_tensor(w, "bfloat16")
+    dtype_of = keras.backend.standardize_dtype
+    assert dtype_of(float8_matmul(x, w).dtype) == "bfloat16"
+    assert dtype_of(float8_matmul(x, w, "float32").dtype) == "float32"
+    assert dtype_of(float8_matmul(x, w, "float16").dtype) == "float16"
+    if backend.name() == "torch":
+        x, w = x.requires_grad_(), w.requires_grad_()
+        float8_matmul(x, w).float().mul(
+            ops.convert_to_tensor(c)
+        ).sum().backward()
+        dx, dw = x.grad, w.grad
+    else:
+        import jax
+
+        dx, dw = jax.grad(losses(c)[0], argnums=(0, 1))(x, w)
+    assert dtype_of(dx.dtype) == "bfloat16" and dtype_of(dw.dtype) == "bfloat16"
 
 
 def _dot_generals(text):
@@ -132,47 +173,42 @@ def test_the_train_step_runs_all_three_matmuls_on_float8_operands(
     assert np.isfinite(loss)
 
 
-@jax_only
+@kmp_matmul
 def test_zeros_multiply_to_zeros():
-    import jax
-
     x, w, c = data(seed=4)
     x = np.zeros_like(x)
-    float8, _ = losses(c)
-    assert not np.any(float8_matmul(x, w))
-    dx, dw = jax.grad(float8, argnums=(0, 1))(x, w)
+    assert not np.any(as_float32(float8_matmul(x, w)))
+    dx, dw = gradients(x, w, c)
     assert np.all(np.isfinite(dx)) and not np.any(dw)
 
 
-@jax_only
+@kmp_matmul
 @pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
 def test_a_non_finite_operand_or_gradient_stays_non_finite(bad):
     # Under a dynamic loss scale an overflow must stay visible, for the
     # step to be skipped: saturating it to float8's max would hide it.
-    import jax
-
     x, w, c = data(seed=5)
     x[0, 3, 7] = bad
-    assert not np.all(np.isfinite(float8_matmul(x, w)))
+    assert not np.all(np.isfinite(as_float32(float8_matmul(x, w))))
     x, w, c = data(seed=5)
-    g = np.asarray(c)
-    g[1, 2, 3] = bad
-    _, vjp = jax.vjp(float8_matmul, x, w)
-    for gradient in vjp(g):
+    c[1, 2, 3] = bad
+    for gradient in gradients(x, w, c):
         assert not np.all(np.isfinite(gradient))
 
 
 @functools.cache
 def _scaled_grad():
     # One compiled program for every scale (hypothesis calls many times).
+    x, w, c = data(seed=6)
+    if backend.name() == "torch":
+        return x, w, lambda x, w, scale: gradients(x, w, c, scale)
     import jax
 
-    x, w, c = data(seed=6)
     float8, _ = losses(c)
     return x, w, jax.jit(jax.grad(float8, argnums=(0, 1)))
 
 
-@jax_only
+@kmp_matmul
 @hypothesis.settings(max_examples=12, deadline=None)
 @hypothesis.given(st.integers(-30, 60))
 @hypothesis.example(40)  # S * g ~ 1e12, far beyond E5M2's 57344
@@ -186,15 +222,17 @@ def test_a_power_of_two_loss_scale_scales_the_gradients_exactly(exponent):
         np.testing.assert_array_equal(np.asarray(scaled), scale * plain)
 
 
-@jax_only
+@kmp_matmul
 def test_mismatched_shapes_are_refused_with_the_shapes():
     x, w, _ = data()
     with pytest.raises(ValueError, match=r"got x of shape \(2, 64, 128\)"):
         float8_matmul(x, w.T)
 
 
-@pytest.mark.skipif(backend.name() == "jax", reason="the JAX backend runs it")
-def test_other_backends_are_told_to_use_jax():
+@pytest.mark.skipif(
+    backend.name() in ("jax", "torch"), reason="this backend runs it"
+)
+def test_tensorflow_is_told_where_it_runs():
     x, w, _ = data()
     with pytest.raises(ValueError, match="Set KERAS_BACKEND=jax"):
         float8_matmul(x, w)

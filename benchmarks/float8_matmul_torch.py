@@ -1,0 +1,197 @@
+"""kmp's float8 matmul on torch (`torch._scaled_mm`) against bfloat16
+matmuls, forward and backward: float8_matmul.py's stack, on PyTorch.
+
+    KERAS_BACKEND=torch python benchmarks/float8_matmul_torch.py   # GPU
+    KERAS_BACKEND=torch python benchmarks/float8_matmul_torch.py \
+        --size=4096,8192 --tokens=8192 --compile
+    KERAS_BACKEND=torch python benchmarks/float8_matmul_torch.py --size=128
+
+A stack of `layers` square kernels (`size` x `size`, bfloat16) applied to
+`tokens` x `size` bfloat16 activations, a mean-square loss, and its
+gradients with respect to every kernel and the input:
+
+- `bf16`: `x @ w` on the bfloat16 operands;
+- `float8`: `kmp.fp8.scaled_matmul.float8_matmul`, whose forward and two
+  backward matmuls are `torch._scaled_mm`s on float8 operands on a GPU of
+  compute capability 8.9+ (elsewhere, the float8 values multiplied
+  dequantized: on a CPU this checks the script, not float8's speed).
+
+Eager by default (Keras's default on torch); `--compile` runs both steps
+under `torch.compile`. The two are timed interleaved
+(`common.time_interleaved`), `steps` steps a round; TFLOP/s count the 3
+matmuls of each layer. `scaled_mm_calls` is how many `_scaled_mm`s one
+eager step ran (3 a layer where they run, the input's gradient included).
+The JSON is rewritten after each size, so a time limit keeps what was
+measured; it records the device and versions.
+"""
+
+import argparse
+import os
+import statistics
+
+os.environ.setdefault("KERAS_BACKEND", "torch")
+
+import common  # noqa: E402
+import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+from kmp import backend  # noqa: E402
+from kmp.fp8.scaled_matmul import float8_matmul  # noqa: E402
+
+MATMULS = {"bf16": lambda x, w: x @ w, "float8": float8_matmul}
+
+
+def train_step(matmul, compile_step):
+    """A step: the loss, its gradients by the input and every kernel
+    (left in their `.grad`, set to None before each step)."""
+
+    def step(x, kernels):
+        x.grad = None
+        for w in kernels:
+            w.grad = None
+        y = x
+        for w in kernels:
+            y = matmul(y, w)
+        loss = torch.mean(torch.square(y.float()))
+        loss.backward()
+        return loss
+
+    return torch.compile(step) if compile_step else step
+
+
+def stack(size, tokens, layers, device, seed=0):
+    """Activations and kernels scaled to keep the stack's outputs ~1."""
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+
+    def normal(*shape, scale=1.0):
+        values = torch.randn(*shape, generator=generator) * scale
+        return values.to(device, torch.bfloat16).requires_grad_()
+
+    x = normal(tokens, size)
+    return x, [normal(size, size, scale=size**-0.5) for _ in range(layers)]
+
+
+def count_scaled_mm(step, x, kernels):
+    """How many `torch._scaled_mm` calls one step runs."""
+    calls = []
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._scaled_mm.default:
+                calls.append(func)
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        step(x, kernels)
+    return len(calls)
+
+
+def synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(size, tokens, layers, steps, rounds, compile_step, device):
+    """One size's record: each matmul's step time, TFLOP/s, loss and
+    `_scaled_mm` count, and float8's speed against bf16."""
+    x, kernels = stack(size, tokens, layers, device)
+    runs, losses, calls = {}, {}, {}
+    for name, matmul in MATMULS.items():
+        calls[name] = count_scaled_mm(train_step(matmul, False), x, kernels)
+        step = train_step(matmul, compile_step)
+        losses[name] = float(step(x, kernels))  # compiles, if asked
+
+        def run(step=step):
+            for _ in range(steps):
+                step(x, kernels)
+            synchronize(device)
+
+        runs[name] = run
+    seconds = common.time_interleaved(runs, rounds)
+    flops = 3 * 2 * tokens * size**2 * layers
+    records = {}
+    for name in MATMULS:
+        step_s = statistics.median(seconds[name]) / steps
+        records[name] = {
+            "step_time_s": step_s,
+            "tflops": flops / step_s / 1e12,
+            "loss": losses[name],
+            "scaled_mm_calls": calls[name],
+            "round_seconds": seconds[name],
+        }
+    speed = statistics.median(
+        b / f for b, f in zip(seconds["bf16"], seconds["float8"])
+    )
+    records["float8"]["speed_vs_bf16"] = speed
+    return {
+        "size": size,
+        "tokens": tokens,
+        "layers": layers,
+        "compiled": compile_step,
+        "speed_vs_bf16": speed,
+        "runs": records,
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--size", default="8192", help="kernel sizes, comma-separated"
+    )
+    parser.add_argument("--tokens", type=int, default=None, help="= size")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=10, help="per round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--compile", action="store_true", help="torch.compile both steps"
+    )
+    parser.add_argument("--out", default=None, help="JSON path")
+    args = parser.parse_args()
+    if backend.name() != "torch":
+        raise SystemExit(
+            "float8_matmul_torch.py runs on torch: KERAS_BACKEND=torch "
+            "(float8_matmul.py is JAX's)"
+        )
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    kind = (
+        torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    )
+    print(f"device: {kind}, torch {torch.__version__}")
+    results = []
+    for size in [int(size) for size in args.size.split(",")]:
+        results.append(
+            measure(
+                size,
+                args.tokens or size,
+                args.layers,
+                args.steps,
+                args.rounds,
+                args.compile,
+                device,
+            )
+        )
+        common.write_result(
+            {
+                "benchmark": "float8_matmul_torch",
+                "device_kind": kind,
+                "sizes": results,
+            },
+            f"float8_matmul_torch_{args.size.replace(',', '_')}.json",
+            args.out,
+        )
+    print(
+        "| size | tokens | matmul | step (ms) | TFLOP/s | loss | _scaled_mm "
+        "a step | speed vs bf16 |\n|---|---|---|---|---|---|---|---|"
+    )
+    for result in results:
+        for name, r in result["runs"].items():
+            speed = f"{r['speed_vs_bf16']:.3f}x" if name != "bf16" else ""
+            print(
+                f"| {result['size']} | {result['tokens']} | {name} "
+                f"| {1000 * r['step_time_s']:.2f} | {r['tflops']:.3g} "
+                f"| {r['loss']:.5f} | {r['scaled_mm_calls']} | {speed} |"
+            )
+
+
+if __name__ == "__main__":
+    main()
