@@ -954,18 +954,23 @@ _PART2 = {
             for variant in ("bfloat16", "float8")
         },
     },
-    ("Language model: bfloat16 vs `kmp.float8` (examples/lm.py)", 1): {
-        "rows": {
-            variant: (
-                "lm_float8_300_steps_kmp_matmul_jax.json",
-                {
-                    "float8 layers": [("variants", variant, "float8_layers")],
-                    "final loss": [("variants", variant, "final_loss")],
-                    "test loss": [("variants", variant, "test_loss")],
-                },
-            )
-            for variant in ("bfloat16", "float8")
-        },
+    **{
+        ("Language model: bfloat16 vs `kmp.float8` (examples/lm.py)", k): {
+            "rows": {
+                variant: (
+                    f"lm_float8_300_steps_kmp_matmul_{name}.json",
+                    {
+                        "float8 layers": [
+                            ("variants", variant, "float8_layers")
+                        ],
+                        "final loss": [("variants", variant, "final_loss")],
+                        "test loss": [("variants", variant, "test_loss")],
+                    },
+                )
+                for variant in ("bfloat16", "float8")
+            },
+        }
+        for k, name in ((1, "jax"), (2, "torch"))
     },
     (_BENCH, 0): _bench_table("bench_cpu_tensorflow/bench.json", "cifar10"),
     (_BENCH, 1): _bench_table("bench_cpu_tensorflow/bench.json", "imdb"),
