@@ -10,12 +10,16 @@
 #   2. `kmp train cifar10 --data=synthetic --policy=mixed_float16`, 3
 #      epochs: `examples_per_s` in its results.json (the median step
 #      from kmp's StepLog) over the bench's fp16+kmp row is the rate;
-#   3. fit_overlap.py with no host delay at the device's size: what the
-#      waiting callbacks cost there;
-#   4. (issue 41, item 1) kmp's float8 matmul on torch, torch._scaled_mm,
-#      against bfloat16 on float8_matmul.py's stack (4 square kernels,
-#      8192 rows; eager, Keras's default on torch) at 4096 and 8192: its
-#      first GPU measurement (the device has PyTorch with CUDA).
+#   3. (item 5) Keras on torch with kmp against torch.amp on ResNet-9
+#      (torch_amp.py, eager; 0.187x in float16 on the 2026-11-27 H200),
+#      with kmp's fused BatchNormalization (since 2026-11-28) and with
+#      Keras's, in one process, and the aten calls of each step;
+#   4. (item 1) kmp's float8 matmul on torch, torch._scaled_mm, against
+#      bfloat16 on float8_matmul.py's stack (4 square kernels, 8192
+#      rows; eager, Keras's default on torch) at 4096 and 8192: its first
+#      GPU measurement (the device has PyTorch with CUDA);
+#   5. fit_overlap.py with no host delay at the device's size: what the
+#      waiting callbacks cost there.
 #
 # Run after benchmarks/gpu_speed.sh (the speed issue's first call), in
 # the same way (../shared/GPU.md):
@@ -32,13 +36,15 @@ if [ "$SIZE" = gpu ]; then
   TRAIN=(--epochs=3)
   OVERLAP=(--width 4096 --batch_size 4096 --steps 50 --host_ms 0 --rounds 3)
   TORCH_FLOAT8=(--size 4096,8192 --tokens 8192 --steps 10 --rounds 3)
-  LIMITS=(140 90 70 70)
+  TORCH_AMP=(--size full --steps 10 --rounds 3)
+  LIMITS=(130 80 70 60 50)
 else
   BENCH=(--size small --steps 2 --rounds 2)
   TRAIN=(--epochs=2 --steps=2 --batch_size=32 --synthetic_size=256)
   OVERLAP=(--width 64 --steps 5 --host_ms 1 --rounds 2)
   TORCH_FLOAT8=(--size 128 --tokens 256 --steps 2 --rounds 2)
-  LIMITS=(300 300 300 300)
+  TORCH_AMP=(--size tiny --steps 2 --rounds 2)
+  LIMITS=(300 300 300 300 300)
 fi
 
 step bench "${LIMITS[0]}" "$PYTHON" -m kmp_cli bench --models cifar10 \
@@ -49,12 +55,15 @@ step train_cifar10 "${LIMITS[1]}" "$PYTHON" -m kmp_cli train cifar10 \
   --output_dir="$OUT/train_cifar10"
 rm -f "$OUT"/train_cifar10/*.keras  # large, and nothing to read
 
-step fit_overlap "${LIMITS[2]}" "$PYTHON" benchmarks/fit_overlap.py \
-  "${OVERLAP[@]}" --output "$OUT/fit_overlap_jax.json"
+step torch_amp "${LIMITS[2]}" env KERAS_BACKEND=torch "$PYTHON" \
+  benchmarks/torch_amp.py "${TORCH_AMP[@]}" --out "$OUT/torch_amp_full.json"
 
 step float8_matmul_torch "${LIMITS[3]}" env KERAS_BACKEND=torch "$PYTHON" \
   benchmarks/float8_matmul_torch.py "${TORCH_FLOAT8[@]}" \
   --out "$OUT/float8_matmul_torch.json"
+
+step fit_overlap "${LIMITS[4]}" "$PYTHON" benchmarks/fit_overlap.py \
+  "${OVERLAP[@]}" --output "$OUT/fit_overlap_jax.json"
 
 tar -czf "$OUT.tgz" -C "$OUT" . && find "$OUT" -type f ! -name steps.txt -delete \
   && mv "$OUT.tgz" "$OUT/results.tgz"

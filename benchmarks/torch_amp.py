@@ -3,6 +3,7 @@
     KERAS_BACKEND=torch python benchmarks/torch_amp.py               # auto
     KERAS_BACKEND=torch python benchmarks/torch_amp.py --size full   # GPU
     KERAS_BACKEND=torch python benchmarks/torch_amp.py --compile
+    KERAS_BACKEND=torch python benchmarks/torch_amp.py --size tiny  # host
 
 The CIFAR-10 example's ResNet-9 (`examples/cifar10.build_model`) is
 trained two ways in one process, each in float32, mixed float16 and
@@ -11,6 +12,9 @@ mixed bfloat16:
     keras float32       Keras 3 on torch, SGD
     keras fp16+kmp      kmp.enable("mixed_float16"), kmp.LossScaleOptimizer
     keras bf16          kmp.enable("mixed_bfloat16")
+    ... Keras's BN      the same, with Keras's own BatchNormalization layers
+                        (since 2026-11-28 `kmp.pin_float32` gives the
+                        others kmp's, one fused kernel each on torch)
     torch float32       the same net in plain PyTorch (channels_last), SGD
     torch fp16+amp      torch.autocast(float16) and torch.amp.GradScaler
     torch bf16+amp      torch.autocast(bfloat16)
@@ -21,9 +25,11 @@ train function, `model.train_function`, on them, as `fit` does per
 batch). After a warm-up, rounds interleave the variants in a rotating
 order; each round ends with a read of the loss, so queued GPU work is
 finished inside the timed span. Reported: images/s (median round), the
-speed against the same side's float32, and Keras against torch.amp at
-the same precision. `--compile`: `jit_compile=True` for Keras (which is
-torch.compile on this backend) and `torch.compile` for plain PyTorch.
+speed against the same side's float32, Keras against torch.amp at
+the same precision, and the aten operations each variant dispatches a
+step (one more round, counted; not timed). `--compile`:
+`jit_compile=True` for Keras (which is torch.compile on this backend)
+and `torch.compile` for plain PyTorch.
 
 On a CPU, half precision is emulated and slower than float32 (expected);
 the figures that answer "Keras-torch + kmp vs torch.amp" come from a GPU.
@@ -44,11 +50,17 @@ import kmp  # noqa: E402
 from kmp import backend  # noqa: E402
 from kmp.examples import cifar10  # noqa: E402
 
-SIZES = {"small": (16, 64), "full": (64, 512)}  # (width, batch)
+# (width, batch); "tiny" leaves almost no arithmetic: what a step costs
+# the host (Python, dispatch, one kernel launch per op), which bounds an
+# eager step on a GPU where the arithmetic is fast.
+SIZES = {"tiny": (4, 2), "small": (16, 64), "full": (64, 512)}
+# (policy, scaler, Keras's own BatchNormalization)
 KERAS = {
-    "keras float32": ("float32", None),
-    "keras fp16+kmp": ("mixed_float16", "kmp"),
-    "keras bf16": ("mixed_bfloat16", None),
+    "keras float32": ("float32", None, False),
+    "keras fp16+kmp": ("mixed_float16", "kmp", False),
+    "keras bf16": ("mixed_bfloat16", None, False),
+    "keras fp16+kmp, Keras's BN": ("mixed_float16", "kmp", True),
+    "keras bf16, Keras's BN": ("mixed_bfloat16", None, True),
 }
 TORCH = {
     "torch float32": None,
@@ -59,16 +71,22 @@ PAIRS = (
     ("keras float32", "torch float32"),
     ("keras fp16+kmp", "torch fp16+amp"),
     ("keras bf16", "torch bf16+amp"),
+    ("keras fp16+kmp", "keras fp16+kmp, Keras's BN"),
+    ("keras bf16", "keras bf16, Keras's BN"),
 )
 
 
 def keras_variant(variant, width, batches, compiled):
     """The example's model under the variant's policy; `run()` trains one
     step per batch and returns the last loss (read on the host)."""
-    policy, scaler = KERAS[variant]
+    policy, scaler, keras_batch_norm = KERAS[variant]
     with kmp.policy_scope(policy):
         keras.utils.set_random_seed(0)
         model = kmp.pin_float32(cifar10.build_model(width))
+        if keras_batch_norm:
+            for layer in model._flatten_layers():
+                if isinstance(layer, kmp.layers.BatchNormalization):
+                    layer.__class__ = keras.layers.BatchNormalization
         inner = keras.optimizers.SGD(0.01, momentum=0.9, nesterov=True)
         model.compile(
             optimizer=kmp.LossScaleOptimizer(inner) if scaler else inner,
@@ -178,9 +196,27 @@ def torch_variant(variant, width, batches, compiled):
     return run
 
 
+def aten_calls_per_step(run, steps):
+    """The aten operations one training step dispatches (one `run()`,
+    counted by a dispatch mode, over its steps): each is a kernel launch
+    and a trip through Python on an eager backend."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    count = [0]
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            count[0] += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        run()
+    return count[0] / steps
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--size", choices=("auto", "small", "full"))
+    parser.add_argument("--size", choices=("auto", *SIZES))
     parser.add_argument("--steps", type=int, default=10, help="per round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--compile", action="store_true")
@@ -209,6 +245,9 @@ def main():
     for variant in TORCH:
         runs[variant] = torch_variant(variant, width, batches, args.compile)
     losses_before = {name: run() for name, run in runs.items()}  # warm-up
+    aten_calls = {
+        name: aten_calls_per_step(run, args.steps) for name, run in runs.items()
+    }
     seconds = common.time_interleaved(
         runs, args.rounds, unit=(args.steps * batch, "img/s")
     )
@@ -230,11 +269,14 @@ def main():
         )
     }
     print(f"\nResNet-9 width {width}, batch {batch}, compile={args.compile}")
-    print("| variant | img/s | loss before | loss after |\n|---|---|---|---|")
+    print(
+        "| variant | img/s | aten calls a step | loss before | loss after |"
+        "\n|---|---|---|---|---|"
+    )
     for name in runs:
         print(
-            f"| {name} | {rates[name]:.0f} | {losses_before[name]:.4f} | "
-            f"{losses_after[name]:.4f} |"
+            f"| {name} | {rates[name]:.0f} | {aten_calls[name]:.0f} | "
+            f"{losses_before[name]:.4f} | {losses_after[name]:.4f} |"
         )
     print("\n| speed ratio (median of rounds) | |\n|---|---|")
     for name, ratio in per_round.items():
@@ -248,6 +290,7 @@ def main():
             "rounds": args.rounds,
             "compile": args.compile,
             "images_per_s": rates,
+            "aten_calls_per_step": aten_calls,
             "speed_ratios": per_round,
             "loss_before": losses_before,
             "loss_after": losses_after,

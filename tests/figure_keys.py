@@ -161,17 +161,27 @@ _TORCH_AMP = {
     "Keras float32": "keras float32",
     "Keras fp16 + kmp": "keras fp16+kmp",
     "Keras bf16": "keras bf16",
+    "Keras fp16 + kmp, Keras's BN": "keras fp16+kmp, Keras's BN",
+    "Keras bf16, Keras's BN": "keras bf16, Keras's BN",
     "PyTorch float32": "torch float32",
     "PyTorch fp16 + `torch.amp`": "torch fp16+amp",
     "PyTorch bf16 + `torch.amp`": "torch bf16+amp",
 }
+_TORCH_TINY = (
+    "Keras bf16",
+    "Keras bf16, Keras's BN",
+    "PyTorch bf16 + `torch.amp`",
+)
 _TORCH_RATIOS = {
     "Keras float32 / PyTorch float32": "keras float32 / torch float32",
     "Keras fp16 + kmp / PyTorch fp16 + `torch.amp`": (
         "keras fp16+kmp / torch fp16+amp"
     ),
     "Keras bf16 / PyTorch bf16 + `torch.amp`": "keras bf16 / torch bf16+amp",
-    "Keras fp16 + kmp / Keras float32": "keras fp16+kmp / keras float32",
+    "Keras bf16, fused BN / Keras's BN": "keras bf16 / keras bf16, Keras's BN",
+    "Keras fp16 + kmp, fused BN / Keras's BN": (
+        "keras fp16+kmp / keras fp16+kmp, Keras's BN"
+    ),
 }
 _POLICY_SPEED = {
     "TensorFlow, XLA": "policy_speed_tensorflow_jit_true.json",
@@ -400,11 +410,28 @@ _PART1 = {
                 "torch_amp_small.json",
                 {
                     "images/s (median round)": [("images_per_s", variant)],
+                    "aten calls a step": [("aten_calls_per_step", variant)],
                     "loss before": [("loss_before", variant)],
                     "loss after": [("loss_after", variant)],
                 },
             )
             for label, variant in _TORCH_AMP.items()
+        }
+    },
+    ("Keras on PyTorch with kmp vs PyTorch's own `torch.amp`", 2): {
+        "rows": {
+            label: (
+                "torch_amp_tiny.json",
+                {
+                    "images/s (median round)": [
+                        ("images_per_s", _TORCH_AMP[label])
+                    ],
+                    "aten calls a step": [
+                        ("aten_calls_per_step", _TORCH_AMP[label])
+                    ],
+                },
+            )
+            for label in _TORCH_TINY
         }
     },
     ("Keras on PyTorch with kmp vs PyTorch's own `torch.amp`", 1): {
@@ -1287,12 +1314,17 @@ README_KEYS = {
         ("float8_matmul_torch_256.json", ("sizes", 0, "speed_vs_bf16"))
     ],
     "ResNet-9 in Keras on torch with kmp vs the same net in PyTorch with "
-    "`torch.amp`, float16": [
-        ("torch_amp_small.json", ("images_per_s", "keras fp16+kmp")),
-        ("torch_amp_small.json", ("images_per_s", "torch fp16+amp")),
+    "`torch.amp`, bfloat16; kmp's fused BatchNormalization (`pin_float32` "
+    "on torch) vs Keras's": [
+        ("torch_amp_small.json", ("images_per_s", "keras bf16")),
+        ("torch_amp_small.json", ("images_per_s", "torch bf16+amp")),
         (
             "torch_amp_small.json",
-            ("speed_ratios", "keras fp16+kmp / torch fp16+amp"),
+            ("speed_ratios", "keras bf16 / torch bf16+amp"),
+        ),
+        (
+            "torch_amp_small.json",
+            ("speed_ratios", "keras bf16 / keras bf16, Keras's BN"),
         ),
     ],
     "`kmp bench` (ResNet-9 / IMDB Transformer, small sizes): mixed_float16 "

@@ -10,6 +10,7 @@ from kmp import fp8
 from kmp import islands
 
 NAMES = {
+    "BatchNormalization": islands,
     "Float32Activation": islands,
     "Float32Softmax": islands,
     "MultiHeadAttention": islands,

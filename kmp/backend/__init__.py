@@ -21,6 +21,8 @@ Keras API; what cannot be branches here, each function once, on
                  and Keras's private names got with a clear error
     recompute    the state a rematerialized call writes, the same in its
                  recomputation (dropout's seeds, moving statistics)
+    normalization  batch normalization in one fused kernel (torch's;
+                 XLA fuses Keras's ops on TensorFlow and JAX)
     steps        a train step's extra logs, gradients by intermediate
                  tensors, what compiles a step, crossentropy's logits,
                  code that runs once inside a trace, code no compiler
@@ -82,6 +84,7 @@ from kmp.backend.memory import device_memory_limit
 from kmp.backend.memory import state_bytes
 from kmp.backend.memory import train_step_memory
 from kmp.backend.memory import variable_bytes
+from kmp.backend.normalization import fused_batch_norm
 from kmp.backend.optimizer_updates import float32_reads
 from kmp.backend.optimizer_updates import float32_working_copies
 from kmp.backend.optimizer_updates import integer_ops
@@ -128,6 +131,7 @@ __all__ = [
     "mesh",
     "environment",
     "framework_versions",
+    "fused_batch_norm",
     "float32_reads",
     "float32_working_copies",
     "fused_unscale",

@@ -3,15 +3,18 @@
     float32_layers  `Float32Softmax`, `Float32Activation`,
                     `MultiHeadAttention`: Keras layers whose sensitive
                     part computes in float32 (kmp.layers)
+    batch_norm      `BatchNormalization`: Keras's, its float32
+                    statistics in one fused kernel on torch (kmp.layers)
     token_ids       `float_ids`: float inputs whose token ids a 16-bit
                     cast rounds before an embedding looks them up
     pin             `kmp.pin_float32`: outputs float32, inner softmaxes
                     and sigmoids float32 inside, float token ids kept
                     exact; what counts as sensitive
 
-Imports from kmp: errors, layer_policies, model_layers.
+Imports from kmp: backend, errors, layer_policies, model_layers.
 """
 
+from kmp.islands.batch_norm import BatchNormalization
 from kmp.islands.float32_layers import Float32Activation
 from kmp.islands.float32_layers import Float32Softmax
 from kmp.islands.float32_layers import MultiHeadAttention
@@ -23,6 +26,7 @@ from kmp.islands.token_ids import FloatIds
 from kmp.islands.token_ids import float_ids
 
 __all__ = [
+    "BatchNormalization",
     "EXACT_UP_TO",
     "Float32Activation",
     "Float32Softmax",

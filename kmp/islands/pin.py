@@ -2,8 +2,9 @@
 
 Mixed precision is safe only if the few numerically sensitive places stay
 in float32. Keras already computes BatchNormalization, LayerNormalization,
-GroupNormalization and RMSNormalization in float32, so kmp does not touch
-them. What it pins:
+GroupNormalization and RMSNormalization in float32, so kmp does not pin
+them (on torch it computes BatchNormalization's float32 arithmetic in one
+fused kernel instead of Keras's many: `batch_norm`). What it pins:
 
 - Layers that produce model outputs get a float32 dtype policy (KerasHub
   idiom (a), `dtype="float32"`): the output is float32, and a softmax or
@@ -21,8 +22,10 @@ from typing import Iterable
 
 import keras
 
+from kmp import backend
 from kmp.errors import InputError
 from kmp.islands import float32_layers
+from kmp.islands.batch_norm import BatchNormalization
 from kmp.islands.token_ids import float_ids
 from kmp.layer_policies import float32_policy
 from kmp.layer_policies import pin_to_float32
@@ -92,12 +95,15 @@ def pin_float32(
       `dtype="int32"` is the better fix.
     - Layers matched by `also` get `dtype_policy="float32"`.
 
-    Normalization layers are left alone: Keras computes them in float32
-    already. For subclassed models, the outputs are not recorded by Keras,
-    so output layers are not pinned (the inner softmaxes are); give the
-    final layer `dtype="float32"` or name it in `also`. Calling
-    `pin_float32` again changes nothing; under a float32 global policy it
-    does nothing.
+    Normalization layers keep their policy: Keras computes them in
+    float32 already. On torch each exact `BatchNormalization` becomes
+    `kmp.layers.BatchNormalization`, the same float32 arithmetic in one
+    fused kernel (eager torch runs each of Keras's ops, and each of their
+    gradients, as a kernel of its own). For subclassed models, the
+    outputs are not recorded by Keras, so output layers are not pinned
+    (the inner softmaxes are); give the final layer `dtype="float32"`
+    or name it in `also`. Calling `pin_float32` again changes nothing;
+    under a float32 global policy it does nothing.
 
     Args:
         model: A Keras model (Sequential, Functional or subclassed), built
@@ -143,6 +149,10 @@ def pin_float32(
         if also and matches(layer, also):
             pin_to_float32(layer)
             pinned.append(layer)
+            continue
+        if type(layer) is keras.layers.BatchNormalization:
+            if backend.name() == "torch":
+                swap_class(layer, BatchNormalization)
             continue
         island = _ISLAND_CLASSES.get(type(layer))
         if island is None:

@@ -68,10 +68,13 @@ def test_layers_chosen_after_building_give_the_same_step():
     )  # again: same
 
 
-def _block_model(rematerialized):
+def _block_model(rematerialized, fused_norm=False):
     keras.utils.set_random_seed(0)
     inputs = keras.Input((8,))
-    model = keras.Model(inputs, DropoutBlock()(inputs))
+    block = DropoutBlock()
+    model = keras.Model(inputs, block(inputs))
+    if fused_norm:  # kmp's BatchNormalization, one kernel on torch
+        block.norm.__class__ = kmp.layers.BatchNormalization
     if rematerialized:
         kmp.rematerialize(model, DropoutBlock)
     model.compile(
@@ -84,13 +87,17 @@ def _block_model(rematerialized):
     return model
 
 
-def test_the_recomputation_draws_the_forward_s_dropout_and_updates_once():
+@pytest.mark.parametrize("fused_norm", [False, True])
+def test_the_recomputation_draws_the_forward_s_dropout_and_updates_once(
+    fused_norm,
+):
     # Recomputed from the advanced seed, the backward pass would use
     # another dropout mask (TensorFlow, torch: wrong gradients, silently)
     # and update the moving statistics twice; on JAX the seed's write
-    # inside the checkpoint would leak out of its trace.
-    plain = _block_model(False)
-    recomputed = _block_model(True)
+    # inside the checkpoint would leak out of its trace. Keras's
+    # BatchNormalization and kmp's (which writes its statistics itself).
+    plain = _block_model(False, fused_norm)
+    recomputed = _block_model(True, fused_norm)
     for a, b in zip(plain.weights, recomputed.weights):
         np.testing.assert_allclose(
             keras.ops.convert_to_numpy(a),
