@@ -61,6 +61,7 @@ def weights(model):
     }
 
 
+@torch_only  # elsewhere it is Keras's own call
 @pytest.mark.parametrize(
     "policy, atol", [("float32", 1e-5), ("mixed_bfloat16", 1e-4)]
 )
@@ -143,6 +144,7 @@ def test_pin_float32_leaves_keras_s_layer_where_xla_fuses_it():
     assert type(model.get_layer("bn0")) is keras.layers.BatchNormalization
 
 
+@torch_only  # elsewhere it is Keras's own call
 @pytest.mark.parametrize(
     "bn_args", [{"renorm": True}, {"center": False, "scale": False}]
 )
