@@ -1,5 +1,7 @@
 """What every kmp benchmark shares: interleaved timing, ratio statistics,
-and a JSON result that names the hardware, versions and command.
+and a JSON result that names the hardware, versions and command; torch's
+aten calls counted; the float8 matmul stacks' arguments, records and
+table (float8_matmul.py on JAX, float8_matmul_torch.py on torch).
 
 Variants are timed in one process, one after another within a round, with
 their order rotated every round, so that the shared machine's noise falls
@@ -131,3 +133,93 @@ def free_ports(count):
     for s in sockets:
         s.close()
     return ports
+
+
+def aten_calls(run):
+    """The aten operations `run()` dispatches, by name (a `Counter`):
+    each is a kernel launch and a trip through Python on eager torch."""
+    import collections
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    calls = collections.Counter()
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            calls[str(func)] += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        run()
+    return calls
+
+
+def matmul_stack_arguments(parser):
+    """The float8 matmul benchmarks' stack (float8_matmul.py on JAX,
+    float8_matmul_torch.py on torch): sizes, rows, layers, rounds."""
+    parser.add_argument(
+        "--size", default="8192", help="kernel sizes, comma-separated"
+    )
+    parser.add_argument("--tokens", type=int, default=None, help="= size")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=10, help="per round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", default=None, help="JSON path")
+
+
+def matmul_stack_record(size, tokens, layers, seconds, steps, losses, counts):
+    """One size's record of a matmul stack timed in rounds (`seconds`,
+    `bf16` among them): each matmul's step time, TFLOP/s (the 3 matmuls
+    of each layer, forward and backward), loss and `counts` (`{field:
+    {matmul: value}}`: the float8 GEMMs each ran), and each one's speed
+    against bf16 (the median of per-round ratios)."""
+    flops = 3 * 2 * tokens * size**2 * layers
+    runs = {}
+    for name, times in seconds.items():
+        step_s = statistics.median(times) / steps
+        runs[name] = {
+            "step_time_s": step_s,
+            "tflops": flops / step_s / 1e12,
+            "loss": losses[name],
+            **{field: values[name] for field, values in counts.items()},
+            "round_seconds": times,
+        }
+        if name != "bf16":
+            runs[name]["speed_vs_bf16"] = statistics.median(
+                b / f for b, f in zip(seconds["bf16"], times)
+            )
+    return {
+        "size": size,
+        "tokens": tokens,
+        "layers": layers,
+        "speed_vs_bf16": runs["float8"]["speed_vs_bf16"],
+        "runs": runs,
+    }
+
+
+def measure_matmul_stacks(args, measure, result, count):
+    """`measure(size, tokens)` for each of `--size`, the JSON (`result`
+    plus the records, `<benchmark>_<sizes>.json`) rewritten after each
+    size so that a time limit keeps what was measured; then the table,
+    with `count = (field, header)` as its GEMM-count column."""
+    records = []
+    for size in [int(size) for size in args.size.split(",")]:
+        records.append(measure(size, args.tokens or size))
+        write_result(
+            {**result, "sizes": records},
+            f"{result['benchmark']}_{args.size.replace(',', '_')}.json",
+            args.out,
+        )
+    field, header = count
+    print(
+        f"| size | tokens | matmul | step (ms) | TFLOP/s | loss | {header} "
+        "| speed vs bf16 |\n|---|---|---|---|---|---|---|---|"
+    )
+    for record in records:
+        for name, r in record["runs"].items():
+            speed = f"{r['speed_vs_bf16']:.3f}x" if name != "bf16" else ""
+            print(
+                f"| {record['size']} | {record['tokens']} | {name} "
+                f"| {1000 * r['step_time_s']:.2f} | {r['tflops']:.3g} "
+                f"| {r['loss']:.5f} | {r[field]} | {speed} |"
+            )

@@ -43,7 +43,6 @@ runs, not float8's speed.
 import argparse
 import contextlib
 import os
-import statistics
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
@@ -170,50 +169,19 @@ def measure(size, tokens, layers, steps, rounds, forms=()):
 
         runs[name] = run
     seconds = common.time_interleaved(runs, rounds)
-    flops = 3 * 2 * tokens * size**2 * layers
-    records = {}
-    for name in matmuls:
-        step_s = statistics.median(seconds[name]) / steps
-        records[name] = {
-            "step_time_s": step_s,
-            "tflops": flops / step_s / 1e12,
-            "loss": losses[name],
-            "fp8_gemms": gemms[name],
-            "round_seconds": seconds[name],
-        }
-    speeds = {
-        name: statistics.median(
-            b / f for b, f in zip(seconds["bf16"], seconds[name])
-        )
-        for name in matmuls
-        if name != "bf16"
-    }
-    for name, speed in speeds.items():
-        records[name]["speed_vs_bf16"] = speed
-    return {
-        "size": size,
-        "tokens": tokens,
-        "layers": layers,
-        "speed_vs_bf16": speeds["float8"],
-        "runs": records,
-    }
+    return common.matmul_stack_record(
+        size, tokens, layers, seconds, steps, losses, {"fp8_gemms": gemms}
+    )
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--size", default="8192", help="kernel sizes, comma-separated"
-    )
-    parser.add_argument("--tokens", type=int, default=None, help="= size")
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=10, help="per round")
-    parser.add_argument("--rounds", type=int, default=5)
+    common.matmul_stack_arguments(parser)
     parser.add_argument(
         "--forms",
         default="",
         help=f"float8 GEMM forms also timed, comma-separated: {list(FORMS)}",
     )
-    parser.add_argument("--out", default=None, help="JSON path")
     args = parser.parse_args()
     forms = [form for form in args.forms.split(",") if form]
     unknown = sorted(set(forms) - set(FORMS))
@@ -225,41 +193,14 @@ def main():
     print(
         f"device: {device.platform} {device.device_kind}, jax {jax.__version__}"
     )
-    sizes = [int(size) for size in args.size.split(",")]
-    results = []
-    for size in sizes:
-        results.append(
-            measure(
-                size,
-                args.tokens or size,
-                args.layers,
-                args.steps,
-                args.rounds,
-                forms,
-            )
-        )
-        # Written after each size: a time limit keeps what was measured.
-        common.write_result(
-            {
-                "benchmark": "float8_matmul",
-                "device_kind": device.device_kind,
-                "sizes": results,
-            },
-            f"float8_matmul_{args.size.replace(',', '_')}.json",
-            args.out,
-        )
-    print(
-        "| size | tokens | matmul | step (ms) | TFLOP/s | loss | FP8 GEMMs "
-        "| speed vs bf16 |\n|---|---|---|---|---|---|---|---|"
+    common.measure_matmul_stacks(
+        args,
+        lambda size, tokens: measure(
+            size, tokens, args.layers, args.steps, args.rounds, forms
+        ),
+        {"benchmark": "float8_matmul", "device_kind": device.device_kind},
+        ("fp8_gemms", "FP8 GEMMs"),
     )
-    for result in results:
-        for name, r in result["runs"].items():
-            speed = f"{r['speed_vs_bf16']:.3f}x" if name != "bf16" else ""
-            print(
-                f"| {result['size']} | {result['tokens']} | {name} "
-                f"| {1000 * r['step_time_s']:.2f} | {r['tflops']:.3g} "
-                f"| {r['loss']:.5f} | {r['fp8_gemms']} | {speed} |"
-            )
 
 
 if __name__ == "__main__":

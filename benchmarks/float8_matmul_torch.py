@@ -26,14 +26,13 @@ measured; it records the device and versions.
 """
 
 import argparse
+import functools
 import os
-import statistics
 
 os.environ.setdefault("KERAS_BACKEND", "torch")
 
 import common  # noqa: E402
 import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from kmp import backend  # noqa: E402
 from kmp.fp8.scaled_matmul import float8_matmul  # noqa: E402
@@ -71,21 +70,6 @@ def stack(size, tokens, layers, device, seed=0):
     return x, [normal(size, size, scale=size**-0.5) for _ in range(layers)]
 
 
-def count_scaled_mm(step, x, kernels):
-    """How many `torch._scaled_mm` calls one step runs."""
-    calls = []
-
-    class Count(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func is torch.ops.aten._scaled_mm.default:
-                calls.append(func)
-            return func(*args, **(kwargs or {}))
-
-    with Count():
-        step(x, kernels)
-    return len(calls)
-
-
 def synchronize(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -97,7 +81,8 @@ def measure(size, tokens, layers, steps, rounds, compile_step, device):
     x, kernels = stack(size, tokens, layers, device)
     runs, losses, calls = {}, {}, {}
     for name, matmul in MATMULS.items():
-        calls[name] = count_scaled_mm(train_step(matmul, False), x, kernels)
+        eager = functools.partial(train_step(matmul, False), x, kernels)
+        calls[name] = common.aten_calls(eager)["aten._scaled_mm.default"]
         step = train_step(matmul, compile_step)
         losses[name] = float(step(x, kernels))  # compiles, if asked
 
@@ -108,44 +93,18 @@ def measure(size, tokens, layers, steps, rounds, compile_step, device):
 
         runs[name] = run
     seconds = common.time_interleaved(runs, rounds)
-    flops = 3 * 2 * tokens * size**2 * layers
-    records = {}
-    for name in MATMULS:
-        step_s = statistics.median(seconds[name]) / steps
-        records[name] = {
-            "step_time_s": step_s,
-            "tflops": flops / step_s / 1e12,
-            "loss": losses[name],
-            "scaled_mm_calls": calls[name],
-            "round_seconds": seconds[name],
-        }
-    speed = statistics.median(
-        b / f for b, f in zip(seconds["bf16"], seconds["float8"])
+    record = common.matmul_stack_record(
+        size, tokens, layers, seconds, steps, losses, {"scaled_mm_calls": calls}
     )
-    records["float8"]["speed_vs_bf16"] = speed
-    return {
-        "size": size,
-        "tokens": tokens,
-        "layers": layers,
-        "compiled": compile_step,
-        "speed_vs_bf16": speed,
-        "runs": records,
-    }
+    return {**record, "compiled": compile_step}
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--size", default="8192", help="kernel sizes, comma-separated"
-    )
-    parser.add_argument("--tokens", type=int, default=None, help="= size")
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=10, help="per round")
-    parser.add_argument("--rounds", type=int, default=5)
+    common.matmul_stack_arguments(parser)
     parser.add_argument(
         "--compile", action="store_true", help="torch.compile both steps"
     )
-    parser.add_argument("--out", default=None, help="JSON path")
     args = parser.parse_args()
     if backend.name() != "torch":
         raise SystemExit(
@@ -157,40 +116,20 @@ def main():
         torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     )
     print(f"device: {kind}, torch {torch.__version__}")
-    results = []
-    for size in [int(size) for size in args.size.split(",")]:
-        results.append(
-            measure(
-                size,
-                args.tokens or size,
-                args.layers,
-                args.steps,
-                args.rounds,
-                args.compile,
-                device,
-            )
-        )
-        common.write_result(
-            {
-                "benchmark": "float8_matmul_torch",
-                "device_kind": kind,
-                "sizes": results,
-            },
-            f"float8_matmul_torch_{args.size.replace(',', '_')}.json",
-            args.out,
-        )
-    print(
-        "| size | tokens | matmul | step (ms) | TFLOP/s | loss | _scaled_mm "
-        "a step | speed vs bf16 |\n|---|---|---|---|---|---|---|---|"
+    common.measure_matmul_stacks(
+        args,
+        lambda size, tokens: measure(
+            size,
+            tokens,
+            args.layers,
+            args.steps,
+            args.rounds,
+            args.compile,
+            device,
+        ),
+        {"benchmark": "float8_matmul_torch", "device_kind": kind},
+        ("scaled_mm_calls", "_scaled_mm a step"),
     )
-    for result in results:
-        for name, r in result["runs"].items():
-            speed = f"{r['speed_vs_bf16']:.3f}x" if name != "bf16" else ""
-            print(
-                f"| {result['size']} | {result['tokens']} | {name} "
-                f"| {1000 * r['step_time_s']:.2f} | {r['tflops']:.3g} "
-                f"| {r['loss']:.5f} | {r['scaled_mm_calls']} | {speed} |"
-            )
 
 
 if __name__ == "__main__":

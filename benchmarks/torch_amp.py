@@ -196,24 +196,6 @@ def torch_variant(variant, width, batches, compiled):
     return run
 
 
-def aten_calls_per_step(run, steps):
-    """The aten operations one training step dispatches (one `run()`,
-    counted by a dispatch mode, over its steps): each is a kernel launch
-    and a trip through Python on an eager backend."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    count = [0]
-
-    class Count(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            count[0] += 1
-            return func(*args, **(kwargs or {}))
-
-    with Count():
-        run()
-    return count[0] / steps
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", choices=("auto", *SIZES))
@@ -245,8 +227,10 @@ def main():
     for variant in TORCH:
         runs[variant] = torch_variant(variant, width, batches, args.compile)
     losses_before = {name: run() for name, run in runs.items()}  # warm-up
+    # One more round, counted: the aten calls of a step.
     aten_calls = {
-        name: aten_calls_per_step(run, args.steps) for name, run in runs.items()
+        name: sum(common.aten_calls(run).values()) / args.steps
+        for name, run in runs.items()
     }
     seconds = common.time_interleaved(
         runs, args.rounds, unit=(args.steps * batch, "img/s")

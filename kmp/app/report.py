@@ -6,6 +6,7 @@ draws the loss and the loss scale over steps.
 """
 
 import math
+import statistics
 import threading
 import time
 
@@ -158,13 +159,8 @@ class StepLog(keras.callbacks.Callback):
 
 
 def _median_after(times, skip):
-    times = sorted(times[skip:] or times)
-    if not times:
-        return math.nan
-    middle = len(times) // 2
-    if len(times) % 2:
-        return times[middle]
-    return (times[middle - 1] + times[middle]) / 2
+    times = times[skip:] or times
+    return statistics.median(times) if times else math.nan
 
 
 class ValidationProgress(keras.callbacks.Callback):

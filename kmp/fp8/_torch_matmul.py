@@ -29,17 +29,17 @@ import torch
 from kmp.fp8.quantization import E4M3
 from kmp.fp8.quantization import E5M2
 from kmp.fp8.quantization import FLOAT8_MAX
+from kmp.fp8.scaled_matmul import _TINY
 
 _FORMATS = {E4M3: torch.float8_e4m3fn, E5M2: torch.float8_e5m2}
-# The smallest normal float32 (as in scaled_matmul): a floor for a scale.
-_TINY = 2.0**-126
 _ALIGN = 16
 
 
 def float8_matmul(x, w, out_dtype):
-    """`x[..., k] @ w[k, n]` in `out_dtype` (a torch dtype), with float8
-    gradients; the arguments are checked by `scaled_matmul`."""
+    """`x[..., k] @ w[k, n]` in `out_dtype` (Keras's name of a dtype),
+    with float8 gradients; the arguments are checked by `scaled_matmul`."""
     leading = tuple(x.shape[:-1])
+    out_dtype = getattr(torch, out_dtype)
     y = _Float8Matmul.apply(x.reshape(-1, x.shape[-1]), w, out_dtype)
     return y.reshape(*leading, w.shape[1])
 

@@ -114,7 +114,7 @@ def float8_matmul(x, w, out_dtype=None):
 
         x, w = keras.ops.convert_to_tensor(x), keras.ops.convert_to_tensor(w)
         dtype = keras.backend.standardize_dtype(out_dtype or x.dtype)
-        return _torch_matmul.float8_matmul(x, w, _torch_dtype(dtype))
+        return _torch_matmul.float8_matmul(x, w, dtype)
     import jax.numpy as jnp
 
     x, w = jnp.asarray(x), jnp.asarray(w)
@@ -139,12 +139,6 @@ def keep_state(y, state):
 
         return _torch_matmul.keep(y, values)
     return _keeper()(y, values)
-
-
-def _torch_dtype(name):
-    import torch
-
-    return getattr(torch, name)
 
 
 def quantize(x, dtype):
