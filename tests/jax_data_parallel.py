@@ -10,7 +10,12 @@ initialises, so it runs in its own process.
 import json
 import os
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+# Added to the suite's flags (conftest: a cheaper LLVM pipeline), not
+# in their place.
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "")
+    + " --xla_force_host_platform_device_count=2"
+).strip()
 os.environ["KERAS_BACKEND"] = "jax"
 
 import jax  # noqa: E402

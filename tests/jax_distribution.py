@@ -13,7 +13,12 @@ import os
 import sys
 import tempfile
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+# Added to the suite's flags (conftest: a cheaper LLVM pipeline), not
+# in their place.
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "")
+    + " --xla_force_host_platform_device_count=4"
+).strip()
 os.environ["KERAS_BACKEND"] = "jax"
 
 import keras  # noqa: E402

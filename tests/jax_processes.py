@@ -27,7 +27,12 @@ import sys
 import time
 
 DEVICES = 4 if sys.argv[1] == "one" else 2  # per process
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES}"
+# Added to the suite's flags (conftest: a cheaper LLVM pipeline), not
+# in their place.
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "")
+    + f" --xla_force_host_platform_device_count={DEVICES}"
+).strip()
 os.environ["KERAS_BACKEND"] = "jax"
 
 import keras  # noqa: E402
@@ -104,7 +109,6 @@ def train(process_id, port, output_dir, epochs, stop=None):
         # the survivor's wait for its heartbeat.
         process_timeout=20.0 if stop is not None and stop < 0 else 60.0,
         output_dir=output_dir,
-        compile_cache="off",
     )
     if stop is not None and (stop > 0 or process_id == 1):
 
