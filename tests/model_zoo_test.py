@@ -112,6 +112,8 @@ MODELS = {
     ),
     "ViTImageClassifier": (_vit, IMAGES, LABELS, CROSSENTROPY),
 }
+# KerasHub's.
+TRANSFORMERS = [name for name in MODELS if name not in APPLICATIONS]
 # Models with Dense or EinsumDense layers that kmp.float8 converts:
 # the transformers, and ConvNeXt, whose pointwise convolutions are Dense.
 MATMULS = [
@@ -144,6 +146,11 @@ FUSED_ATTENTION = ["LlamaBackbone+head", "ViTImageClassifier"]
 # example's ResNet-9 (tests/examples/cifar10_test.py), and the zoo's
 # transformers run here on JAX.
 CNNS_ON_TENSORFLOW = ["MobileNetV3Small"]
+# KerasHub's transformers on TensorFlow, which traces each one's steps
+# (10-13 s a test here): a task (GPT-2) and a backbone under a head of
+# the user's (Llama). Bert and ViT run on JAX and torch; on TensorFlow
+# they took 48 s of CI's 20 minutes and tested no other TensorFlow code.
+TRANSFORMERS_ON_TENSORFLOW = ["GPT2CausalLM", "LlamaBackbone+head"]
 
 
 def _backends(name, policy):
@@ -152,6 +159,9 @@ def _backends(name, policy):
     if tensorflow and name in APPLICATIONS and policy == "mixed_float16":
         if name not in CNNS_ON_TENSORFLOW:
             pytest.skip(f"CNNs on TensorFlow: {CNNS_ON_TENSORFLOW} (time)")
+    hub_elsewhere = name not in TRANSFORMERS_ON_TENSORFLOW
+    if tensorflow and name in TRANSFORMERS and hub_elsewhere:
+        pytest.skip(f"transformers on TensorFlow: {TRANSFORMERS_ON_TENSORFLOW}")
     if tensorflow and policy == "mixed_bfloat16" and name == "ConvNeXtTiny":
         # Keras's float8 cannot train eagerly on TensorFlow, and tracing
         # ConvNeXt's step takes 25 s here: torch trains its float8.
