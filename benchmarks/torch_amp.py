@@ -227,11 +227,16 @@ def main():
     for variant in TORCH:
         runs[variant] = torch_variant(variant, width, batches, args.compile)
     losses_before = {name: run() for name, run in runs.items()}  # warm-up
-    # One more round, counted: the aten calls of a step.
-    aten_calls = {
-        name: sum(common.aten_calls(run).values()) / args.steps
+    # One more round, counted: the aten calls of a step, and by name
+    # (aten.clone is a full copy of an activation; aten.detach a view).
+    aten_ops = {
+        name: {
+            op: count / args.steps
+            for op, count in common.aten_calls(run).most_common()
+        }
         for name, run in runs.items()
     }
+    aten_calls = {name: sum(ops.values()) for name, ops in aten_ops.items()}
     seconds = common.time_interleaved(
         runs, args.rounds, unit=(args.steps * batch, "img/s")
     )
@@ -275,6 +280,7 @@ def main():
             "compile": args.compile,
             "images_per_s": rates,
             "aten_calls_per_step": aten_calls,
+            "aten_ops_per_step": aten_ops,
             "speed_ratios": per_round,
             "loss_before": losses_before,
             "loss_after": losses_after,
