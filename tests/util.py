@@ -439,3 +439,22 @@ class DtypeRecordingDense(keras.layers.Dense):
             )
         )
         return super().call(inputs)
+
+
+def torch_calls(run):
+    """Runs `run()` on torch, returning every aten call it dispatched, in
+    order: `(func, args, result)` (the tests that count kernels, host
+    reads or float8 GEMMs filter these)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    calls = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            calls.append((func, args, out))
+            return out
+
+    with Record():
+        run()
+    return calls

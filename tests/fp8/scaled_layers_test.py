@@ -10,6 +10,7 @@ import pytest
 # them.
 from convert_test import PureSubclassed  # noqa: E402
 from scaled_matmul_test import _dot_generals  # noqa: E402
+from util import torch_calls
 
 import kmp
 from kmp import backend
@@ -129,7 +130,6 @@ def test_a_torch_train_step_runs_each_converted_layer_s_matmuls_as_scaled_mm(
     monkeypatch,
 ):
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
 
     from kmp.fp8 import _torch_matmul
 
@@ -139,22 +139,14 @@ def test_a_torch_train_step_runs_each_converted_layer_s_matmuls_as_scaled_mm(
     net = converted()
     x, y = data(8)
     net.train_on_batch(x, y)  # builds the optimizer outside the count
-    calls = []
-
-    class Record(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            if func is torch.ops.aten._scaled_mm.default:
-                calls.append((args[0].dtype, args[1].dtype, out.dtype))
-            elif func in (
-                torch.ops.aten.mm.default,
-                torch.ops.aten.bmm.default,
-            ):
-                calls.append(("matmul", out.dtype))
-            return out
-
-    with Record():
-        net.train_on_batch(x, y)
+    matmuls = (torch.ops.aten.mm.default, torch.ops.aten.bmm.default)
+    calls = [
+        (args[0].dtype, args[1].dtype, out.dtype)
+        if func is torch.ops.aten._scaled_mm.default
+        else ("matmul", out.dtype)
+        for func, args, out in torch_calls(lambda: net.train_on_batch(x, y))
+        if func is torch.ops.aten._scaled_mm.default or func in matmuls
+    ]
     e4m3, e5m2, bf16 = torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16
     float8 = [c for c in calls if c[0] != "matmul"]
     # As on JAX: each converted layer's forward and kernel gradient, the

@@ -8,6 +8,7 @@ the same float8 values are multiplied dequantized, to the same products.
 
 import numpy as np
 import pytest
+from util import torch_calls
 
 from kmp import backend
 from kmp.fp8.scaled_matmul import float8_matmul
@@ -47,28 +48,21 @@ def record(step):
     `(name, operands, result dtype)`, each operand `(dtype, shape,
     strides)`."""
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
 
-    calls = []
     watched = {
         torch.ops.aten._scaled_mm.default: "_scaled_mm",
         torch.ops.aten.mm.default: "mm",
         torch.ops.aten.bmm.default: "bmm",
     }
-
-    class Record(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            if func in watched:
-                operands = [
-                    (a.dtype, tuple(a.shape), a.stride()) for a in args[:2]
-                ]
-                calls.append((watched[func], operands, out.dtype))
-            return out
-
-    with Record():
-        step()
-    return calls
+    return [
+        (
+            watched[func],
+            [(a.dtype, tuple(a.shape), a.stride()) for a in args[:2]],
+            out.dtype,
+        )
+        for func, args, out in torch_calls(step)
+        if func in watched
+    ]
 
 
 def forward_and_backward(x, w, c):

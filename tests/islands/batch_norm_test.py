@@ -9,6 +9,7 @@ import collections
 import keras
 import numpy as np
 import pytest
+from util import torch_calls
 
 import kmp
 from kmp import backend
@@ -91,18 +92,8 @@ def test_it_trains_as_keras_s_layer_does(policy, atol):
 
 def aten_calls(model, x, y):
     """The aten calls of one training step, by name."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    calls = collections.Counter()
-
-    class Count(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            calls[str(func)] += 1
-            return func(*args, **(kwargs or {}))
-
-    with Count():
-        model.train_on_batch(x, y)
-    return calls
+    calls = torch_calls(lambda: model.train_on_batch(x, y))
+    return collections.Counter(str(func) for func, _, _ in calls)
 
 
 @torch_only
