@@ -1221,7 +1221,73 @@ _PART4 = {
         },
     },
 }
-BENCHMARKS_KEYS = {**_PART1, **_PART2, **_PART3, **_PART4}
+_COMPILED = "What XLA compiles for an H200, read on a CPU (2026-11-29)"
+_LM_COMPILED = {  # BENCHMARKS.md's label -> gpu_compile.py's variant
+    "bf16": "bf16+nodrop",
+    "float8": "bf16+nodrop+kmp.float8",
+    "float8 out32": "bf16+nodrop+kmp.float8 out32",
+}
+
+
+def _compiled_row(program, config, variant, columns, *within):
+    """A row of `gpu_compile.py`'s records: `columns` maps each header to
+    its key (under `within`: `per_block` for the language model's)."""
+    record = (
+        "records",
+        {"program": program, "config": config, "variant": variant},
+    )
+    return (
+        "gpu_compile_h200.json",
+        {header: [(*record, *within, key)] for header, key in columns.items()},
+    )
+
+
+_STACK_COMPILED = {
+    "FP8 GEMMs": "fp8_gemms",
+    "kernels outside GEMMs": "kernels_outside_gemms",
+    "of them < 64 KB": "small_kernels_outside_gemms",
+    "GB outside GEMMs": "gb_outside_gemms",
+    "ms at 4.8 TB/s": "ms_outside_gemms_at_bandwidth",
+}
+_PART5 = {
+    (_COMPILED, 0): {
+        "cells": 2,
+        "rows": {
+            (str(size), variant): _compiled_row(
+                "stack",
+                f"4 x {size}^2, 8192 tokens",
+                variant,
+                _STACK_COMPILED,
+            )
+            for size in (2048, 4096, 8192)
+            for variant in (
+                "bf16",
+                "float8",
+                "float8 out32",
+                "float8 dequantized",
+            )
+        },
+    },
+    (_COMPILED, 1): {
+        "cells": 2,
+        "rows": {
+            (f"{width}, batch {batch}", label): _compiled_row(
+                "lm",
+                f"{width}x2, batch {batch}",
+                variant,
+                {
+                    **_STACK_COMPILED,
+                    "16-bit GEMMs": "gemms_16bit",
+                    "FP8 TFLOP": "fp8_gemm_tflop",
+                },
+                "per_block",
+            )
+            for width, batch in ((2048, 16), (4096, 8))
+            for label, variant in _LM_COMPILED.items()
+        },
+    },
+}
+BENCHMARKS_KEYS = {**_PART1, **_PART2, **_PART3, **_PART4, **_PART5}
 
 
 def _runs(example, policy, field):
@@ -1436,6 +1502,22 @@ README_KEYS = {
         (_H100_25 + "bench.json", _bench(model, variant=variant))
         for variant in ("fp16+kmp", "bf16")
         for model in ("cifar10", "imdb")
+    ],
+    "what XLA compiles for an H200, read on this CPU (deviceless "
+    "compilation): per decoder block of KerasHub's GPT-2 at width 2048 "
+    "(batch 16, sequence 512), the kernels outside the GEMMs and the GB "
+    "they move, in bfloat16 / with kmp's float8 matmul": [
+        (
+            "gpu_compile_h200.json",
+            (
+                "records",
+                {"program": "lm", "config": "2048x2, batch 16", "variant": v},
+                "per_block",
+                key,
+            ),
+        )
+        for v in ("bf16+nodrop", "bf16+nodrop+kmp.float8")
+        for key in ("kernels_outside_gemms", "gb_outside_gemms")
     ],
 }
 

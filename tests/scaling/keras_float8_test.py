@@ -133,9 +133,7 @@ def _tiny_gradient_steps(optimizer, steps=6):
         )
         x = keras.layers.Rescaling(1e-3, dtype="float32")(x)
         # Keras's float8 path: its gradient scales are what is floored.
-        model = kmp.float8(
-            keras.Model(inputs, x), also=[".*"], matmul="keras"
-        )
+        model = kmp.float8(keras.Model(inputs, x), also=[".*"], matmul="keras")
     model.compile(optimizer=optimizer, loss="mae")  # d/dy: 1e-3 / 128
     x = np.random.default_rng(0).standard_normal((steps, 8, 16))
     model.fit(x, np.zeros((steps, 8, 16)), batch_size=1, verbose=0)

@@ -1,0 +1,447 @@
+"""What XLA compiles for a GPU, read on a CPU: the kernels of a step.
+
+    pip install "jax-cuda12-plugin==$JAX" "jax-cuda12-pjrt==$JAX"  # jax's
+    KERAS_BACKEND=jax python benchmarks/gpu_compile.py
+    KERAS_BACKEND=jax python benchmarks/gpu_compile.py --programs stack \
+        --sizes 8192 --target h200
+
+XLA compiles a jitted step for a GPU this machine does not have: JAX's
+deviceless compilation (`jax.experimental.topologies`, a topology of one
+device described by a target config: compute capability 9.0, an H100
+SXM as XLA's own tests describe it, or an H200, the same chip with its
+memory). The compiled HLO lists the kernels the GPU would run, and this
+script counts them per variant:
+
+- the GEMMs by library call: `__cublas$lt$matmul$f8` (cuBLASLt's FP8
+  GEMM) and `__cublas$lt$matmul` (its 16-bit one), with their FLOPs;
+- the kernels outside the GEMMs (fusions, copies), with the bytes each
+  reads and writes (each operand and its result once: what a kernel
+  must move at least) and what those bytes take at the target's memory
+  bandwidth, a lower bound on those kernels' time; and how many of them
+  move less than 64 KB (scalars, an amax's second pass), whose launches
+  cost more than their bytes.
+
+Programs: `stack`, the step of `float8_matmul.py` (a stack of square
+kernels, loss and gradients) in bfloat16, with kmp's float8 matmul and
+with the other forms of its GEMM that `float8_matmul.py --forms` times;
+`lm`, the train step of `lm_speed.py` (KerasHub's GPT-2, AdamW under
+`kmp.wrap`, donated state as Keras's `fit` compiles it) in bfloat16 and
+with `kmp.float8`, compiled at `layers` and `layers - 1` decoder blocks,
+so that the difference is one block's.
+
+What it cannot say: time. And XLA decides some things only on the
+device: autotuning, which picks each GEMM's kernel by timing it, is off
+here, and so are Triton's GEMMs (without autotuning XLA would hand every
+dot to an untuned Triton kernel). Every dot goes to cuBLAS, as on the
+H200 for kmp's float8 matmul at kernels of 2048 and up (12 of 12 FP8
+GEMMs, `benchmarks/results/h200_2026-11-28/float8_matmul_jax.json`), but
+not for XLA's dequantize-then-dot pattern, which the H200's autotuned
+Triton GEMMs took (0 FP8 GEMMs there). The XLA is this machine's
+jaxlib's. The `lm` program's attention is XLA's (`nodrop`: cuDNN's
+flash attention needs the device's cuDNN), the same in every variant.
+"""
+
+import argparse
+import collections
+import os
+import re
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+# The CPU runs the program builders (Keras builds its variables there);
+# the compiles target the described GPU.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Deviceless: no autotuning, and every dot to cuBLAS (the docstring).
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "")
+    + " --xla_gpu_autotune_level=0 --xla_gpu_enable_triton_gemm=false"
+)
+
+import common  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+# The H100 SXM as XLA's own deviceless tests describe it (compute
+# capability 9.0, 132 SMs, 3.35 TB/s); the H200 is the same chip with
+# 141 GB at 4.8 TB/s (NVIDIA's figures).
+H100 = {
+    "threads_per_block_limit": 1024,
+    "threads_per_warp": 32,
+    "shared_memory_per_block": 49152,
+    "shared_memory_per_core": 233472,
+    "threads_per_core_limit": 2048,
+    "core_count": 132,
+    "fpus_per_core": 128,
+    "block_dim_limit_x": 2147483647,
+    "block_dim_limit_y": 65535,
+    "block_dim_limit_z": 65535,
+    "memory_bandwidth": 3352320000000,
+    "l2_cache_size": 52428800,
+    "clock_rate_ghz": 1.98,
+    "device_memory_size": 84929347584,
+    "shared_memory_per_block_optin": 232448,
+    "registers_per_core_limit": 65536,
+    "registers_per_block_limit": 65536,
+}
+TARGETS = {
+    "h100": ("NVIDIA H100 80GB HBM3", H100),
+    "h200": (
+        "NVIDIA H200",
+        dict(
+            H100,
+            memory_bandwidth=4_800_000_000_000,
+            device_memory_size=141_000_000_000,
+        ),
+    ),
+}
+FP8_GEMM = "__cublas$lt$matmul$f8"
+GEMM = "__cublas$lt$matmul"
+# An HLO array type: `bf16[8192,2048]`.
+ARRAY = re.compile(r"\b(pred|[a-z]+\d+[a-z0-9]*)\[([\d,]*)\]")
+# A kernel that moves less than this is "small" (a scalar's arithmetic,
+# an amax's second pass).
+SMALL = 64 * 1024
+BYTES = {"pred": 1, "f8e4m3fn": 1, "f8e5m2": 1, "s8": 1, "u8": 1}
+
+
+def target_config(name):
+    """The GpuTargetConfig text of target `name`."""
+    description, info = TARGETS[name]
+    fields = "".join(f"  {key}: {value}\n" for key, value in info.items())
+    return (
+        "gpu_device_info {\n"
+        f"{fields}"
+        "  cuda_compute_capability { major: 9 }\n"
+        "}\n"
+        'platform_name: "CUDA"\n'
+        "dnn_version_info { major: 9 minor: 8 }\n"
+        "runtime_version { major: 12 minor: 8 }\n"
+        f'device_description_str: "{description}"\n'
+    )
+
+
+def gpu_device(name):
+    """The one device of a deviceless topology for target `name`."""
+    from jax.experimental import topologies
+
+    try:
+        topology = topologies.get_topology_desc(
+            platform="cuda",
+            topology_name="",
+            target_config=target_config(name),
+            topology="1x1x1",
+        )
+    except Exception as error:
+        version = jax.__version__
+        raise SystemExit(
+            f"No deviceless CUDA compiler ({type(error).__name__}: {error}). "
+            f"Install JAX's CUDA plugin of jax {version}: pip install "
+            f'"jax-cuda12-plugin=={version}" "jax-cuda12-pjrt=={version}"'
+        ) from None
+    return topology.devices[0]
+
+
+def array_bytes(text):
+    """Bytes of every array type in `text` (a tuple's are summed)."""
+    total = 0
+    for dtype, dims in ARRAY.findall(text):
+        if dtype.startswith("f8"):
+            width = 1
+        else:
+            width = BYTES.get(dtype) or int(re.sub(r"\D", "", dtype)) // 8
+        total += width * _product(dims.split(","))
+    return total
+
+
+def _product(dims):
+    total = 1
+    for dim in dims:
+        if dim:
+            total *= int(dim)
+    return total
+
+
+def kernels(hlo):
+    """The kernels of a compiled module's entry computation: for each, its
+    kind (a custom call's target, `fusion`, `copy`, ...), the bytes of
+    its operands and result, and a GEMM's FLOPs."""
+    entry = hlo[hlo.index("\nENTRY") :]
+    types, found = {}, []
+    # `%name = TYPE op(%a, %b), attributes`
+    line_form = re.compile(r"\s*(?:ROOT )?%(\S+) = (.+?) ([a-z][\w-]*)\((.*)$")
+    for line in entry.splitlines()[1:]:
+        match = line_form.match(line)
+        if not match:
+            continue
+        name, type_, op, rest = match.groups()
+        types[name] = type_
+        if op in (
+            "parameter",
+            "constant",
+            "get-tuple-element",
+            "bitcast",
+            "tuple",
+        ):
+            continue  # no kernel
+        operands = re.findall(r"%([\w.\-]+)", rest.split(")", 1)[0])
+        target = re.search(r'custom_call_target="([^"]+)"', line)
+        kind = target.group(1) if target else op
+        result, flops = type_, 0
+        if kind in (GEMM, FP8_GEMM):
+            # (result, workspace): the result is the first array; FLOPs
+            # are 2 per result element per contracted lhs element.
+            dtype, dims = ARRAY.search(type_).groups()
+            result = f"{dtype}[{dims}]"
+            lhs = ARRAY.search(types[operands[0]]).group(2).split(",")
+            contracting = re.search(
+                r'"lhs_contracting_dimensions":\[([^\]]*)\]', line
+            )
+            flops = 2 * _product(dims.split(","))
+            flops *= _product(
+                lhs[int(a.strip('"'))] for a in contracting.group(1).split(",")
+            )
+        operand_bytes = sum(array_bytes(types.get(o, "")) for o in operands)
+        found.append(
+            {
+                "kind": kind,
+                "bytes": operand_bytes + array_bytes(result),
+                "flops": flops,
+            }
+        )
+    return found
+
+
+def summary(hlo, bandwidth):
+    """A compiled module's counts (see the module docstring)."""
+    found = kernels(hlo)
+    gemms = [k for k in found if k["kind"] in (GEMM, FP8_GEMM)]
+    other = [k for k in found if k["kind"] not in (GEMM, FP8_GEMM)]
+    other_bytes = sum(k["bytes"] for k in other)
+    return {
+        "fp8_gemms": sum(k["kind"] == FP8_GEMM for k in gemms),
+        "gemms_16bit": sum(k["kind"] == GEMM for k in gemms),
+        "fp8_gemm_tflop": sum(
+            k["flops"] for k in gemms if k["kind"] == FP8_GEMM
+        )
+        / 1e12,
+        "gemm_16bit_tflop": sum(k["flops"] for k in gemms if k["kind"] == GEMM)
+        / 1e12,
+        "kernels_outside_gemms": len(other),
+        # Kernels too small to fill the GPU: their launches, not their
+        # bytes, are what they cost.
+        "small_kernels_outside_gemms": sum(k["bytes"] < SMALL for k in other),
+        "by_kind": dict(collections.Counter(k["kind"] for k in other)),
+        "gb_outside_gemms": other_bytes / 1e9,
+        "ms_outside_gemms_at_bandwidth": other_bytes / bandwidth * 1e3,
+        "gemm_operand_gb": sum(k["bytes"] for k in gemms) / 1e9,
+    }
+
+
+def stack_programs(device, sizes, tokens, layers):
+    """`(config, variant, compiled HLO)` of float8_matmul.py's step."""
+    import float8_matmul
+
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    for size in sizes:
+        x = jax.ShapeDtypeStruct(
+            (tokens, size), jnp.bfloat16, sharding=sharding
+        )
+        w = jax.ShapeDtypeStruct((size, size), jnp.bfloat16, sharding=sharding)
+        for variant in STACK_VARIANTS:
+            matmul = float8_matmul.MATMULS[variant.split()[0]]
+            step = float8_matmul.train_step(matmul)
+            with float8_matmul._form(variant):
+                hlo = step.lower(x, [w] * layers).compile().as_text()
+            yield f"{layers} x {size}^2, {tokens} tokens", variant, hlo
+
+
+# float8_matmul.py's matmuls and --forms: kmp's float8 matmul as it is
+# (its GEMM writes bfloat16), as it was (float32), and XLA's pattern.
+STACK_VARIANTS = ("bf16", "float8", "float8 out32", "float8 dequantized")
+
+
+def lm_program(device, hidden, layers, batch, sequence, variant):
+    """The compiled HLO of lm_speed.py's train step for one variant."""
+    import float8_matmul
+    import keras
+    import lm_speed
+
+    import kmp
+    from kmp.examples import lm
+
+    config = lm.Config(
+        hidden_dim=hidden,
+        heads=max(hidden // 128, 1),
+        layers=layers,
+        sequence_length=sequence,
+        batch_size=batch,
+        data="synthetic",
+    )
+    with kmp.policy_scope(lm_speed.POLICY):
+        keras.utils.set_random_seed(0)
+        model, _ = lm_speed.compile_variant(
+            config, lm_speed.parse_variant(variant.partition(" ")[0]), 10
+        )
+    sharding = jax.sharding.SingleDeviceSharding(device)
+
+    def abstract(shape, dtype):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+    state = model._get_jax_state(
+        trainable_variables=True,
+        non_trainable_variables=True,
+        optimizer_variables=True,
+        metrics_variables=True,
+    )
+    state = jax.tree.map(lambda v: abstract(v.shape, v.dtype), state)
+    tokens = abstract((batch, sequence), "int32")
+    data = (
+        {
+            "token_ids": tokens,
+            "padding_mask": abstract((batch, sequence), "bool"),
+        },
+        tokens,
+    )
+    # Donated, as Keras's `fit` compiles its step.
+    step = jax.jit(model.train_step, donate_argnums=0)
+    with float8_matmul._form(variant):
+        hlo = step.lower(state, data).compile().as_text()
+    del model
+    keras.backend.clear_session()
+    return hlo
+
+
+# lm_speed.py's variants, a float8 one optionally followed by a space and
+# one of float8_matmul.py's forms.
+LM_VARIANTS = "bf16+nodrop,bf16+nodrop+kmp.float8,bf16+nodrop+kmp.float8 out32"
+
+
+# The batch of each width in the H200's lm_speed.py runs (2026-11-28).
+LM_BATCH = {1024: 32, 2048: 16, 4096: 8}
+
+
+def _packages():
+    """The versions of the compiler's packages."""
+    from importlib import metadata
+
+    names = ("jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt")
+    found = {}
+    for name in names:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def per_block(whole, fewer):
+    """One decoder block's share: `whole` minus `fewer` (one block less)."""
+    out = {}
+    for key, value in whole.items():
+        if isinstance(value, dict):
+            keys = set(value) | set(fewer[key])
+            out[key] = {
+                k: value.get(k, 0) - fewer[key].get(k, 0) for k in sorted(keys)
+            }
+        else:
+            out[key] = value - fewer[key]
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--target", choices=sorted(TARGETS), default="h200")
+    parser.add_argument(
+        "--programs", default="stack,lm", help="comma-separated: stack, lm"
+    )
+    parser.add_argument(
+        "--sizes", default="2048,4096,8192", help="the stack's kernel sizes"
+    )
+    parser.add_argument("--tokens", type=int, default=8192)
+    parser.add_argument("--layers", type=int, default=4, help="the stack's")
+    parser.add_argument(
+        "--configs",
+        default="2048x2,4096x2",
+        help="the LM's HIDDENxLAYERS (layers >= 2: a block is the difference "
+        "with one block less)",
+    )
+    parser.add_argument(
+        "--batch_size",
+        type=int,
+        default=0,
+        help=f"the LM's; 0: by width, as the H200 ran it {LM_BATCH}",
+    )
+    parser.add_argument("--sequence_length", type=int, default=512)
+    parser.add_argument("--variants", default=LM_VARIANTS, help="the LM's")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    programs = [p for p in args.programs.split(",") if p]
+    unknown = sorted(set(programs) - {"stack", "lm"})
+    if unknown:
+        parser.error(f"--programs takes stack and lm; got {unknown}")
+    device = gpu_device(args.target)
+    bandwidth = TARGETS[args.target][1]["memory_bandwidth"]
+    print(
+        f"target: {TARGETS[args.target][0]} ({device}), jax {jax.__version__}"
+    )
+    records = []
+    result = {
+        "benchmark": "gpu_compile",
+        "target": args.target,
+        "target_config": target_config(args.target),
+        "xla_flags": os.environ["XLA_FLAGS"].strip(),
+        "packages": _packages(),
+        "records": records,
+    }
+    filename = f"gpu_compile_{args.target}.json"
+
+    def add(program, config, variant, counts):
+        record = {
+            "program": program,
+            "config": config,
+            "variant": variant,
+            **counts,
+        }
+        records.append(record)
+        print(
+            f"{program} {config} {variant}: {counts['fp8_gemms']} FP8 GEMMs, "
+            f"{counts['gemms_16bit']} 16-bit, "
+            f"{counts['kernels_outside_gemms']} "
+            f"other kernels moving {counts['gb_outside_gemms']:.3f} GB",
+            flush=True,
+        )
+        common.write_result(result, filename, args.out)
+
+    if "stack" in programs:
+        sizes = [int(s) for s in args.sizes.split(",")]
+        for config, variant, hlo in stack_programs(
+            device, sizes, args.tokens, args.layers
+        ):
+            add("stack", config, variant, summary(hlo, bandwidth))
+    if "lm" in programs:
+        for text in args.configs.split(","):
+            hidden, layers = (int(v) for v in text.lower().split("x"))
+            if layers < 2:
+                parser.error(f"--configs: {text!r} needs 2 layers or more")
+            batch = args.batch_size or LM_BATCH.get(hidden, 8)
+            for variant in args.variants.split(","):
+                counts = [
+                    summary(
+                        lm_program(
+                            device,
+                            hidden,
+                            n,
+                            batch,
+                            args.sequence_length,
+                            variant,
+                        ),
+                        bandwidth,
+                    )
+                    for n in (layers, layers - 1)
+                ]
+                record = dict(counts[0], per_block=per_block(*counts))
+                add("lm", f"{text}, batch {batch}", variant, record)
+
+
+if __name__ == "__main__":
+    main()
