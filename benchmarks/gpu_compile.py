@@ -1,6 +1,7 @@
 """What XLA compiles for a GPU, read on a CPU: the kernels of a step.
 
-    pip install "jax-cuda12-plugin==$JAX" "jax-cuda12-pjrt==$JAX"  # jax's
+    JAX=$(python -c "import jax; print(jax.__version__)")
+    pip install "jax-cuda12-plugin==$JAX" "jax-cuda12-pjrt==$JAX"
     KERAS_BACKEND=jax python benchmarks/gpu_compile.py
     KERAS_BACKEND=jax python benchmarks/gpu_compile.py --programs stack \
         --sizes 8192 --target h200
@@ -94,6 +95,19 @@ TARGETS = {
         ),
     ),
 }
+
+# float8_matmul.py's matmuls and --forms: kmp's float8 matmul as it is
+# (its GEMM writes bfloat16), as it was (float32), and XLA's pattern.
+STACK_VARIANTS = ("bf16", "float8", "float8 out32", "float8 dequantized")
+
+# lm_speed.py's variants, a float8 one optionally followed by a space and
+# one of float8_matmul.py's forms.
+LM_VARIANTS = "bf16+nodrop,bf16+nodrop+kmp.float8,bf16+nodrop+kmp.float8 out32"
+
+# The batch of each width in the H200's lm_speed.py runs (2026-11-28).
+LM_BATCH = {1024: 32, 2048: 16, 4096: 8}
+
+# The GEMMs' library calls in a compiled program.
 FP8_GEMM = "__cublas$lt$matmul$f8"
 GEMM = "__cublas$lt$matmul"
 # An HLO array type: `bf16[8192,2048]`.
@@ -255,11 +269,6 @@ def stack_programs(device, sizes, tokens, layers):
             yield f"{layers} x {size}^2, {tokens} tokens", variant, hlo
 
 
-# float8_matmul.py's matmuls and --forms: kmp's float8 matmul as it is
-# (its GEMM writes bfloat16), as it was (float32), and XLA's pattern.
-STACK_VARIANTS = ("bf16", "float8", "float8 out32", "float8 dequantized")
-
-
 def lm_program(device, hidden, layers, batch, sequence, variant):
     """The compiled HLO of lm_speed.py's train step for one variant."""
     import float8_matmul
@@ -306,18 +315,8 @@ def lm_program(device, hidden, layers, batch, sequence, variant):
     step = jax.jit(model.train_step, donate_argnums=0)
     with float8_matmul._form(variant):
         hlo = step.lower(state, data).compile().as_text()
-    del model
     keras.backend.clear_session()
     return hlo
-
-
-# lm_speed.py's variants, a float8 one optionally followed by a space and
-# one of float8_matmul.py's forms.
-LM_VARIANTS = "bf16+nodrop,bf16+nodrop+kmp.float8,bf16+nodrop+kmp.float8 out32"
-
-
-# The batch of each width in the H200's lm_speed.py runs (2026-11-28).
-LM_BATCH = {1024: 32, 2048: 16, 4096: 8}
 
 
 def _packages():
