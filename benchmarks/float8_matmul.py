@@ -27,6 +27,12 @@ replaced while the step is traced; the quantization is the same):
   XLA's GEMM rewriter folds both scales into cuBLASLt's FP8 GEMM, which
   writes the output's dtype (Flax's and Keras's form). The scales are
   rounded up to powers of two, so that a bfloat16 scale is exact.
+- `noamax`: no amax at all, every scale 1 (the operands clipped to the
+  float8 range and cast): not a recipe (a tensor's range is not
+  known), a bound. What it saves against `float8` is what the amax
+  passes cost, the most a scaling that reads each tensor once (delayed
+  scaling, from earlier steps' amax) could save. The stack's tensors
+  are near 1 in size, so its losses stay close.
 
 The two are timed interleaved (`common.time_interleaved`), `steps` steps
 a round. TFLOP/s count the 3 matmuls of each layer (2 * tokens * size**2
@@ -92,6 +98,13 @@ def _quantize_power_of_two(x, dtype):
     return jnp.clip(x / scale, -limit, limit).astype(dtype), scale
 
 
+def _quantize_unit(x, dtype):
+    """`noamax`: the cast alone, scale 1."""
+    limit = scaled_matmul.FLOAT8_MAX[dtype]
+    q = jnp.clip(x.astype(jnp.float32), -limit, limit).astype(dtype)
+    return q, jnp.float32(1.0)
+
+
 # Each form: what replaces float8_matmul's `_dot` and `quantize`.
 FORMS = {
     "out32": {"_dot": _dot_out32},
@@ -99,6 +112,7 @@ FORMS = {
         "_dot": _dot_dequantized,
         "quantize": _quantize_power_of_two,
     },
+    "noamax": {"quantize": _quantize_unit},
 }
 
 

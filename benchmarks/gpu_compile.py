@@ -97,12 +97,26 @@ TARGETS = {
 }
 
 # float8_matmul.py's matmuls and --forms: kmp's float8 matmul as it is
-# (its GEMM writes bfloat16), as it was (float32), and XLA's pattern.
-STACK_VARIANTS = ("bf16", "float8", "float8 out32", "float8 dequantized")
+# (its GEMM writes bfloat16), as it was (float32), XLA's pattern, and
+# without amax passes (a bound).
+STACK_VARIANTS = (
+    "bf16",
+    "float8",
+    "float8 out32",
+    "float8 dequantized",
+    "float8 noamax",
+)
 
 # lm_speed.py's variants, a float8 one optionally followed by a space and
 # one of float8_matmul.py's forms.
-LM_VARIANTS = "bf16+nodrop,bf16+nodrop+kmp.float8,bf16+nodrop+kmp.float8 out32"
+LM_VARIANTS = ",".join(
+    (
+        "bf16+nodrop",
+        "bf16+nodrop+kmp.float8",
+        "bf16+nodrop+kmp.float8 out32",
+        "bf16+nodrop+kmp.float8 noamax",
+    )
+)
 
 # The batch of each width in the H200's lm_speed.py runs (2026-11-28).
 LM_BATCH = {1024: 32, 2048: 16, 4096: 8}

@@ -1226,6 +1226,7 @@ _LM_COMPILED = {  # BENCHMARKS.md's label -> gpu_compile.py's variant
     "bf16": "bf16+nodrop",
     "float8": "bf16+nodrop+kmp.float8",
     "float8 out32": "bf16+nodrop+kmp.float8 out32",
+    "float8 noamax": "bf16+nodrop+kmp.float8 noamax",
 }
 
 
@@ -1265,6 +1266,7 @@ _PART5 = {
                 "float8",
                 "float8 out32",
                 "float8 dequantized",
+                "float8 noamax",
             )
         },
     },
