@@ -28,7 +28,9 @@ with the other forms of its GEMM that `float8_matmul.py --forms` times;
 `lm`, the train step of `lm_speed.py` (KerasHub's GPT-2, AdamW under
 `kmp.wrap`, donated state as Keras's `fit` compiles it) in bfloat16 and
 with `kmp.float8`, compiled at `layers` and `layers - 1` decoder blocks,
-so that the difference is one block's.
+so that the difference is one block's; `quantize`, one activation's
+quantization alone, with one scale for the tensor (kmp's) or one per
+row, whose amax and cast XLA can fuse into one kernel.
 
 What it cannot say: time. And XLA decides some things only on the
 device: autotuning, which picks each GEMM's kernel by timing it, is off
@@ -259,10 +261,44 @@ def summary(hlo, bandwidth):
         # bytes, are what they cost.
         "small_kernels_outside_gemms": sum(k["bytes"] < SMALL for k in other),
         "by_kind": dict(collections.Counter(k["kind"] for k in other)),
+        # Fusions XLA emits through Triton (a softmax-like reduction and
+        # its consumers in one kernel; GEMMs are off).
+        "triton_fusions": hlo.count('"kind":"__triton"'),
         "gb_outside_gemms": other_bytes / 1e9,
         "ms_outside_gemms_at_bandwidth": other_bytes / bandwidth * 1e3,
         "gemm_operand_gb": sum(k["bytes"] for k in gemms) / 1e9,
     }
+
+
+def quantize_programs(device, sizes, tokens):
+    """`(config, variant, compiled HLO)` of one activation's quantization
+    to E4M3 (`tokens` x `size`, bfloat16), alone: kmp's (one scale for
+    the tensor), and a scale per row, with its scales returned (as a
+    matmul's rescale needs them) or not."""
+    from kmp.fp8.quantization import E4M3
+    from kmp.fp8.scaled_matmul import quantize
+
+    limit = 448.0  # max(E4M3)
+
+    def per_row(x):
+        x = x.astype(jnp.float32)
+        scale = jnp.max(jnp.abs(x), axis=-1, keepdims=True) / limit
+        scale = jnp.maximum(scale, 2.0**-126)
+        return jnp.clip(x / scale, -limit, limit).astype(E4M3), scale
+
+    variants = {
+        "per tensor": lambda x: quantize(x, E4M3),
+        "per row": per_row,
+        "per row, no scales out": lambda x: per_row(x)[0],
+    }
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    for size in sizes:
+        x = jax.ShapeDtypeStruct(
+            (tokens, size), jnp.bfloat16, sharding=sharding
+        )
+        for variant, function in variants.items():
+            hlo = jax.jit(function).lower(x).compile().as_text()
+            yield f"{tokens} x {size}", variant, hlo
 
 
 def stack_programs(device, sizes, tokens, layers):
@@ -365,7 +401,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--target", choices=sorted(TARGETS), default="h200")
     parser.add_argument(
-        "--programs", default="stack,lm", help="comma-separated: stack, lm"
+        "--programs",
+        default="stack,lm,quantize",
+        help="comma-separated: stack, lm, quantize",
     )
     parser.add_argument(
         "--sizes", default="2048,4096,8192", help="the stack's kernel sizes"
@@ -389,9 +427,9 @@ def main():
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     programs = [p for p in args.programs.split(",") if p]
-    unknown = sorted(set(programs) - {"stack", "lm"})
+    unknown = sorted(set(programs) - {"stack", "lm", "quantize"})
     if unknown:
-        parser.error(f"--programs takes stack and lm; got {unknown}")
+        parser.error(f"--programs takes stack, lm and quantize; got {unknown}")
     device = gpu_device(args.target)
     bandwidth = TARGETS[args.target][1]["memory_bandwidth"]
     print(
@@ -425,6 +463,12 @@ def main():
         )
         common.write_result(result, filename, args.out)
 
+    if "quantize" in programs:
+        sizes = [int(s) for s in args.sizes.split(",")]
+        for config, variant, hlo in quantize_programs(
+            device, sizes, args.tokens
+        ):
+            add("quantize", config, variant, summary(hlo, bandwidth))
     if "stack" in programs:
         sizes = [int(s) for s in args.sizes.split(",")]
         for config, variant, hlo in stack_programs(

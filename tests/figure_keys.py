@@ -1288,6 +1288,27 @@ _PART5 = {
             for label, variant in _LM_COMPILED.items()
         },
     },
+    (_COMPILED, 2): {
+        "cells": 2,
+        "rows": {
+            (f"8192 x {size}", variant): _compiled_row(
+                "quantize",
+                f"8192 x {size}",
+                variant,
+                {
+                    "kernels": "kernels_outside_gemms",
+                    "Triton kernels": "triton_fusions",
+                    "GB moved": "gb_outside_gemms",
+                },
+            )
+            for size in (2048, 4096, 8192)
+            for variant in (
+                "per tensor",
+                "per row",
+                "per row, no scales out",
+            )
+        },
+    },
 }
 BENCHMARKS_KEYS = {**_PART1, **_PART2, **_PART3, **_PART4, **_PART5}
 
