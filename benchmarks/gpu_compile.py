@@ -276,11 +276,14 @@ def quantize_programs(device, sizes, tokens):
     the tensor), and a scale per row, with its scales returned (as a
     matmul's rescale needs them) or not."""
     from kmp.fp8.quantization import E4M3
+    from kmp.fp8.quantization import FLOAT8_MAX
     from kmp.fp8.scaled_matmul import quantize
 
-    limit = 448.0  # max(E4M3)
+    limit = FLOAT8_MAX[E4M3]
 
     def per_row(x):
+        """`quantize`'s rule, a scale per row (the floor: the smallest
+        normal float32)."""
         x = x.astype(jnp.float32)
         scale = jnp.max(jnp.abs(x), axis=-1, keepdims=True) / limit
         scale = jnp.maximum(scale, 2.0**-126)
