@@ -22,15 +22,16 @@ script counts them per variant:
   move less than 64 KB (scalars, an amax's second pass), whose launches
   cost more than their bytes.
 
-Programs: `stack`, the step of `float8_matmul.py` (a stack of square
-kernels, loss and gradients) in bfloat16, with kmp's float8 matmul and
-with the other forms of its GEMM that `float8_matmul.py --forms` times;
-`lm`, the train step of `lm_speed.py` (KerasHub's GPT-2, AdamW under
-`kmp.wrap`, donated state as Keras's `fit` compiles it) in bfloat16 and
-with `kmp.float8`, compiled at `layers` and `layers - 1` decoder blocks,
-so that the difference is one block's; `quantize`, one activation's
-quantization alone, with one scale for the tensor (kmp's) or one per
-row, whose amax and cast XLA can fuse into one kernel.
+The counting is `hlo_kernels.py`'s. Programs: `stack`, the step of
+`float8_matmul.py` (a stack of square kernels, loss and gradients) in
+bfloat16, with kmp's float8 matmul and with the other forms of its GEMM
+that `float8_matmul.py --forms` times; `lm`, the train step of
+`lm_speed.py` (KerasHub's GPT-2, AdamW under `kmp.wrap`, donated state
+as Keras's `fit` compiles it) in bfloat16 and with `kmp.float8`,
+compiled at `layers` and `layers - 1` decoder blocks, so that the
+difference is one block's; `quantize`, one activation's quantization
+alone, with one scale for the tensor (kmp's) or one per row, whose amax
+and cast XLA can fuse into one kernel.
 
 What it cannot say: time. And XLA decides some things only on the
 device: autotuning, which picks each GEMM's kernel by timing it, is off
@@ -45,9 +46,7 @@ flash attention needs the device's cuDNN), the same in every variant.
 """
 
 import argparse
-import collections
 import os
-import re
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 # The CPU runs the program builders (Keras builds its variables there);
@@ -61,6 +60,7 @@ os.environ["XLA_FLAGS"] = (
 )
 
 import common  # noqa: E402
+import hlo_kernels  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
@@ -123,16 +123,6 @@ LM_VARIANTS = ",".join(
 # The batch of each width in the H200's lm_speed.py runs (2026-11-28).
 LM_BATCH = {1024: 32, 2048: 16, 4096: 8}
 
-# The GEMMs' library calls in a compiled program.
-FP8_GEMM = "__cublas$lt$matmul$f8"
-GEMM = "__cublas$lt$matmul"
-# An HLO array type: `bf16[8192,2048]`.
-ARRAY = re.compile(r"\b(pred|[a-z]+\d+[a-z0-9]*)\[([\d,]*)\]")
-# A kernel that moves less than this is "small" (a scalar's arithmetic,
-# an amax's second pass).
-SMALL = 64 * 1024
-BYTES = {"pred": 1, "f8e4m3fn": 1, "f8e5m2": 1, "s8": 1, "u8": 1}
-
 
 def target_config(name):
     """The GpuTargetConfig text of target `name`."""
@@ -169,105 +159,6 @@ def gpu_device(name):
             f'"jax-cuda12-plugin=={version}" "jax-cuda12-pjrt=={version}"'
         ) from None
     return topology.devices[0]
-
-
-def array_bytes(text):
-    """Bytes of every array type in `text` (a tuple's are summed)."""
-    total = 0
-    for dtype, dims in ARRAY.findall(text):
-        if dtype.startswith("f8"):
-            width = 1
-        else:
-            width = BYTES.get(dtype) or int(re.sub(r"\D", "", dtype)) // 8
-        total += width * _product(dims.split(","))
-    return total
-
-
-def _product(dims):
-    total = 1
-    for dim in dims:
-        if dim:
-            total *= int(dim)
-    return total
-
-
-def kernels(hlo):
-    """The kernels of a compiled module's entry computation: for each, its
-    kind (a custom call's target, `fusion`, `copy`, ...), the bytes of
-    its operands and result, and a GEMM's FLOPs."""
-    entry = hlo[hlo.index("\nENTRY") :]
-    types, found = {}, []
-    # `%name = TYPE op(%a, %b), attributes`
-    line_form = re.compile(r"\s*(?:ROOT )?%(\S+) = (.+?) ([a-z][\w-]*)\((.*)$")
-    for line in entry.splitlines()[1:]:
-        match = line_form.match(line)
-        if not match:
-            continue
-        name, type_, op, rest = match.groups()
-        types[name] = type_
-        if op in (
-            "parameter",
-            "constant",
-            "get-tuple-element",
-            "bitcast",
-            "tuple",
-        ):
-            continue  # no kernel
-        operands = re.findall(r"%([\w.\-]+)", rest.split(")", 1)[0])
-        target = re.search(r'custom_call_target="([^"]+)"', line)
-        kind = target.group(1) if target else op
-        result, flops = type_, 0
-        if kind in (GEMM, FP8_GEMM):
-            # (result, workspace): the result is the first array; FLOPs
-            # are 2 per result element per contracted lhs element.
-            dtype, dims = ARRAY.search(type_).groups()
-            result = f"{dtype}[{dims}]"
-            lhs = ARRAY.search(types[operands[0]]).group(2).split(",")
-            contracting = re.search(
-                r'"lhs_contracting_dimensions":\[([^\]]*)\]', line
-            )
-            flops = 2 * _product(dims.split(","))
-            flops *= _product(
-                lhs[int(a.strip('"'))] for a in contracting.group(1).split(",")
-            )
-        operand_bytes = sum(array_bytes(types.get(o, "")) for o in operands)
-        found.append(
-            {
-                "kind": kind,
-                "bytes": operand_bytes + array_bytes(result),
-                "flops": flops,
-            }
-        )
-    return found
-
-
-def summary(hlo, bandwidth):
-    """A compiled module's counts (see the module docstring)."""
-    found = kernels(hlo)
-    gemms = [k for k in found if k["kind"] in (GEMM, FP8_GEMM)]
-    other = [k for k in found if k["kind"] not in (GEMM, FP8_GEMM)]
-    other_bytes = sum(k["bytes"] for k in other)
-    return {
-        "fp8_gemms": sum(k["kind"] == FP8_GEMM for k in gemms),
-        "gemms_16bit": sum(k["kind"] == GEMM for k in gemms),
-        "fp8_gemm_tflop": sum(
-            k["flops"] for k in gemms if k["kind"] == FP8_GEMM
-        )
-        / 1e12,
-        "gemm_16bit_tflop": sum(k["flops"] for k in gemms if k["kind"] == GEMM)
-        / 1e12,
-        "kernels_outside_gemms": len(other),
-        # Kernels too small to fill the GPU: their launches, not their
-        # bytes, are what they cost.
-        "small_kernels_outside_gemms": sum(k["bytes"] < SMALL for k in other),
-        "by_kind": dict(collections.Counter(k["kind"] for k in other)),
-        # Fusions XLA emits through Triton (a softmax-like reduction and
-        # its consumers in one kernel; GEMMs are off).
-        "triton_fusions": hlo.count('"kind":"__triton"'),
-        "gb_outside_gemms": other_bytes / 1e9,
-        "ms_outside_gemms_at_bandwidth": other_bytes / bandwidth * 1e3,
-        "gemm_operand_gb": sum(k["bytes"] for k in gemms) / 1e9,
-    }
 
 
 def quantize_programs(device, sizes, tokens):
@@ -471,13 +362,15 @@ def main():
         for config, variant, hlo in quantize_programs(
             device, sizes, args.tokens
         ):
-            add("quantize", config, variant, summary(hlo, bandwidth))
+            add(
+                "quantize", config, variant, hlo_kernels.summary(hlo, bandwidth)
+            )
     if "stack" in programs:
         sizes = [int(s) for s in args.sizes.split(",")]
         for config, variant, hlo in stack_programs(
             device, sizes, args.tokens, args.layers
         ):
-            add("stack", config, variant, summary(hlo, bandwidth))
+            add("stack", config, variant, hlo_kernels.summary(hlo, bandwidth))
     if "lm" in programs:
         for text in args.configs.split(","):
             hidden, layers = (int(v) for v in text.lower().split("x"))
@@ -486,7 +379,7 @@ def main():
             batch = args.batch_size or LM_BATCH.get(hidden, 8)
             for variant in args.variants.split(","):
                 counts = [
-                    summary(
+                    hlo_kernels.summary(
                         lm_program(
                             device,
                             hidden,
