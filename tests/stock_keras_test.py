@@ -25,6 +25,7 @@ from util import classification_data
 from util import mlp
 from util import probability_model
 from util import saved_under_keras_s_scaler
+from util import torch_calls
 from util import torch_only
 
 import kmp
@@ -155,17 +156,6 @@ def test_stock_checkpoint_callbacks_write_on_a_worker_that_is_not_chief(
 def _ops_per_apply(optimizer, n):
     """The aten ops one eager `apply` of `optimizer` dispatches, by name,
     for `n` gradients."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Count(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = collections.Counter()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops[func.overloadpacket.__name__] += 1
-            return func(*args, **(kwargs or {}))
-
     variables = [keras.Variable(np.ones((3, 2), "float32")) for _ in range(n)]
     optimizer.build(variables)
     grads = [
@@ -176,9 +166,10 @@ def _ops_per_apply(optimizer, n):
     optimizer.scale_loss(1.0)
     optimizer.apply(grads, variables)  # builds what a first step builds
     optimizer.scale_loss(1.0)
-    with Count() as count:
-        optimizer.apply(grads, variables)
-    return count.ops
+    calls = torch_calls(lambda: optimizer.apply(grads, variables))
+    return collections.Counter(
+        func.overloadpacket.__name__ for func, _, _ in calls
+    )
 
 
 def _ops_per_gradient(make):
