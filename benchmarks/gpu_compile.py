@@ -240,13 +240,9 @@ def lm_program(device, hidden, layers, batch, sequence, variant):
     def abstract(shape, dtype):
         return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 
-    state = model._get_jax_state(
-        trainable_variables=True,
-        non_trainable_variables=True,
-        optimizer_variables=True,
-        metrics_variables=True,
+    state = jax.tree.map(
+        lambda v: abstract(v.shape, v.dtype), lm_speed.train_state(model)
     )
-    state = jax.tree.map(lambda v: abstract(v.shape, v.dtype), state)
     tokens = abstract((batch, sequence), "int32")
     data = (
         {

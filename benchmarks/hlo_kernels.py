@@ -10,6 +10,7 @@ the kernel's time from below.
 """
 
 import collections
+import math
 import re
 
 # The GEMMs' library calls in a compiled program.
@@ -36,11 +37,8 @@ def array_bytes(text):
 
 
 def _product(dims):
-    total = 1
-    for dim in dims:
-        if dim:
-            total *= int(dim)
-    return total
+    """The product of HLO dimension strings (`""`, a scalar's, is 1)."""
+    return math.prod(int(dim) for dim in dims if dim)
 
 
 def kernels(hlo):

@@ -219,15 +219,21 @@ def compile_variant(config, steps, total_steps):
     return model, flash
 
 
-def hlo_counts(model, x, y, batch):
-    """Fused-attention custom calls and float8 dot_generals in the
-    lowered train step (traced again, not compiled)."""
-    state = model._get_jax_state(
+def train_state(model):
+    """The state Keras's JAX `train_step` takes (a private method of the
+    JAX trainer: what `fit` passes it)."""
+    return model._get_jax_state(
         trainable_variables=True,
         non_trainable_variables=True,
         optimizer_variables=True,
         metrics_variables=True,
     )
+
+
+def hlo_counts(model, x, y, batch):
+    """Fused-attention custom calls and float8 dot_generals in the
+    lowered train step (traced again, not compiled)."""
+    state = train_state(model)
     data = (
         {k: jax.numpy.asarray(v[:batch]) for k, v in x.items()},
         jax.numpy.asarray(y[:batch]),
