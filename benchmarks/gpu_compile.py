@@ -41,8 +41,12 @@ H200 for kmp's float8 matmul at kernels of 2048 and up (12 of 12 FP8
 GEMMs, `benchmarks/results/h200_2026-11-28/float8_matmul_jax.json`), but
 not for XLA's dequantize-then-dot pattern, which the H200's autotuned
 Triton GEMMs took (0 FP8 GEMMs there). The XLA is this machine's
-jaxlib's. The `lm` program's attention is XLA's (`nodrop`: cuDNN's
-flash attention needs the device's cuDNN), the same in every variant.
+jaxlib's. The `lm` program's attention is XLA's in `nodrop` variants;
+in `flash` ones it is cuDNN's fused attention: JAX asks the machine's
+cuDNN and GPU before emitting its custom calls, and here the target
+answers (cuDNN 9.8, compute capability 9.0, as its config says). XLA
+builds those kernels only on the device; they count among the kernels
+outside the GEMMs, with the bytes of their operands and results.
 """
 
 import argparse
@@ -138,6 +142,23 @@ def target_config(name):
         "runtime_version { major: 12 minor: 8 }\n"
         f'device_description_str: "{description}"\n'
     )
+
+
+def answer_cudnn_checks():
+    """Lets JAX emit cuDNN's fused attention for the target: its checks
+    of the machine's cuDNN version and GPU (private functions of
+    `jax._src.cudnn`, which Keras's flash check calls too) get the
+    target's answers, cuDNN 9.8 and compute capability 9.0."""
+    from jax._src.cudnn import fused_attention_stablehlo as fused
+
+    target = (9, 0)
+
+    def capability(text):
+        return tuple(int(v) for v in text.split("."))
+
+    fused.check_cudnn_version = lambda: 90800
+    fused.check_compute_capability = lambda c: target >= capability(c)
+    fused.is_cuda_compute_capability_equal = lambda c: target == capability(c)
 
 
 def gpu_device(name):
@@ -303,8 +324,8 @@ def main():
     parser.add_argument(
         "--configs",
         default="2048x2,4096x2",
-        help="the LM's HIDDENxLAYERS (layers >= 2: a block is the difference "
-        "with one block less)",
+        help="the LM's HIDDENxLAYERS or HIDDENxLAYERSxBATCH (layers >= 2: "
+        "a block is the difference with one block less)",
     )
     parser.add_argument(
         "--batch_size",
@@ -368,11 +389,16 @@ def main():
         ):
             add("stack", config, variant, hlo_kernels.summary(hlo, bandwidth))
     if "lm" in programs:
+        if any("flash" in v for v in args.variants.split(",")):
+            answer_cudnn_checks()
         for text in args.configs.split(","):
-            hidden, layers = (int(v) for v in text.lower().split("x"))
-            if layers < 2:
-                parser.error(f"--configs: {text!r} needs 2 layers or more")
-            batch = args.batch_size or LM_BATCH.get(hidden, 8)
+            hidden, layers, *batch = (int(v) for v in text.lower().split("x"))
+            if layers < 2 or len(batch) > 1:
+                parser.error(
+                    f"--configs: {text!r} is not HIDDENxLAYERS[xBATCH] with "
+                    "2 layers or more"
+                )
+            batch = (batch or [args.batch_size or LM_BATCH.get(hidden, 8)])[0]
             for variant in args.variants.split(","):
                 counts = [
                     hlo_kernels.summary(
@@ -389,7 +415,7 @@ def main():
                     for n in (layers, layers - 1)
                 ]
                 record = dict(counts[0], per_block=per_block(*counts))
-                add("lm", f"{text}, batch {batch}", variant, record)
+                add("lm", f"{hidden}x{layers}, batch {batch}", variant, record)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,12 @@ A variant is `bf16` plus steps joined by `+`, each one change:
 - `causal`: attention gets `is_causal=True` and no mask (the padding
   mask here is all ones): cuDNN's causal mask type, no bias and no
   bias gradient.
+- `hubpos`: KerasHub's position embedding called as KerasHub writes it
+  (its table broadcast to the batch, the table's gradient a sum over
+  the batch), undoing what `kmp.pin_float32` does to it
+  (`kmp.islands.broadcast_once`, one example's embedding repeated as a
+  product with ones): what that buys. At a batch of 32 and more XLA
+  lays the activations out batch-innermost for the sum on a GPU.
 - `kmp.float8`: `kmp.float8(model, matmul="kmp", min_size=0)`, kmp's
   own float8 matmul in every eligible layer; `keras.float8`: the same
   with `matmul="keras"`, Keras's float8 layers.
@@ -73,7 +79,7 @@ from kmp.app import flops  # noqa: E402
 from kmp.examples import lm  # noqa: E402
 
 POLICY = "mixed_bfloat16"
-STEPS = ("nodrop", "flash", "causal", "kmp.float8", "keras.float8")
+STEPS = ("nodrop", "flash", "causal", "hubpos", "kmp.float8", "keras.float8")
 DEFAULT_VARIANTS = (
     "bf16,bf16+flash,bf16+flash+causal,bf16+flash+causal+kmp.float8,"
     "bf16+flash+causal+keras.float8"
@@ -189,6 +195,10 @@ def compile_variant(config, steps, total_steps):
     if steps & {"nodrop", "flash", "causal"}:
         config = dataclasses.replace(config, dropout=0.0)  # `--dropout=0`
     model = kmp.pin_float32(lm.build_model(config))
+    if "hubpos" in steps:
+        for layer in model._flatten_layers():
+            if kmp.islands.broadcasts_once(layer):
+                del layer.call  # the class's: KerasHub's own
     flash = set_attention(model, steps, config)
     # Every eligible layer (min_size=0): what float8 costs or buys in
     # each kernel, not kmp.float8's device-read default.

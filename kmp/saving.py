@@ -7,7 +7,9 @@ set up do not come back that way, and `kmp.load_model` puts them back:
   (KerasHub's attention, a custom block's `MultiHeadAttention`): their
   softmax has no weights, hence no path a `DTypePolicyMap` could name,
   so the load rebuilds it in half precision. `kmp.pin_float32` runs
-  again (it changes nothing that is pinned already).
+  again (it changes nothing that is pinned already), and KerasHub's
+  position embeddings repeat one example's embedding again (how a layer
+  runs, which no file keeps).
 - The compiled optimizer, scaler included, of a model whose class has
   its own `compile` (KerasHub's tasks): Keras skips `compile` on load
   and warns. Here the model is compiled with the file's compile config,

@@ -1230,7 +1230,9 @@ _LM_COMPILED = {  # BENCHMARKS.md's label -> gpu_compile.py's variant
 }
 
 
-def _compiled_row(program, config, variant, columns, *within):
+def _compiled_row(
+    program, config, variant, columns, *within, file="gpu_compile_h200.json"
+):
     """A row of `gpu_compile.py`'s records: `columns` maps each header to
     its key (under `within`: `per_block` for the language model's)."""
     record = (
@@ -1238,18 +1240,18 @@ def _compiled_row(program, config, variant, columns, *within):
         {"program": program, "config": config, "variant": variant},
     )
     return (
-        "gpu_compile_h200.json",
+        file,
         {header: [(*record, *within, key)] for header, key in columns.items()},
     )
 
 
-_STACK_COMPILED = {
-    "FP8 GEMMs": "fp8_gemms",
+_STACK_COMPILED_OUTSIDE = {
     "kernels outside GEMMs": "kernels_outside_gemms",
     "of them < 64 KB": "small_kernels_outside_gemms",
     "GB outside GEMMs": "gb_outside_gemms",
     "ms at 4.8 TB/s": "ms_outside_gemms_at_bandwidth",
 }
+_STACK_COMPILED = {"FP8 GEMMs": "fp8_gemms", **_STACK_COMPILED_OUTSIDE}
 _PART5 = {
     (_COMPILED, 0): {
         "cells": 2,
@@ -1310,7 +1312,67 @@ _PART5 = {
         },
     },
 }
-BENCHMARKS_KEYS = {**_PART1, **_PART2, **_PART3, **_PART4, **_PART5}
+_POSITIONS = (
+    "KerasHub's position embedding and XLA's GPU layouts, read on a CPU "
+    "(2026-11-29)"
+)
+_POSITION_VARIANTS = {  # BENCHMARKS.md's label -> gpu_compile.py's variant
+    "kmp's": _FUSED,
+    "KerasHub's": _FUSED + "+hubpos",
+}
+
+
+def _positions_row(config, variant, columns, *within):
+    return _compiled_row(
+        "lm",
+        config,
+        variant,
+        columns,
+        *within,
+        file="gpu_compile_h200_position_embedding.json",
+    )
+
+
+_PART6 = {
+    (_POSITIONS, 0): {
+        "cells": 2,
+        "rows": {
+            ("1024 x 16, batch 32", label): _positions_row(
+                "1024x16, batch 32", variant, _STACK_COMPILED_OUTSIDE
+            )
+            for label, variant in _POSITION_VARIANTS.items()
+        },
+    },
+    (_POSITIONS, 1): {
+        "cells": 2,
+        "rows": {
+            (f"{width}, batch {batch}", label): _positions_row(
+                config,
+                variant,
+                {
+                    "kernels outside GEMMs": "kernels_outside_gemms",
+                    "GB outside GEMMs": "gb_outside_gemms",
+                    "ms at 4.8 TB/s": "ms_outside_gemms_at_bandwidth",
+                },
+                "per_block",
+            )
+            for width, batch, config in (
+                (1024, 32, "1024x16, batch 32"),
+                (2048, 32, "2048x2, batch 32"),
+                (2048, 16, "2048x2, batch 16"),
+            )
+            for label, variant in _POSITION_VARIANTS.items()
+        },
+    },
+}
+BENCHMARKS_KEYS = {
+    **_PART1,
+    **_PART2,
+    **_PART3,
+    **_PART4,
+    **_PART5,
+    **_PART6,
+}
 
 
 def _runs(example, policy, field):
@@ -1541,6 +1603,21 @@ README_KEYS = {
         )
         for v in ("bf16+nodrop", "bf16+nodrop+kmp.float8")
         for key in ("kernels_outside_gemms", "gb_outside_gemms")
+    ],
+    "KerasHub's GPT-2 at width 1024 (16 layers, batch 32, sequence 512), "
+    "compiled for an H200 on this CPU: the GB a train step moves outside "
+    "its GEMMs with `kmp.pin_float32`'s position embedding / with "
+    "KerasHub's, whose gradient's sum over the batch gets the activations "
+    "laid out batch-innermost": [
+        (
+            "gpu_compile_h200_position_embedding.json",
+            (
+                "records",
+                {"program": "lm", "config": "1024x16, batch 32", "variant": v},
+                "gb_outside_gemms",
+            ),
+        )
+        for v in (_FUSED, _FUSED + "+hubpos")
     ],
 }
 

@@ -21,6 +21,8 @@ Keras API; what cannot be branches here, each function once, on
                  and Keras's private names got with a clear error
     recompute    the state a rematerialized call writes, the same in its
                  recomputation (dropout's seeds, moving statistics)
+    layouts      a tensor broadcast over the batch whose gradient XLA
+                 does not lay out batch-innermost on a GPU (JAX)
     normalization  batch normalization in one fused kernel (torch's;
                  XLA fuses Keras's ops on TensorFlow and JAX)
     steps        a train step's extra logs, gradients by intermediate
@@ -74,6 +76,7 @@ from kmp.backend.keras_internals import KerasInternalsError
 from kmp.backend.keras_internals import keras_version
 from kmp.backend.keras_internals import private_attribute
 from kmp.backend.keras_internals import private_import
+from kmp.backend.layouts import broadcast_over_batch
 from kmp.backend.machine import Device
 from kmp.backend.machine import environment
 from kmp.backend.machine import framework_versions
@@ -121,6 +124,7 @@ __all__ = [
     "TESTED_KERAS",
     "add_train_step_logs",
     "all_replicas_agree",
+    "broadcast_over_batch",
     "cond",
     "crossentropy_reads_logits",
     "device_memory_limit",

@@ -5,11 +5,15 @@
                     part computes in float32 (kmp.layers)
     batch_norm      `BatchNormalization`: Keras's, its float32
                     statistics in one fused kernel on torch (kmp.layers)
+    position_embedding  `broadcast_once`: KerasHub's `PositionEmbedding`
+                    repeating one example's embedding over the batch,
+                    so that XLA keeps a GPU's activations batch-major
     token_ids       `float_ids`: float inputs whose token ids a 16-bit
                     cast rounds before an embedding looks them up
     pin             `kmp.pin_float32`: outputs float32, inner softmaxes
                     and sigmoids float32 inside, float token ids kept
-                    exact; what counts as sensitive
+                    exact, KerasHub's position embeddings broadcast
+                    once; what counts as sensitive
 
 Imports from kmp: backend, errors, layer_policies, model_layers.
 """
@@ -21,6 +25,8 @@ from kmp.islands.float32_layers import MultiHeadAttention
 from kmp.islands.pin import activation_name
 from kmp.islands.pin import is_sensitive
 from kmp.islands.pin import pin_float32
+from kmp.islands.position_embedding import broadcast_once
+from kmp.islands.position_embedding import broadcasts_once
 from kmp.islands.token_ids import EXACT_UP_TO
 from kmp.islands.token_ids import FloatIds
 from kmp.islands.token_ids import float_ids
@@ -33,6 +39,8 @@ __all__ = [
     "FloatIds",
     "MultiHeadAttention",
     "activation_name",
+    "broadcast_once",
+    "broadcasts_once",
     "float_ids",
     "is_sensitive",
     "pin_float32",

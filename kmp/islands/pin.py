@@ -16,6 +16,11 @@ fused kernel instead of Keras's many: `batch_norm`). What it pins:
 - Token ids declared as floats keep their values: a layer that would
   cast them to 16 bits before an embedding looks them up computes in
   float32 (`token_ids`).
+
+And, not a float32 matter but a layer pinning already walks: KerasHub's
+`PositionEmbedding` repeats one example's embedding over the batch
+(`position_embedding`), which spares a Transformer's activations the
+batch-innermost layout XLA gives them on a GPU for the table's gradient.
 """
 
 from typing import Iterable
@@ -26,6 +31,8 @@ from kmp import backend
 from kmp.errors import InputError
 from kmp.islands import float32_layers
 from kmp.islands.batch_norm import BatchNormalization
+from kmp.islands.position_embedding import broadcast_once
+from kmp.islands.position_embedding import is_keras_hub_position_embedding
 from kmp.islands.token_ids import float_ids
 from kmp.layer_policies import float32_policy
 from kmp.layer_policies import pin_to_float32
@@ -94,6 +101,12 @@ def pin_float32(
       the table is larger than that. Declaring the input
       `dtype="int32"` is the better fix.
     - Layers matched by `also` get `dtype_policy="float32"`.
+    - Not a float32 matter, but on the same walk: each exact KerasHub
+      `PositionEmbedding` repeats one example's embedding over the
+      batch, so that its table's gradient is not a sum over the batch,
+      for which XLA lays a Transformer's activations out
+      batch-innermost on a GPU at a batch of 32 or more
+      (`kmp.islands.position_embedding`; the same values).
 
     Normalization layers keep their policy: Keras computes them in
     float32 already. On torch each exact `BatchNormalization` becomes
@@ -153,6 +166,9 @@ def pin_float32(
         if type(layer) is keras.layers.BatchNormalization:
             if backend.name() == "torch":
                 swap_class(layer, BatchNormalization)
+            continue
+        if is_keras_hub_position_embedding(layer):
+            broadcast_once(layer)
             continue
         island = _ISLAND_CLASSES.get(type(layer))
         if island is None:

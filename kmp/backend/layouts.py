@@ -1,0 +1,48 @@
+"""A tensor broadcast over the batch, whose gradient leaves XLA's GPU
+layouts alone (JAX).
+
+A learned tensor added to every example of a batch (a position
+embedding) has as gradient the sum over the batch of the activation's
+gradient. XLA's GPU layout assignment lays out the operand of a
+reduction of 32 elements or more so that the reduction reads it
+row-wise (`GpuLayoutAssignment::PropagateReductionLayoutToOperand` in
+openxla/xla): the batch becomes the innermost dimension of that
+gradient, and the layout spreads along the chain of elementwise ops it
+meets, the residual stream of a Transformer and its LayerNorms. Every
+matmul then needs its operands transposed back. Compiled for an H200
+(`benchmarks/gpu_compile.py`), KerasHub's GPT-2 at width 1024, batch 32
+moves 70 GB a step outside its matmuls with the sum, 47 GB without;
+at batch 16 the batch is too short to trigger it.
+
+Written as a product with a vector of ones, the broadcast's gradient is
+a contraction over the batch instead: XLA gives it to a matmul, which
+takes its operands as they are laid out. The values are the same
+(each is its input times one). TensorFlow and torch broadcast as usual:
+torch has no layout assignment, and TensorFlow's XLA path is not
+compiled here for a GPU to check.
+"""
+
+from kmp.backend._current import name
+
+
+def broadcast_over_batch(values, batch_size):
+    """`values` repeated `batch_size` times along a new leading axis.
+
+    The result equals `ops.broadcast_to(values, (batch_size,
+    *values.shape))`; on JAX it is written as a product with ones, so
+    that the gradient of `values` is a contraction over the batch, not a
+    sum XLA would lay out batch-innermost on a GPU (module docstring).
+
+    Args:
+        values: A tensor, the same for every example (a position
+            embedding of shape `(sequence_length, features)`).
+        batch_size: The batch's size: an int, or a scalar tensor from
+            `ops.shape`.
+    """
+    from keras import ops
+
+    shape = (batch_size, *ops.shape(values))
+    if name() != "jax":
+        return ops.broadcast_to(values, shape)
+    ones = ops.ones((batch_size,), dtype=values.dtype)
+    return ops.einsum("b,...->b...", ones, values)

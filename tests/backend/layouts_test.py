@@ -1,0 +1,68 @@
+"""kmp.backend.broadcast_over_batch: the values of `ops.broadcast_to`, the
+gradient of a sum over the batch, and on JAX that gradient written as a
+contraction over the batch (no reduction for XLA to lay out)."""
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from kmp import backend
+
+
+def table(shape=(5, 3), dtype="float32"):
+    values = np.arange(np.prod(shape), dtype="float32").reshape(shape)
+    return ops.cast(values - 4.5, dtype)
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (7,), (2, 3, 4)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_it_repeats_the_values_over_a_new_batch_axis(shape, dtype):
+    values = table(shape, dtype)
+    out = backend.broadcast_over_batch(values, 4)
+    assert tuple(out.shape) == (4, *shape)
+    assert keras.backend.standardize_dtype(out.dtype) == dtype
+    want = ops.broadcast_to(values, (4, *shape))
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(ops.cast(out, "float32")),
+        ops.convert_to_numpy(ops.cast(want, "float32")),
+    )
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_the_values_gradient_is_the_sum_over_the_batch(jit_compile):
+    rng = np.random.default_rng(0)
+    weights = rng.standard_normal((6, 5, 3)).astype("float32")
+
+    def loss_fn(values, args, tap):
+        (repeated,) = values
+        out = backend.broadcast_over_batch(repeated, 6)
+        return ops.sum(out * args[0])
+
+    run = backend.taped_gradients(loss_fn, jit_compile)
+    _, _, _, (gradient,), _ = run([table()], ops.convert_to_tensor(weights))
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(gradient), weights.sum(0), rtol=1e-6
+    )
+
+
+@pytest.mark.skipif(backend.name() != "jax", reason="JAX's program")
+@pytest.mark.parametrize("kmp_s", [True, False])
+def test_on_jax_the_gradient_contracts_the_batch_and_reduces_nothing(kmp_s):
+    import jax
+
+    def loss(values, activations):
+        if kmp_s:
+            repeated = backend.broadcast_over_batch(values, 32)
+        else:
+            repeated = ops.broadcast_to(values, (32, *values.shape))
+        out = activations + repeated
+        return (out * out).sum()
+
+    values = jax.numpy.ones((16, 8))
+    activations = jax.numpy.ones((32, 16, 8))
+    text = jax.jit(jax.grad(loss)).lower(values, activations).as_text()
+    # kmp's: a dot_general contracting the batch (dimension 0) of the
+    # activation's gradient. `broadcast_to`'s: a reduction over it.
+    assert ("stablehlo.reduce" in text) is not kmp_s
+    assert ("contracting_dims = [0] x [0]" in text) is kmp_s

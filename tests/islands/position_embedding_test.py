@@ -1,0 +1,192 @@
+"""kmp.islands.broadcast_once: KerasHub's `PositionEmbedding` repeating one
+example's embedding over the batch (what `kmp.pin_float32` does to it):
+KerasHub's values and gradients, on JAX no sum over the batch; explicit
+and serving positions left to KerasHub; a subclass left alone; a `.keras`
+file does not keep it and `kmp.load_model` applies it again."""
+
+import sys
+from unittest import mock
+
+import keras
+import keras_hub
+import numpy as np
+import pytest
+from keras import ops
+from util import small_gpt2_backbone
+
+import kmp
+from kmp import backend
+from kmp.islands import broadcast_once
+from kmp.islands import broadcasts_once
+from kmp.islands import position_embedding
+
+BATCH, LENGTH, FEATURES = 3, 5, 4
+
+
+def embedding(sequence_length=8):
+    layer = keras_hub.layers.PositionEmbedding(sequence_length)
+    layer.build((None, sequence_length, FEATURES))
+    return layer
+
+
+def activations(batch=BATCH, length=LENGTH):
+    rng = np.random.default_rng(0)
+    return rng.standard_normal((batch, length, FEATURES)).astype("float32")
+
+
+def numpy(x):
+    return ops.convert_to_numpy(x)
+
+
+@pytest.mark.parametrize("start_index", [0, 2])
+def test_it_returns_keras_hub_s_values(start_index):
+    layer, x = embedding(), activations()
+    want = numpy(layer(x, start_index=start_index))
+    broadcast_once(layer)
+    broadcast_once(layer)  # a second time changes nothing
+    assert broadcasts_once(layer)
+    np.testing.assert_array_equal(
+        numpy(layer(x, start_index=start_index)), want
+    )
+
+
+def test_the_table_s_gradient_is_keras_hub_s():
+    layer, x = embedding(), activations()
+    weights = activations() * 3.0
+
+    def gradient():
+        def loss_fn(values, args, tap):
+            out, _ = layer.stateless_call(values, [], args[0])
+            return ops.sum(out * args[1])
+
+        run = backend.taped_gradients(loss_fn)
+        _, _, _, (table_gradient,), _ = run(
+            [layer.position_embeddings.value], x, weights
+        )
+        return numpy(table_gradient)
+
+    want = gradient()
+    broadcast_once(layer)
+    got = gradient()
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    # Positions past the sequence get nothing; the first LENGTH get the
+    # sum over the batch.
+    np.testing.assert_allclose(got[:LENGTH], weights.sum(0), rtol=1e-6)
+    assert not got[LENGTH:].any()
+
+
+def test_explicit_positions_take_keras_hub_s_call():
+    # Each example its own positions: one example's embedding repeated
+    # would be wrong for the others.
+    layer, x = embedding(), activations()
+    positions = np.array([[0, 1, 2, 3, 4], [4, 3, 2, 1, 0], [7, 7, 7, 7, 7]])
+    want = numpy(layer(x, positions=positions))
+    broadcast_once(layer)
+    np.testing.assert_array_equal(numpy(layer(x, positions=positions)), want)
+
+
+def test_keras_hub_s_serving_positions_take_keras_hub_s_call():
+    # vLLM's paged serving: one flat sequence of tokens, each with its
+    # own position (KerasHub's module function gives them).
+    layer = embedding()
+    x = activations(batch=6, length=1)
+    served = ops.convert_to_tensor(np.array([3, 0, 5, 1, 1, 2]).reshape(-1, 1))
+    module = sys.modules[type(layer).__module__]
+    with mock.patch.object(module, "_vllm_serving_positions", lambda: served):
+        want = numpy(layer(x))
+        broadcast_once(layer)
+        got = numpy(layer(x))
+    np.testing.assert_array_equal(got, want)
+    assert not np.array_equal(got[0], got[1])
+
+
+@pytest.mark.skipif(backend.name() != "jax", reason="JAX's program")
+@pytest.mark.parametrize("once", [True, False])
+def test_on_jax_the_table_s_gradient_sums_nothing_over_the_batch(once):
+    import jax
+
+    layer, x = embedding(), activations(batch=32)
+    if once:
+        broadcast_once(layer)
+
+    def loss(table, x):
+        out, _ = layer.stateless_call([table], [], x)
+        return ops.sum(out * x)
+
+    text = (
+        jax.jit(jax.grad(loss))
+        .lower(layer.position_embeddings.value, x)
+        .as_text()
+    )
+    # KerasHub's own call sums the (32, 5, 4) gradient over the batch.
+    batch_sum = "across dimensions = [0] : (tensor<32x5x4xf32>"
+    assert (batch_sum in text) is not once
+
+
+def test_pin_float32_applies_it_to_keras_hub_s_layer_only():
+    class Shifted(keras_hub.layers.PositionEmbedding):
+        def call(self, inputs, start_index=0, positions=None):
+            return super().call(inputs, start_index) + 1.0
+
+    kmp.enable("mixed_bfloat16")
+    inputs = keras.Input((LENGTH, FEATURES))
+    stock = keras_hub.layers.PositionEmbedding(8)
+    own = Shifted(8)
+    outputs = keras.layers.Add()([stock(inputs), own(inputs)])
+    kmp.pin_float32(keras.Model(inputs, outputs))
+    assert broadcasts_once(stock) and not broadcasts_once(own)
+    assert not position_embedding.is_keras_hub_position_embedding(own)
+
+
+def test_gpt2_gets_it_from_pin_float32_and_again_from_load_model(tmp_path):
+    kmp.enable("mixed_bfloat16")
+    backbone = small_gpt2_backbone()
+    data = {
+        "token_ids": np.arange(2 * 16).reshape(2, 16) % 64,
+        "padding_mask": np.ones((2, 16), "bool"),
+    }
+    layer = backbone.get_layer("position_embedding")
+    embedded = backbone.get_layer("token_embedding")(data["token_ids"])
+    want = numpy(ops.cast(layer(embedded), "float32"))
+    kmp.pin_float32(backbone)
+    assert broadcasts_once(layer)
+    got = numpy(ops.cast(layer(embedded), "float32"))
+    np.testing.assert_array_equal(got, want)
+
+    path = str(tmp_path / "gpt2.keras")
+    backbone.save(path)
+    loaded = keras.saving.load_model(path)
+    assert not broadcasts_once(loaded.get_layer("position_embedding"))
+    loaded = kmp.load_model(path)
+    assert broadcasts_once(loaded.get_layer("position_embedding"))
+    np.testing.assert_allclose(
+        numpy(ops.cast(loaded(data), "float32")),
+        numpy(ops.cast(backbone(data), "float32")),
+        rtol=1e-6,
+    )
+
+
+def test_keras_hub_s_token_and_position_embedding_trains_with_it():
+    # keras-io's "GPT text generation from scratch with KerasHub" builds
+    # its model on keras_hub.layers.TokenAndPositionEmbedding, which
+    # makes a PositionEmbedding inside.
+    kmp.enable("mixed_bfloat16")
+    inputs = keras.Input((LENGTH,), dtype="int32")
+    embed = keras_hub.layers.TokenAndPositionEmbedding(20, LENGTH, FEATURES)
+    outputs = keras.layers.Dense(20)(embed(inputs))
+    model = keras.Model(inputs, outputs)
+    ids = np.arange(8 * LENGTH).reshape(8, LENGTH) % 20
+    want = numpy(ops.cast(embed(ids), "float32"))
+    kmp.pin_float32(model)
+    assert broadcasts_once(embed.position_embedding)
+    got = numpy(ops.cast(embed(ids), "float32"))
+    np.testing.assert_array_equal(got, want)
+    model.compile(
+        optimizer=kmp.wrap("adam"),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    before = numpy(embed.position_embedding.position_embeddings)
+    history = model.fit(ids, ids, epochs=1, batch_size=4, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
+    after = numpy(embed.position_embedding.position_embeddings)
+    assert (before != after).any(axis=1).all()  # every position learned
