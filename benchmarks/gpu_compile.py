@@ -284,7 +284,7 @@ def _packages():
     """The versions of the compiler's packages."""
     from importlib import metadata
 
-    names = ("jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt")
+    names = ("jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt", "keras-hub")
     found = {}
     for name in names:
         try:

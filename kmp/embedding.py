@@ -12,8 +12,6 @@ imported first; `import kmp` imports this module.
 import keras
 from keras import ops
 
-from kmp import backend
-
 # Files written by kmp 0.1.0 name the layer as the example registered it.
 OLD_NAME = "kmp_examples>TokenAndPositionEmbedding"
 
@@ -25,9 +23,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
     The sum of `Embedding(vocabulary_size, d_model)` of the token ids and
     `Embedding(sequence_length, d_model)` of their positions 0, 1, ...,
     as in KerasHub's layer of the same name. Lookups, not matmuls: kmp
-    pins nothing here and `kmp.float8` leaves it alone. The position
-    embedding is repeated over a batch of sequences with
-    `kmp.backend.broadcast_over_batch` (on JAX, a product with ones).
+    pins nothing here and `kmp.float8` leaves it alone.
 
     Args:
         sequence_length: Int. The longest sequence (positions embedded).
@@ -60,14 +56,8 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         self.positions.build((self.sequence_length,))
 
     def call(self, inputs):
-        shape = ops.shape(inputs)
-        positions = self.positions(ops.arange(shape[-1]))
-        if len(shape) == 2:
-            # Repeated over the batch as kmp's backend writes it: the
-            # table's gradient is then no sum over the batch, for which
-            # XLA would lay the activations out batch-innermost on a GPU.
-            positions = backend.broadcast_over_batch(positions, shape[0])
-        return self.tokens(inputs) + positions
+        positions = ops.arange(ops.shape(inputs)[-1])
+        return self.tokens(inputs) + self.positions(positions)
 
     def compute_output_shape(self, input_shape):
         return (*input_shape, self.d_model)

@@ -27,9 +27,6 @@ def test_it_sums_token_and_position_embeddings():
 
 
 def test_the_position_table_s_gradient_is_the_sum_over_the_batch():
-    # The positions are repeated over the batch by
-    # kmp.backend.broadcast_over_batch (on JAX a product with ones): the
-    # gradients are a plain sum's.
     layer = kmp.layers.TokenAndPositionEmbedding(5, 10, 3)
     ids = np.array([[1, 2, 2, 0], [3, 3, 3, 3], [0, 1, 2, 9]])
     layer(ids)

@@ -17,10 +17,20 @@ at batch 16 the batch is too short to trigger it.
 Written as a product with a vector of ones, the broadcast's gradient is
 a contraction over the batch instead: XLA gives it to a matmul, which
 takes its operands as they are laid out. The values are the same
-(each is its input times one). TensorFlow and torch broadcast as usual:
-torch has no layout assignment, and TensorFlow's XLA path is not
-compiled here for a GPU to check.
+(each is its input times one); the forward product may cost a kernel
+of its own where XLA does not fold it into its consumer.
+
+Only for 16-bit values (what a mixed policy computes in). A float32
+product would be a TF32 matmul on a GPU by default, rounding the
+gradient's inputs, and at float32's full precision XLA rewrites it back
+into the sum (compiled for an H200: the batch-innermost layout again),
+so float32 values are broadcast as usual and summed exactly. So are
+TensorFlow's and torch's: torch has no layout assignment, and
+TensorFlow's XLA path is not compiled here for a GPU to check.
 """
+
+import keras
+from keras import ops
 
 from kmp.backend._current import name
 
@@ -29,20 +39,23 @@ def broadcast_over_batch(values, batch_size):
     """`values` repeated `batch_size` times along a new leading axis.
 
     The result equals `ops.broadcast_to(values, (batch_size,
-    *values.shape))`; on JAX it is written as a product with ones, so
-    that the gradient of `values` is a contraction over the batch, not a
-    sum XLA would lay out batch-innermost on a GPU (module docstring).
+    *values.shape))`; on JAX, for 16-bit values, it is written as a
+    product with ones, so that the gradient of `values` is a contraction
+    over the batch, not a sum XLA would lay out batch-innermost on a GPU
+    (module docstring).
 
     Args:
         values: A tensor, the same for every example (a position
             embedding of shape `(sequence_length, features)`).
-        batch_size: The batch's size: an int, or a scalar tensor from
+        batch_size: The batch's size: an int, or a dimension from
             `ops.shape`.
-    """
-    from keras import ops
 
-    shape = (batch_size, *ops.shape(values))
-    if name() != "jax":
-        return ops.broadcast_to(values, shape)
-    ones = ops.ones((batch_size,), dtype=values.dtype)
+    Returns:
+        A tensor of shape `(batch_size, *values.shape)` and `values`'s
+        dtype.
+    """
+    dtype = keras.backend.standardize_dtype(values.dtype)
+    if name() != "jax" or dtype not in ("float16", "bfloat16"):
+        return ops.broadcast_to(values, (batch_size, *ops.shape(values)))
+    ones = ops.ones((batch_size,), dtype=dtype)
     return ops.einsum("b,...->b...", ones, values)

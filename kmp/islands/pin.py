@@ -17,10 +17,11 @@ fused kernel instead of Keras's many: `batch_norm`). What it pins:
   cast them to 16 bits before an embedding looks them up computes in
   float32 (`token_ids`).
 
-And, not a float32 matter but a layer pinning already walks: KerasHub's
-`PositionEmbedding` repeats one example's embedding over the batch
-(`position_embedding`), which spares a Transformer's activations the
-batch-innermost layout XLA gives them on a GPU for the table's gradient.
+And, not a float32 matter but a layer pinning already walks: on JAX,
+KerasHub's `PositionEmbedding` repeats one example's embedding over the
+batch (`position_embedding`), which spares a Transformer's activations
+the batch-innermost layout XLA gives them on a GPU for the table's
+gradient.
 """
 
 from typing import Iterable
@@ -101,10 +102,10 @@ def pin_float32(
       the table is larger than that. Declaring the input
       `dtype="int32"` is the better fix.
     - Layers matched by `also` get `dtype_policy="float32"`.
-    - Not a float32 matter, but on the same walk: each exact KerasHub
-      `PositionEmbedding` repeats one example's embedding over the
-      batch, so that its table's gradient is not a sum over the batch,
-      for which XLA lays a Transformer's activations out
+    - Not a float32 matter, but on the same walk: on JAX each exact
+      KerasHub `PositionEmbedding` repeats one example's embedding over
+      the batch, so that its table's gradient is not a sum over the
+      batch, for which XLA lays a Transformer's activations out
       batch-innermost on a GPU at a batch of 32 or more
       (`kmp.islands.position_embedding`; the same values).
 
@@ -157,6 +158,10 @@ def pin_float32(
                 pin_to_float32(layer)
                 pinned.append(layer)
     for layer in layers:
+        # Before the policy branches: how the layer runs, whatever its
+        # policy (JAX's program only; elsewhere it is the same broadcast).
+        if backend.name() == "jax" and is_keras_hub_position_embedding(layer):
+            broadcast_once(layer)
         if id(layer) in output_ids:
             continue
         if also and matches(layer, also):
@@ -166,9 +171,6 @@ def pin_float32(
         if type(layer) is keras.layers.BatchNormalization:
             if backend.name() == "torch":
                 swap_class(layer, BatchNormalization)
-            continue
-        if is_keras_hub_position_embedding(layer):
-            broadcast_once(layer)
             continue
         island = _ISLAND_CLASSES.get(type(layer))
         if island is None:

@@ -12,13 +12,16 @@ layer compute one example's embedding with KerasHub's own call and
 repeat it over the batch as kmp's backend writes it: the same values.
 
 What it does not touch: explicit `positions` and KerasHub's serving
-path (vLLM's per-token positions), which differ between examples, take
-KerasHub's call as it is. Like `kmp.rematerialize`, this is how the
+path (vLLM's per-token positions), which differ between examples, and
+an unbatched or empty input take KerasHub's call as it is.
+`kmp.pin_float32` applies it on JAX only: elsewhere the repeat is
+KerasHub's broadcast anyway. Like `kmp.rematerialize`, this is how the
 layer runs, not what it is: a `.keras` file does not keep it, and
 `kmp.load_model` applies it again when it pins the loaded model.
 """
 
 import functools
+import inspect
 import sys
 
 from keras import ops
@@ -43,20 +46,39 @@ def broadcasts_once(layer):
 
 def broadcast_once(layer):
     """Makes KerasHub's `PositionEmbedding` embed one example's positions
-    and repeat them over the batch (module docstring). Applying it twice
-    changes nothing."""
+    and repeat them over the batch (module docstring).
+
+    Applies to batched input (rank 3 or more, a batch of at least one
+    whose size is known when the call is traced, as on JAX); anything
+    else takes KerasHub's call. Applying it twice changes nothing.
+
+    Args:
+        layer: A KerasHub `PositionEmbedding` (see
+            `is_keras_hub_position_embedding`).
+    """
     if broadcasts_once(layer):
         return
     stock = layer.call
+    signature = inspect.signature(stock)
 
     @functools.wraps(stock)
     def call(inputs, *args, **kwargs):
-        if kwargs.get("positions") is not None or _serving(layer):
+        shape = ops.shape(inputs)
+        positions = signature.bind(inputs, *args, **kwargs).arguments.get(
+            "positions"
+        )
+        if (
+            len(shape) < 3  # one unbatched sequence
+            or not isinstance(shape[0], int)  # unknown until run
+            or shape[0] == 0
+            or positions is not None
+            or _serving(layer)
+        ):
             return stock(inputs, *args, **kwargs)
         # KerasHub's call broadcasts to its input's shape: given one
         # example, it returns that example's (1, length, features).
         one = stock(inputs[:1], *args, **kwargs)
-        return backend.broadcast_over_batch(one[0], ops.shape(inputs)[0])
+        return backend.broadcast_over_batch(one[0], shape[0])
 
     layer.call = call
     layer._kmp_broadcast_once = True

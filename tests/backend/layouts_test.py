@@ -30,39 +30,53 @@ def test_it_repeats_the_values_over_a_new_batch_axis(shape, dtype):
 
 
 @pytest.mark.parametrize("jit_compile", [False, True])
-def test_the_values_gradient_is_the_sum_over_the_batch(jit_compile):
+@pytest.mark.parametrize("dtype, rtol", [("float32", 1e-6), ("bfloat16", 2e-2)])
+def test_the_values_gradient_is_the_sum_over_the_batch(
+    jit_compile, dtype, rtol
+):
     rng = np.random.default_rng(0)
     weights = rng.standard_normal((6, 5, 3)).astype("float32")
 
     def loss_fn(values, args, tap):
         (repeated,) = values
-        out = backend.broadcast_over_batch(repeated, 6)
-        return ops.sum(out * args[0])
+        out = backend.broadcast_over_batch(ops.cast(repeated, dtype), 6)
+        return ops.sum(ops.cast(out, "float32") * args[0])
 
     run = backend.taped_gradients(loss_fn, jit_compile)
     _, _, _, (gradient,), _ = run([table()], ops.convert_to_tensor(weights))
+    want = ops.convert_to_numpy(ops.cast(ops.cast(weights, dtype), "float32"))
     np.testing.assert_allclose(
-        ops.convert_to_numpy(gradient), weights.sum(0), rtol=1e-6
+        ops.convert_to_numpy(gradient), want.sum(0), rtol=rtol, atol=rtol
     )
 
 
 @pytest.mark.skipif(backend.name() != "jax", reason="JAX's program")
-@pytest.mark.parametrize("kmp_s", [True, False])
-def test_on_jax_the_gradient_contracts_the_batch_and_reduces_nothing(kmp_s):
+@pytest.mark.parametrize(
+    "form, dtype, contracted",
+    [
+        ("kmp", "bfloat16", True),
+        ("kmp", "float16", True),
+        ("kmp", "float32", False),  # summed exactly (the module docstring)
+        ("broadcast_to", "bfloat16", False),
+    ],
+)
+def test_on_jax_a_16_bit_gradient_contracts_the_batch(form, dtype, contracted):
     import jax
 
     def loss(values, activations):
-        if kmp_s:
+        if form == "kmp":
             repeated = backend.broadcast_over_batch(values, 32)
         else:
             repeated = ops.broadcast_to(values, (32, *values.shape))
         out = activations + repeated
         return (out * out).sum()
 
-    values = jax.numpy.ones((16, 8))
-    activations = jax.numpy.ones((32, 16, 8))
+    values = jax.numpy.ones((16, 8), dtype)
+    activations = jax.numpy.ones((32, 16, 8), dtype)
     text = jax.jit(jax.grad(loss)).lower(values, activations).as_text()
-    # kmp's: a dot_general contracting the batch (dimension 0) of the
-    # activation's gradient. `broadcast_to`'s: a reduction over it.
-    assert ("stablehlo.reduce" in text) is not kmp_s
-    assert ("contracting_dims = [0] x [0]" in text) is kmp_s
+    # A dot_general contracting the batch (dimension 0) of the
+    # activation's gradient, or a reduction over it.
+    element = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}[dtype]
+    batch_sum = f"across dimensions = [0] : (tensor<32x16x8x{element}>"
+    assert (batch_sum in text) is not contracted
+    assert ("contracting_dims = [0] x [0]" in text) is contracted
