@@ -44,7 +44,8 @@ def _product(dims):
 def kernels(hlo):
     """The kernels of a compiled module's entry computation: for each, its
     kind (a custom call's target, `fusion`, `copy`, ...), the bytes of
-    its operands and result, and a GEMM's FLOPs."""
+    its operands and result, and a GEMM's FLOPs and whether it adds its
+    product to a tensor it reads (`beta` not 0)."""
     entry = hlo[hlo.index("\nENTRY") :]
     types, found = {}, []
     # `%name = TYPE op(%a, %b), attributes`
@@ -66,8 +67,12 @@ def kernels(hlo):
         operands = re.findall(r"%([\w.\-]+)", rest.split(")", 1)[0])
         target = re.search(r'custom_call_target="([^"]+)"', line)
         kind = target.group(1) if target else op
-        result, flops = type_, 0
+        result, flops, adds = type_, 0, False
         if kind in (GEMM, FP8_GEMM):
+            # beta != 0: the GEMM adds its product to a tensor it reads
+            # (an add XLA folded into it).
+            beta = re.search(r'"beta":([-\d.e]+)', line)
+            adds = beta is not None and float(beta.group(1)) != 0
             # (result, workspace): the result is the first array; FLOPs
             # are 2 per result element per contracted lhs element.
             dtype, dims = ARRAY.search(type_).groups()
@@ -86,6 +91,7 @@ def kernels(hlo):
                 "kind": kind,
                 "bytes": operand_bytes + array_bytes(result),
                 "flops": flops,
+                "adds": adds,
             }
         )
     return found
@@ -117,4 +123,5 @@ def summary(hlo, bandwidth):
         "gb_outside_gemms": other_bytes / 1e9,
         "ms_outside_gemms_at_bandwidth": other_bytes / bandwidth * 1e3,
         "gemm_operand_gb": sum(k["bytes"] for k in gemms) / 1e9,
+        "gemms_adding_to_a_tensor": sum(k["adds"] for k in gemms),
     }
