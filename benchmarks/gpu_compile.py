@@ -31,7 +31,11 @@ as Keras's `fit` compiles it) in bfloat16 and with `kmp.float8`,
 compiled at `layers` and `layers - 1` decoder blocks, so that the
 difference is one block's; `quantize`, one activation's quantization
 alone, with one scale for the tensor (kmp's) or one per row, whose amax
-and cast XLA can fuse into one kernel.
+and cast XLA can fuse into one kernel; `layout`, the smallest step with
+a position table's gradient (a lookup, the table added over the batch,
+a LayerNorm, a matmul) at several batch sizes, the table added as
+KerasHub adds it or by `kmp.backend.broadcast_over_batch`, with how
+often the program holds the activations transposed batch-innermost.
 
 What it cannot say: time. And XLA decides some things only on the
 device: autotuning, which picks each GEMM's kernel by timing it, is off
@@ -182,6 +186,56 @@ def gpu_device(name):
     return topology.devices[0]
 
 
+def layout_programs(device, batches, sequence, width, vocabulary=256):
+    """`(config, variant, compiled HLO)` of the smallest step with a
+    position table's gradient: token ids looked up in a table, a position
+    table added over the batch, a LayerNorm in float32 and a matmul, in
+    bfloat16, differentiated. `broadcast_to`: the table added as KerasHub
+    adds it (its gradient a sum over the batch); `broadcast_over_batch`:
+    kmp's (from a batch of 32, a product whose gradient is a
+    contraction)."""
+    from kmp.backend import broadcast_over_batch
+
+    def step(form):
+        def loss(params, ids):
+            table, positions, kernel = params
+            x = jnp.take(table, ids, axis=0).astype(jnp.bfloat16)
+            p = positions.astype(jnp.bfloat16)
+            if form == "broadcast_to":
+                x = x + p[None]
+            else:
+                x = x + broadcast_over_batch(p, ids.shape[0])
+            h = x.astype(jnp.float32)
+            mean = h.mean(-1, keepdims=True)
+            h = (h - mean) * jax.lax.rsqrt(h.var(-1, keepdims=True) + 1e-5)
+            y = h.astype(jnp.bfloat16) @ kernel.astype(jnp.bfloat16)
+            return jnp.mean(jnp.square(y.astype(jnp.float32)))
+
+        return jax.jit(jax.grad(loss))
+
+    sharding = jax.sharding.SingleDeviceSharding(device)
+
+    def abstract(shape, dtype):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+    params = (
+        abstract((vocabulary, width), jnp.float32),
+        abstract((sequence, width), jnp.float32),
+        abstract((width, width), jnp.float32),
+    )
+    for batch in batches:
+        ids = abstract((batch, sequence), jnp.int32)
+        for form in ("broadcast_to", "broadcast_over_batch"):
+            hlo = step(form).lower(params, ids).compile().as_text()
+            yield f"batch {batch}", form, hlo
+
+
+def batch_innermost(hlo, batch, sequence, width):
+    """How often the program names an array laid out `[sequence, width,
+    batch]`: the activations transposed batch-innermost."""
+    return hlo.count(f"[{sequence},{width},{batch}]")
+
+
 def quantize_programs(device, sizes, tokens):
     """`(config, variant, compiled HLO)` of one activation's quantization
     to E4M3 (`tokens` x `size`, bfloat16), alone: kmp's (one scale for
@@ -314,7 +368,12 @@ def main():
     parser.add_argument(
         "--programs",
         default="stack,lm,quantize",
-        help="comma-separated: stack, lm, quantize",
+        help="comma-separated: stack, lm, quantize, layout",
+    )
+    parser.add_argument(
+        "--batches",
+        default="16,31,32,64",
+        help="the layout program's batch sizes",
     )
     parser.add_argument(
         "--sizes", default="2048,4096,8192", help="the stack's kernel sizes"
@@ -338,9 +397,11 @@ def main():
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     programs = [p for p in args.programs.split(",") if p]
-    unknown = sorted(set(programs) - {"stack", "lm", "quantize"})
+    unknown = sorted(set(programs) - {"stack", "lm", "quantize", "layout"})
     if unknown:
-        parser.error(f"--programs takes stack, lm and quantize; got {unknown}")
+        parser.error(
+            f"--programs takes stack, lm, quantize and layout; got {unknown}"
+        )
     device = gpu_device(args.target)
     bandwidth = TARGETS[args.target][1]["memory_bandwidth"]
     print(
@@ -382,6 +443,18 @@ def main():
             add(
                 "quantize", config, variant, hlo_kernels.summary(hlo, bandwidth)
             )
+    if "layout" in programs:
+        batches = [int(b) for b in args.batches.split(",")]
+        width = 1024
+        for config, variant, hlo in layout_programs(
+            device, batches, args.sequence_length, width
+        ):
+            batch = int(config.split()[-1])
+            counts = hlo_kernels.summary(hlo, bandwidth)
+            counts["batch_innermost"] = batch_innermost(
+                hlo, batch, args.sequence_length, width
+            )
+            add("layout", f"{config}, width {width}", variant, counts)
     if "stack" in programs:
         sizes = [int(s) for s in args.sizes.split(",")]
         for config, variant, hlo in stack_programs(

@@ -1364,6 +1364,28 @@ _PART6 = {
             for label, variant in _POSITION_VARIANTS.items()
         },
     },
+    (_POSITIONS, 2): {
+        "cells": 2,
+        "rows": {
+            (str(batch), label): _compiled_row(
+                "layout",
+                f"batch {batch}, width 1024",
+                variant,
+                {
+                    "kernels outside GEMMs": "kernels_outside_gemms",
+                    "GB outside GEMMs": "gb_outside_gemms",
+                    "16-bit GEMMs": "gemms_16bit",
+                    "batch-innermost arrays": "batch_innermost",
+                },
+                file="gpu_compile_h200_position_embedding.json",
+            )
+            for batch in (16, 31, 32, 64)
+            for label, variant in (
+                ("`broadcast_to`", "broadcast_to"),
+                ("kmp's", "broadcast_over_batch"),
+            )
+        },
+    },
 }
 BENCHMARKS_KEYS = {
     **_PART1,

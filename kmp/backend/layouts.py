@@ -12,7 +12,8 @@ meets, the residual stream of a Transformer and its LayerNorms. Every
 matmul then needs its operands transposed back. Compiled for an H200
 (`benchmarks/gpu_compile.py`), KerasHub's GPT-2 at width 1024, batch 32
 moves 70 GB a step outside its matmuls with the sum, 47 GB without;
-at batch 16 the batch is too short to trigger it.
+at batch 31 the sum is too short to trigger it (`--programs layout`
+compiles the smallest program that shows the threshold).
 
 Written as a product with a vector of ones, the broadcast's gradient is
 a contraction over the batch instead: XLA gives it to a matmul, which
@@ -34,15 +35,21 @@ from keras import ops
 
 from kmp.backend._current import name
 
+# XLA's GPU layout assignment relays a reduction's operand out for a row
+# reduction from this many reduced elements (its source's threshold).
+# Below it the sum keeps the layout, and the plain broadcast is cheaper:
+# the product may cost a kernel of its own.
+ROW_REDUCTION_MIN = 32
+
 
 def broadcast_over_batch(values, batch_size):
     """`values` repeated `batch_size` times along a new leading axis.
 
     The result equals `ops.broadcast_to(values, (batch_size,
-    *values.shape))`; on JAX, for 16-bit values, it is written as a
-    product with ones, so that the gradient of `values` is a contraction
-    over the batch, not a sum XLA would lay out batch-innermost on a GPU
-    (module docstring).
+    *values.shape))`; on JAX, for 16-bit values and a batch of 32 or
+    more, it is written as a product with ones, so that the gradient of
+    `values` is a contraction over the batch, not a sum XLA would lay
+    out batch-innermost on a GPU (module docstring).
 
     Args:
         values: A tensor, the same for every example (a position
@@ -55,7 +62,11 @@ def broadcast_over_batch(values, batch_size):
         dtype.
     """
     dtype = keras.backend.standardize_dtype(values.dtype)
-    if name() != "jax" or dtype not in ("float16", "bfloat16"):
+    if (
+        name() != "jax"
+        or dtype not in ("float16", "bfloat16")
+        or (isinstance(batch_size, int) and batch_size < ROW_REDUCTION_MIN)
+    ):
         return ops.broadcast_to(values, (batch_size, *ops.shape(values)))
     ones = ops.ones((batch_size,), dtype=dtype)
     return ops.einsum("b,...->b...", ones, values)

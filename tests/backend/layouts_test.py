@@ -31,15 +31,16 @@ def test_it_repeats_the_values_over_a_new_batch_axis(shape, dtype):
 
 @pytest.mark.parametrize("jit_compile", [False, True])
 @pytest.mark.parametrize("dtype, rtol", [("float32", 1e-6), ("bfloat16", 2e-2)])
+@pytest.mark.parametrize("batch", [6, 32])
 def test_the_values_gradient_is_the_sum_over_the_batch(
-    jit_compile, dtype, rtol
+    jit_compile, dtype, rtol, batch
 ):
     rng = np.random.default_rng(0)
-    weights = rng.standard_normal((6, 5, 3)).astype("float32")
+    weights = rng.standard_normal((batch, 5, 3)).astype("float32")
 
     def loss_fn(values, args, tap):
         (repeated,) = values
-        out = backend.broadcast_over_batch(ops.cast(repeated, dtype), 6)
+        out = backend.broadcast_over_batch(ops.cast(repeated, dtype), batch)
         return ops.sum(ops.cast(out, "float32") * args[0])
 
     run = backend.taped_gradients(loss_fn, jit_compile)
@@ -52,31 +53,34 @@ def test_the_values_gradient_is_the_sum_over_the_batch(
 
 @pytest.mark.skipif(backend.name() != "jax", reason="JAX's program")
 @pytest.mark.parametrize(
-    "form, dtype, contracted",
+    "form, dtype, batch, contracted",
     [
-        ("kmp", "bfloat16", True),
-        ("kmp", "float16", True),
-        ("kmp", "float32", False),  # summed exactly (the module docstring)
-        ("broadcast_to", "bfloat16", False),
+        ("kmp", "bfloat16", 32, True),
+        ("kmp", "float16", 64, True),
+        ("kmp", "float32", 32, False),  # summed exactly (module docstring)
+        ("kmp", "bfloat16", 31, False),  # too few for XLA to relay out
+        ("broadcast_to", "bfloat16", 32, False),
     ],
 )
-def test_on_jax_a_16_bit_gradient_contracts_the_batch(form, dtype, contracted):
+def test_on_jax_a_16_bit_gradient_contracts_a_batch_of_32(
+    form, dtype, batch, contracted
+):
     import jax
 
     def loss(values, activations):
         if form == "kmp":
-            repeated = backend.broadcast_over_batch(values, 32)
+            repeated = backend.broadcast_over_batch(values, batch)
         else:
-            repeated = ops.broadcast_to(values, (32, *values.shape))
+            repeated = ops.broadcast_to(values, (batch, *values.shape))
         out = activations + repeated
         return (out * out).sum()
 
     values = jax.numpy.ones((16, 8), dtype)
-    activations = jax.numpy.ones((32, 16, 8), dtype)
+    activations = jax.numpy.ones((batch, 16, 8), dtype)
     text = jax.jit(jax.grad(loss)).lower(values, activations).as_text()
     # A dot_general contracting the batch (dimension 0) of the
     # activation's gradient, or a reduction over it.
     element = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}[dtype]
-    batch_sum = f"across dimensions = [0] : (tensor<32x16x8x{element}>"
+    batch_sum = f"across dimensions = [0] : (tensor<{batch}x16x8x{element}>"
     assert (batch_sum in text) is not contracted
     assert ("contracting_dims = [0] x [0]" in text) is contracted
