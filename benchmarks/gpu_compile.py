@@ -35,7 +35,8 @@ and cast XLA can fuse into one kernel; `layout`, the smallest step with
 a position table's gradient (a lookup, the table added over the batch,
 a LayerNorm, a matmul) at several batch sizes, the table added as
 KerasHub adds it or by `kmp.backend.broadcast_over_batch`, with how
-often the program holds the activations transposed batch-innermost.
+often the compiled program names the batch-innermost shape `[sequence,
+width, batch]` (fused computations' instructions included).
 
 What it cannot say: time. And XLA decides some things only on the
 device: autotuning, which picks each GEMM's kernel by timing it, is off

@@ -29,11 +29,12 @@ A variant is `bf16` plus steps joined by `+`, each one change:
   mask here is all ones): cuDNN's causal mask type, no bias and no
   bias gradient.
 - `hubpos`: KerasHub's position embedding called as KerasHub writes it
-  (its table broadcast to the batch, the table's gradient a sum over
-  the batch), undoing what `kmp.pin_float32` does to it
-  (`kmp.islands.broadcast_once`, one example's embedding repeated as a
-  product with ones): what that buys. At a batch of 32 and more XLA
-  lays the activations out batch-innermost for the sum on a GPU.
+  (its table broadcast to the batch, the table's gradient a sum over the
+  batch), undoing what `kmp.pin_float32` does to it
+  (`kmp.islands.broadcast_once`, one example's embedding repeated, in 16
+  bits from a batch of 32 as a product with ones): what that buys. At a
+  batch of 32 and more XLA lays the activations out batch-innermost for
+  the sum on a GPU.
 - `kmp.float8`: `kmp.float8(model, matmul="kmp", min_size=0)`, kmp's
   own float8 matmul in every eligible layer; `keras.float8`: the same
   with `matmul="keras"`, Keras's float8 layers.

@@ -1375,7 +1375,7 @@ _PART6 = {
                     "kernels outside GEMMs": "kernels_outside_gemms",
                     "GB outside GEMMs": "gb_outside_gemms",
                     "16-bit GEMMs": "gemms_16bit",
-                    "batch-innermost arrays": "batch_innermost",
+                    "batch-innermost shapes named": "batch_innermost",
                 },
                 file="gpu_compile_h200_position_embedding.json",
             )

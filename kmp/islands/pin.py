@@ -104,9 +104,9 @@ def pin_float32(
     - Layers matched by `also` get `dtype_policy="float32"`.
     - Not a float32 matter, but on the same walk: on JAX each exact
       KerasHub `PositionEmbedding` repeats one example's embedding over
-      the batch, so that its table's gradient is not a sum over the
-      batch, for which XLA lays a Transformer's activations out
-      batch-innermost on a GPU at a batch of 32 or more
+      the batch, so that in 16 bits its table's gradient is not a sum
+      over the batch, for which XLA lays a Transformer's activations
+      out batch-innermost on a GPU at a batch of 32 or more
       (`kmp.islands.position_embedding`; the same values).
 
     Normalization layers keep their policy: Keras computes them in

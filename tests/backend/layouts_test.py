@@ -17,12 +17,13 @@ def table(shape=(5, 3), dtype="float32"):
 
 @pytest.mark.parametrize("shape", [(5, 3), (7,), (2, 3, 4)])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
-def test_it_repeats_the_values_over_a_new_batch_axis(shape, dtype):
+@pytest.mark.parametrize("batch", [4, 32])  # 32: JAX's product, 16-bit
+def test_it_repeats_the_values_over_a_new_batch_axis(shape, dtype, batch):
     values = table(shape, dtype)
-    out = backend.broadcast_over_batch(values, 4)
-    assert tuple(out.shape) == (4, *shape)
+    out = backend.broadcast_over_batch(values, batch)
+    assert tuple(out.shape) == (batch, *shape)
     assert keras.backend.standardize_dtype(out.dtype) == dtype
-    want = ops.broadcast_to(values, (4, *shape))
+    want = ops.broadcast_to(values, (batch, *shape))
     np.testing.assert_array_equal(
         ops.convert_to_numpy(ops.cast(out, "float32")),
         ops.convert_to_numpy(ops.cast(want, "float32")),

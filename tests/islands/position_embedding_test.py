@@ -58,8 +58,9 @@ POLICIES = ["float32", "mixed_bfloat16"]
 
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("start_index", [0, 2])
-def test_it_returns_keras_hub_s_values(start_index, policy):
-    layer, x = embedding(dtype=policy), activations()
+@pytest.mark.parametrize("batch", [BATCH, 32])  # 32: JAX's product
+def test_it_returns_keras_hub_s_values(start_index, policy, batch):
+    layer, x = embedding(dtype=policy), activations(batch=batch)
     want = numpy(ops.cast(layer(x, start_index=start_index), "float32"))
     broadcast_once(layer)
     broadcast_once(layer)  # a second time changes nothing
@@ -185,7 +186,9 @@ def test_pin_float32_applies_it_to_keras_hub_s_layer_only():
     assert not position_embedding.is_keras_hub_position_embedding(own)
 
 
-def test_a_layer_pinned_by_also_still_repeats_once():
+def test_a_layer_pinned_by_also_keeps_the_wrapper():
+    # Pinned to float32, its repeat is then the plain broadcast
+    # (kmp.backend.broadcast_over_batch takes the product in 16 bits).
     kmp.enable("mixed_bfloat16")
     inputs = keras.Input((LENGTH, FEATURES))
     layer = keras_hub.layers.PositionEmbedding(8, name="positions")
@@ -232,7 +235,7 @@ def test_keras_hub_s_token_and_position_embedding_trains_with_it():
     embed = keras_hub.layers.TokenAndPositionEmbedding(20, LENGTH, FEATURES)
     outputs = keras.layers.Dense(20)(embed(inputs))
     model = keras.Model(inputs, outputs)
-    ids = np.arange(8 * LENGTH).reshape(8, LENGTH) % 20
+    ids = np.arange(64 * LENGTH).reshape(64, LENGTH) % 20
     want = numpy(ops.cast(embed(ids), "float32"))
     kmp.pin_float32(model)
     assert broadcasts_once(embed.position_embedding) is PINS
@@ -243,7 +246,8 @@ def test_keras_hub_s_token_and_position_embedding_trains_with_it():
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
     before = numpy(embed.position_embedding.position_embeddings)
-    history = model.fit(ids, ids, epochs=1, batch_size=4, verbose=0)
+    # Batches of 32: on JAX the product with ones.
+    history = model.fit(ids, ids, epochs=1, batch_size=32, verbose=0)
     assert np.isfinite(history.history["loss"]).all()
     after = numpy(embed.position_embedding.position_embeddings)
     assert (before != after).any(axis=1).all()  # every position learned
