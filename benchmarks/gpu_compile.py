@@ -187,6 +187,13 @@ def gpu_device(name):
     return topology.devices[0]
 
 
+def abstract(device, shape, dtype):
+    """An argument of `shape` and `dtype` on the target `device`, which
+    XLA compiles for and nothing is allocated for."""
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+
 def layout_programs(device, batches, sequence, width, vocabulary=256):
     """`(config, variant, compiled HLO)` of the smallest step with a
     position table's gradient: token ids looked up in a table, a position
@@ -214,18 +221,13 @@ def layout_programs(device, batches, sequence, width, vocabulary=256):
 
         return jax.jit(jax.grad(loss))
 
-    sharding = jax.sharding.SingleDeviceSharding(device)
-
-    def abstract(shape, dtype):
-        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
-
     params = (
-        abstract((vocabulary, width), jnp.float32),
-        abstract((sequence, width), jnp.float32),
-        abstract((width, width), jnp.float32),
+        abstract(device, (vocabulary, width), jnp.float32),
+        abstract(device, (sequence, width), jnp.float32),
+        abstract(device, (width, width), jnp.float32),
     )
     for batch in batches:
-        ids = abstract((batch, sequence), jnp.int32)
+        ids = abstract(device, (batch, sequence), jnp.int32)
         for form in ("broadcast_to", "broadcast_over_batch"):
             hlo = step(form).lower(params, ids).compile().as_text()
             yield f"batch {batch}", form, hlo
@@ -261,11 +263,8 @@ def quantize_programs(device, sizes, tokens):
         "per row": per_row,
         "per row, no scales out": lambda x: per_row(x)[0],
     }
-    sharding = jax.sharding.SingleDeviceSharding(device)
     for size in sizes:
-        x = jax.ShapeDtypeStruct(
-            (tokens, size), jnp.bfloat16, sharding=sharding
-        )
+        x = abstract(device, (tokens, size), jnp.bfloat16)
         for variant, function in variants.items():
             hlo = jax.jit(function).lower(x).compile().as_text()
             yield f"{tokens} x {size}", variant, hlo
@@ -275,12 +274,9 @@ def stack_programs(device, sizes, tokens, layers):
     """`(config, variant, compiled HLO)` of float8_matmul.py's step."""
     import float8_matmul
 
-    sharding = jax.sharding.SingleDeviceSharding(device)
     for size in sizes:
-        x = jax.ShapeDtypeStruct(
-            (tokens, size), jnp.bfloat16, sharding=sharding
-        )
-        w = jax.ShapeDtypeStruct((size, size), jnp.bfloat16, sharding=sharding)
+        x = abstract(device, (tokens, size), jnp.bfloat16)
+        w = abstract(device, (size, size), jnp.bfloat16)
         for variant in STACK_VARIANTS:
             matmul = float8_matmul.MATMULS[variant.split()[0]]
             step = float8_matmul.train_step(matmul)
@@ -311,19 +307,15 @@ def lm_program(device, hidden, layers, batch, sequence, variant):
         model, _ = lm_speed.compile_variant(
             config, lm_speed.parse_variant(variant.partition(" ")[0]), 10
         )
-    sharding = jax.sharding.SingleDeviceSharding(device)
-
-    def abstract(shape, dtype):
-        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
-
     state = jax.tree.map(
-        lambda v: abstract(v.shape, v.dtype), lm_speed.train_state(model)
+        lambda v: abstract(device, v.shape, v.dtype),
+        lm_speed.train_state(model),
     )
-    tokens = abstract((batch, sequence), "int32")
+    tokens = abstract(device, (batch, sequence), "int32")
     data = (
         {
             "token_ids": tokens,
-            "padding_mask": abstract((batch, sequence), "bool"),
+            "padding_mask": abstract(device, (batch, sequence), "bool"),
         },
         tokens,
     )

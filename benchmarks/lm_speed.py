@@ -200,7 +200,6 @@ def compile_variant(config, steps, total_steps):
         for layer in model._flatten_layers():
             if kmp.islands.broadcasts_once(layer):
                 del layer.call  # the class's: KerasHub's own
-                del layer._kmp_broadcast_once
     flash = set_attention(model, steps, config)
     # Every eligible layer (min_size=0): what float8 costs or buys in
     # each kernel, not kmp.float8's device-read default.

@@ -40,8 +40,11 @@ def is_keras_hub_position_embedding(layer):
 
 
 def broadcasts_once(layer):
-    """Whether `broadcast_once` has been applied to `layer`."""
-    return getattr(layer, "_kmp_broadcast_once", False)
+    """Whether `broadcast_once` has been applied to `layer`: its `call` is
+    the instance's own, kmp's wrapper (deleting it gives KerasHub's
+    back)."""
+    own = vars(layer).get("call")
+    return getattr(own, "_kmp_broadcast_once", False)
 
 
 def broadcast_once(layer):
@@ -80,8 +83,8 @@ def broadcast_once(layer):
         one = stock(inputs[:1], *args, **kwargs)
         return backend.broadcast_over_batch(one[0], shape[0])
 
+    call._kmp_broadcast_once = True
     layer.call = call
-    layer._kmp_broadcast_once = True
 
 
 def _serving(layer):
