@@ -36,7 +36,12 @@ a position table's gradient (a lookup, the table added over the batch,
 a LayerNorm, a matmul) at several batch sizes, the table added as
 KerasHub adds it or by `kmp.backend.broadcast_over_batch`, with how
 often the compiled program names the batch-innermost shape `[sequence,
-width, batch]` (fused computations' instructions included).
+width, batch]` (fused computations' instructions included);
+`activation`, a feed-forward block's step (a matmul, a bias, an
+activation, a matmul) with GELU, ReLU or SiLU, differentiated as
+written or recomputed in the backward pass
+(`kmp.backend.recompute_in_backward`), with the cuBLASLt epilogues
+XLA fused into its GEMMs (`epilogues`, recorded for `lm` too).
 
 What it cannot say: time. And XLA decides some things only on the
 device: autotuning, which picks each GEMM's kernel by timing it, is off
@@ -55,7 +60,9 @@ outside the GEMMs, with the bytes of their operands and results.
 """
 
 import argparse
+import collections
 import os
+import re
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 # The CPU runs the program builders (Keras builds its variables there);
@@ -233,6 +240,52 @@ def layout_programs(device, batches, sequence, width, vocabulary=256):
             yield f"batch {batch}", form, hlo
 
 
+def activation_programs(device, tokens, width, hidden):
+    """`(config, variant, compiled HLO)` of a feed-forward block's step in
+    bfloat16 (a matmul, a bias, an activation, a matmul, differentiated)
+    for GELU (approximate and exact), ReLU and SiLU, each differentiated
+    as written (`as written`) and recomputed from its input in the
+    backward pass (`recomputed`, `kmp.backend.recompute_in_backward`)."""
+    from kmp.backend import recompute_in_backward
+
+    activations = {
+        "gelu approximate": lambda x: jax.nn.gelu(x, approximate=True),
+        "gelu exact": lambda x: jax.nn.gelu(x, approximate=False),
+        "relu": jax.nn.relu,
+        "silu": jax.nn.silu,
+    }
+
+    def step(activation):
+        def loss(params, x):
+            w1, b1, w2 = (p.astype(jnp.bfloat16) for p in params)
+            y = activation(x @ w1 + b1) @ w2
+            return jnp.mean(jnp.square(y.astype(jnp.float32)))
+
+        return jax.jit(jax.grad(loss))
+
+    params = (
+        abstract(device, (width, hidden), jnp.float32),
+        abstract(device, (hidden,), jnp.float32),
+        abstract(device, (hidden, width), jnp.float32),
+    )
+    x = abstract(device, (tokens, width), jnp.bfloat16)
+    config = f"{tokens} tokens, {width} -> {hidden} -> {width}"
+    for name, activation in activations.items():
+        for variant, function in (
+            ("as written", activation),
+            ("recomputed", recompute_in_backward(activation)),
+        ):
+            hlo = step(function).lower(params, x).compile().as_text()
+            yield config, f"{name}, {variant}", hlo
+
+
+def epilogues(hlo):
+    """The cuBLASLt epilogues of the program's GEMMs, counted by name
+    (`BIAS_GELU_AUX`: the bias and a GELU fused, the GELU's input kept
+    for the backward pass)."""
+    return dict(collections.Counter(re.findall(r'"epilogue":"([A-Z_]+)"', hlo)))
+
+
 def batch_innermost(hlo, batch, sequence, width):
     """How often the program names an array laid out `[sequence, width,
     batch]`: the activations transposed batch-innermost."""
@@ -361,7 +414,7 @@ def main():
     parser.add_argument(
         "--programs",
         default="stack,lm,quantize",
-        help="comma-separated: stack, lm, quantize, layout",
+        help="comma-separated: stack, lm, quantize, layout, activation",
     )
     parser.add_argument(
         "--batches",
@@ -390,11 +443,10 @@ def main():
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     programs = [p for p in args.programs.split(",") if p]
-    unknown = sorted(set(programs) - {"stack", "lm", "quantize", "layout"})
+    known = {"stack", "lm", "quantize", "layout", "activation"}
+    unknown = sorted(set(programs) - known)
     if unknown:
-        parser.error(
-            f"--programs takes stack, lm, quantize and layout; got {unknown}"
-        )
+        parser.error(f"--programs takes {sorted(known)}; got {unknown}")
     device = gpu_device(args.target)
     bandwidth = TARGETS[args.target][1]["memory_bandwidth"]
     print(
@@ -454,6 +506,14 @@ def main():
             device, sizes, args.tokens, args.layers
         ):
             add("stack", config, variant, hlo_kernels.summary(hlo, bandwidth))
+    if "activation" in programs:
+        # The feed-forward block of the LM at width 1024, batch 32 x 512.
+        for config, variant, hlo in activation_programs(
+            device, 32 * 512, 1024, 4096
+        ):
+            counts = hlo_kernels.summary(hlo, bandwidth)
+            counts["epilogues"] = epilogues(hlo)
+            add("activation", config, variant, counts)
     if "lm" in programs:
         if any("flash" in v for v in args.variants.split(",")):
             answer_cudnn_checks()
@@ -466,20 +526,13 @@ def main():
                 )
             batch = (batch or [args.batch_size or LM_BATCH.get(hidden, 8)])[0]
             for variant in args.variants.split(","):
-                counts = [
-                    hlo_kernels.summary(
-                        lm_program(
-                            device,
-                            hidden,
-                            n,
-                            batch,
-                            args.sequence_length,
-                            variant,
-                        ),
-                        bandwidth,
+                counts = []
+                for n in (layers, layers - 1):
+                    hlo = lm_program(
+                        device, hidden, n, batch, args.sequence_length, variant
                     )
-                    for n in (layers, layers - 1)
-                ]
+                    counts.append(hlo_kernels.summary(hlo, bandwidth))
+                    counts[-1]["epilogues"] = epilogues(hlo)
                 record = dict(counts[0], per_block=per_block(*counts))
                 add("lm", f"{hidden}x{layers}, batch {batch}", variant, record)
 

@@ -73,10 +73,14 @@ def kernels(hlo):
             # (an add XLA folded into it).
             beta = re.search(r'"beta":([-\d.e]+)', line)
             adds = beta is not None and float(beta.group(1)) != 0
-            # (result, workspace): the result is the first array; FLOPs
-            # are 2 per result element per contracted lhs element.
+            # (result, [aux,] workspace): every array but the trailing
+            # workspace is written (an epilogue's aux output, the
+            # pre-activation it keeps for the backward pass, is a second
+            # result). FLOPs are 2 per result element per contracted lhs
+            # element.
+            arrays = [f"{d}[{s}]" for d, s in ARRAY.findall(type_)]
+            result = " ".join(arrays[:-1] if len(arrays) > 1 else arrays)
             dtype, dims = ARRAY.search(type_).groups()
-            result = f"{dtype}[{dims}]"
             lhs = ARRAY.search(types[operands[0]]).group(2).split(",")
             contracting = re.search(
                 r'"lhs_contracting_dimensions":\[([^\]]*)\]', line

@@ -35,6 +35,12 @@ A variant is `bf16` plus steps joined by `+`, each one change:
   bits from a batch of 32 as a product with ones): what that buys. At a
   batch of 32 and more XLA lays the activations out batch-innermost for
   the sum on a GPU.
+- `hubgelu`: the feed-forward GELU differentiated as Keras writes it
+  (its inner `tanh` kept for the backward pass), undoing what
+  `kmp.pin_float32` does to it (`kmp.islands.recompute_gelu`, the GELU
+  recomputed from its input in the backward pass, which lets XLA fuse
+  the bias and the GELU into the matmul's cuBLASLt epilogue): what that
+  buys.
 - `kmp.float8`: `kmp.float8(model, matmul="kmp", min_size=0)`, kmp's
   own float8 matmul in every eligible layer; `keras.float8`: the same
   with `matmul="keras"`, Keras's float8 layers.
@@ -80,7 +86,15 @@ from kmp.app import flops  # noqa: E402
 from kmp.examples import lm  # noqa: E402
 
 POLICY = "mixed_bfloat16"
-STEPS = ("nodrop", "flash", "causal", "hubpos", "kmp.float8", "keras.float8")
+STEPS = (
+    "nodrop",
+    "flash",
+    "causal",
+    "hubpos",
+    "hubgelu",
+    "kmp.float8",
+    "keras.float8",
+)
 DEFAULT_VARIANTS = (
     "bf16,bf16+flash,bf16+flash+causal,bf16+flash+causal+kmp.float8,"
     "bf16+flash+causal+keras.float8"
@@ -200,6 +214,10 @@ def compile_variant(config, steps, total_steps):
         for layer in model._flatten_layers():
             if kmp.islands.broadcasts_once(layer):
                 del layer.call  # the class's: KerasHub's own
+    if "hubgelu" in steps:
+        for layer in model._flatten_layers():
+            if kmp.islands.recomputes_gelu(layer):
+                layer.activation = layer.activation.__wrapped__
     flash = set_attention(model, steps, config)
     # Every eligible layer (min_size=0): what float8 costs or buys in
     # each kernel, not kmp.float8's device-read default.

@@ -23,6 +23,8 @@ Keras API; what cannot be branches here, each function once, on
                  recomputation (dropout's seeds, moving statistics)
     layouts      a tensor broadcast over the batch whose gradient XLA
                  does not lay out batch-innermost on a GPU (JAX)
+    activations  an activation recomputed in the backward pass, which
+                 XLA fuses into the matmul before it on a GPU (JAX)
     normalization  batch normalization in one fused kernel (torch's;
                  XLA fuses Keras's ops on TensorFlow and JAX)
     steps        a train step's extra logs, gradients by intermediate
@@ -55,6 +57,7 @@ The rest of kmp calls these functions through this package
 
 from kmp.backend._current import is_stateless
 from kmp.backend._current import name
+from kmp.backend.activations import recompute_in_backward
 from kmp.backend.distribution import all_replicas_agree
 from kmp.backend.distribution import distribution_name
 from kmp.backend.distribution import gather_over_processes
@@ -164,6 +167,7 @@ __all__ = [
     "peak_memory",
     "processes",
     "random_state",
+    "recompute_in_backward",
     "restore_random_state",
     "runtime_started",
     "step_compiler",

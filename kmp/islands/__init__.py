@@ -8,12 +8,15 @@
     position_embedding  `broadcast_once`: KerasHub's `PositionEmbedding`
                     repeating one example's embedding over the batch,
                     so that XLA keeps a GPU's activations batch-major
+    gelu            `recompute_gelu`: a layer's GELU recomputed in the
+                    backward pass, which XLA fuses into the matmul
+                    before it on a GPU
     token_ids       `float_ids`: float inputs whose token ids a 16-bit
                     cast rounds before an embedding looks them up
     pin             `kmp.pin_float32`: outputs float32, inner softmaxes
                     and sigmoids float32 inside, float token ids kept
                     exact, KerasHub's position embeddings broadcast
-                    once; what counts as sensitive
+                    once, GELUs recomputed; what counts as sensitive
 
 Imports from kmp: backend, errors, layer_policies, model_layers.
 """
@@ -22,6 +25,9 @@ from kmp.islands.batch_norm import BatchNormalization
 from kmp.islands.float32_layers import Float32Activation
 from kmp.islands.float32_layers import Float32Softmax
 from kmp.islands.float32_layers import MultiHeadAttention
+from kmp.islands.gelu import is_gelu
+from kmp.islands.gelu import recompute_gelu
+from kmp.islands.gelu import recomputes_gelu
 from kmp.islands.pin import activation_name
 from kmp.islands.pin import is_sensitive
 from kmp.islands.pin import pin_float32
@@ -42,6 +48,9 @@ __all__ = [
     "broadcast_once",
     "broadcasts_once",
     "float_ids",
+    "is_gelu",
     "is_sensitive",
     "pin_float32",
+    "recompute_gelu",
+    "recomputes_gelu",
 ]

@@ -32,6 +32,7 @@ from kmp import backend
 from kmp.errors import InputError
 from kmp.islands import float32_layers
 from kmp.islands.batch_norm import BatchNormalization
+from kmp.islands.gelu import recompute_gelu
 from kmp.islands.position_embedding import broadcast_once
 from kmp.islands.position_embedding import is_keras_hub_position_embedding
 from kmp.islands.token_ids import float_ids
@@ -107,7 +108,12 @@ def pin_float32(
       the batch, so that in 16 bits its table's gradient is not a sum
       over the batch, for which XLA lays a Transformer's activations
       out batch-innermost on a GPU at a batch of 32 or more
-      (`kmp.islands.position_embedding`; the same values).
+      (`kmp.islands.position_embedding`; the same values); and each
+      `Dense`, `EinsumDense` or `Activation` whose activation is a GELU
+      recomputes it from its input in the backward pass, so that XLA
+      fuses the GELU into the matmul before it on a GPU instead of
+      writing its inner `tanh` for the backward pass
+      (`kmp.islands.gelu`; the same values).
 
     Normalization layers keep their policy: Keras computes them in
     float32 already. On torch each exact `BatchNormalization` becomes
@@ -160,8 +166,10 @@ def pin_float32(
     for layer in layers:
         # Before the policy branches: how the layer runs, whatever its
         # policy (JAX's program only; elsewhere it is the same broadcast).
-        if backend.name() == "jax" and is_keras_hub_position_embedding(layer):
-            broadcast_once(layer)
+        if backend.name() == "jax":
+            if is_keras_hub_position_embedding(layer):
+                broadcast_once(layer)
+            recompute_gelu(layer)
         if id(layer) in output_ids:
             continue
         if also and matches(layer, also):

@@ -125,6 +125,40 @@ def test_the_train_step_runs_each_converted_layer_s_three_matmuls_on_float8():
     assert all(not d[0].startswith("f8") for d in dots if d not in float8)
 
 
+@jax_only
+@pytest.mark.parametrize("matmul", ["kmp", "keras", None])
+def test_a_float8_layer_s_gelu_is_differentiated_as_written(matmul):
+    # kmp.pin_float32 makes a GELU recompute in the backward pass (it
+    # pays in a 16-bit GEMM's epilogue); a float8 layer's is not
+    # recomputed (kmp.islands.gelu says why), whichever matmul it has.
+    import jax
+
+    with kmp.policy_scope("mixed_bfloat16"):
+        inputs = keras.Input((16, 64))
+        hidden = keras.layers.Dense(64, activation="gelu", name="gelu")(inputs)
+        net = keras.Model(inputs, keras.layers.Dense(8)(hidden))
+        layer = net.get_layer("gelu")
+        kmp.pin_float32(net)
+        assert kmp.islands.recomputes_gelu(layer)
+        if matmul:
+            kmp.float8(net, matmul=matmul, min_size=0)
+            assert layer.quantization_mode == "float8"
+            assert isinstance(layer, scaled_layers.Dense) is (matmul == "kmp")
+    x, _ = data(2)
+
+    frozen = [v.value for v in net.non_trainable_variables]
+
+    def loss(values):
+        out, _ = net.stateless_call(values, frozen, x)
+        return (out.astype("float32") ** 2).sum()
+
+    values = [v.value for v in net.trainable_variables]
+    text = str(jax.make_jaxpr(jax.grad(loss))(values))
+    # Keras's GELU (exact) computes `erfc` once; recomputed, once more in
+    # the backward pass.
+    assert text.count(" erfc ") == (1 if matmul else 2)
+
+
 @pytest.mark.skipif(backend.name() != "torch", reason="counts torch's calls")
 def test_a_torch_train_step_runs_each_converted_layer_s_matmuls_as_scaled_mm(
     monkeypatch,

@@ -1,0 +1,151 @@
+"""kmp.islands.recompute_gelu: a `Dense`, `EinsumDense` or `Activation`
+layer's GELU (Keras's, KerasHub's `gelu_approximate`) recomputed in the
+backward pass (what `kmp.pin_float32` does on JAX): the same values and
+gradients, the same config, other layers and activations left alone; a
+`.keras` file does not keep it and `kmp.load_model` applies it again;
+KerasHub's GPT-2 gets it in every decoder block and trains."""
+
+import keras
+import keras_hub
+import numpy as np
+import pytest
+from keras import ops
+from util import small_gpt2_backbone
+
+import kmp
+from kmp import backend
+from kmp.islands import is_gelu
+from kmp.islands import recompute_gelu
+from kmp.islands import recomputes_gelu
+
+# What kmp.pin_float32 and recompute_gelu do: on JAX only.
+ON_JAX = backend.name() == "jax"
+HUB_GELU = keras.saving.get_registered_object("keras_hub>gelu_approximate")
+
+
+def numpy(x):
+    return ops.convert_to_numpy(ops.cast(x, "float32"))
+
+
+def test_it_knows_keras_s_and_keras_hub_s_gelu_only():
+    assert is_gelu(keras.activations.gelu)
+    assert is_gelu(keras.activations.get("gelu"))
+    assert is_gelu(HUB_GELU)
+    assert not is_gelu(keras.activations.relu)
+    assert not is_gelu(lambda x: keras.activations.gelu(x))
+    assert not is_gelu(None)
+
+
+def three_gelu_layers():
+    """A model with a GELU in each kind of layer it changes, and a ReLU."""
+    inputs = keras.Input((5, 6))
+    x = keras.layers.Dense(8, activation="gelu", name="dense")(inputs)
+    x = keras.layers.Activation(HUB_GELU, name="activation")(x)
+    x = keras.layers.EinsumDense(
+        "abc,cd->abd", (5, 4), activation="gelu", name="einsum"
+    )(x)
+    outputs = keras.layers.Dense(3, activation="relu", name="relu")(x)
+    return keras.Model(inputs, outputs)
+
+
+GELU_LAYERS = ("dense", "activation", "einsum")
+
+
+def test_it_changes_gelu_layers_only_and_reports_it():
+    model = three_gelu_layers()
+    for name in GELU_LAYERS:
+        layer = model.get_layer(name)
+        activation = layer.activation
+        assert recompute_gelu(layer) is ON_JAX
+        assert recompute_gelu(layer) is ON_JAX  # a second time: the same
+        assert recomputes_gelu(layer) is ON_JAX
+        if ON_JAX:
+            assert layer.activation.__wrapped__ is activation
+        else:
+            assert layer.activation is activation
+    relu = model.get_layer("relu")
+    assert recompute_gelu(relu) is False
+    assert relu.activation is keras.activations.relu
+    # A layer that holds a GELU it hands to its sublayers keeps it.
+    decoder = keras_hub.layers.TransformerDecoder(8, 2, activation="gelu")
+    assert recompute_gelu(decoder) is False
+    assert decoder.activation is keras.activations.gelu
+
+
+# Recomputed, the GELU may be fused differently by XLA: a last-bit
+# difference in a float32 gradient (seen on a CPU).
+@pytest.mark.parametrize(
+    "policy, rtol", [("float32", 1e-6), ("mixed_bfloat16", 1e-2)]
+)
+def test_values_gradients_and_configs_are_unchanged(policy, rtol):
+    kmp.enable(policy)
+    model = three_gelu_layers()
+    x = np.linspace(-3.0, 3.0, 60, dtype="float32").reshape(2, 5, 6)
+    configs = [model.get_layer(name).get_config() for name in GELU_LAYERS]
+
+    def forward_and_gradients():
+        def loss_fn(values, args, tap):
+            trainable = model.trainable_variables
+            mapping = list(zip(trainable, values))
+            with keras.StatelessScope(state_mapping=mapping):
+                out = model(args[0])
+            return ops.sum(ops.square(ops.cast(out, "float32")))
+
+        run = backend.taped_gradients(loss_fn, jit_compile=True)
+        values = [v.value for v in model.trainable_variables]
+        loss, _, _, grads, _ = run(values, ops.convert_to_tensor(x))
+        return [numpy(loss)] + [numpy(g) for g in grads]
+
+    want, forward = forward_and_gradients(), numpy(model(x))
+    for name in GELU_LAYERS:
+        recompute_gelu(model.get_layer(name))
+    got = forward_and_gradients()
+    np.testing.assert_array_equal(numpy(model(x)), forward)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol * 1e-2)
+    assert configs == [model.get_layer(n).get_config() for n in GELU_LAYERS]
+
+
+def test_a_keras_file_does_not_keep_it_and_load_model_applies_it(tmp_path):
+    kmp.enable("mixed_bfloat16")
+    model = kmp.pin_float32(three_gelu_layers())
+    for name in GELU_LAYERS:
+        assert recomputes_gelu(model.get_layer(name)) is ON_JAX
+    x = np.linspace(-3.0, 3.0, 60, dtype="float32").reshape(2, 5, 6)
+    want = numpy(model(x))
+    path = str(tmp_path / "gelu.keras")
+    model.save(path)
+    stock = keras.saving.load_model(path)
+    loaded = kmp.load_model(path)
+    for name in GELU_LAYERS:
+        assert not recomputes_gelu(stock.get_layer(name))
+        assert recomputes_gelu(loaded.get_layer(name)) is ON_JAX
+    assert stock.get_layer("activation").activation is HUB_GELU
+    np.testing.assert_array_equal(numpy(loaded(x)), want)
+
+
+def test_gpt2_recomputes_each_block_s_gelu_and_trains():
+    kmp.enable("mixed_bfloat16")
+    backbone = small_gpt2_backbone()
+    dense = [
+        layer
+        for layer in backbone._flatten_layers()
+        if isinstance(layer, keras.layers.Dense)
+        and layer.activation is HUB_GELU
+    ]
+    assert len(dense) == 2  # one feed-forward layer a decoder block
+    model = keras_hub.models.GPT2CausalLM(backbone, preprocessor=None)
+    kmp.pin_float32(model)
+    assert [recomputes_gelu(layer) for layer in dense] == [ON_JAX] * 2
+    model.compile(
+        optimizer=kmp.wrap(keras.optimizers.Adam(1e-3)),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 64, size=(8, 16)).astype("int32")
+    x = {"token_ids": ids, "padding_mask": np.ones_like(ids, dtype=bool)}
+    history = keras.Model.fit(
+        model, x, np.roll(ids, -1, axis=1), batch_size=4, epochs=2, verbose=0
+    )
+    losses = history.history["loss"]
+    assert np.isfinite(losses).all() and losses[-1] < losses[0]
