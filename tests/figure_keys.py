@@ -1387,6 +1387,66 @@ _PART6 = {
         },
     },
 }
+_GELU = "A GELU recomputed in the backward pass, read on a CPU (2026-11-29)"
+_GELU_VARIANTS = {  # BENCHMARKS.md's label -> gpu_compile.py's variant
+    "recomputed": _FUSED,
+    "as written": _FUSED + "+hubgelu",
+}
+_GELU_COLUMNS = {
+    "kernels outside GEMMs": "kernels_outside_gemms",
+    "GB outside GEMMs": "gb_outside_gemms",
+    "GB in GEMMs": "gemm_operand_gb",
+}
+
+
+def _gelu_row(program, config, variant, *within):
+    return _compiled_row(
+        program,
+        config,
+        variant,
+        _GELU_COLUMNS,
+        *within,
+        file="gpu_compile_h200_gelu.json",
+    )
+
+
+_PART7 = {
+    (_GELU, 0): {
+        "cells": 2,
+        "rows": {
+            (name, form): _gelu_row(
+                "activation",
+                "16384 tokens, 1024 -> 4096 -> 1024",
+                f"{name}, {form}",
+            )
+            for name in ("gelu approximate", "gelu exact", "relu", "silu")
+            for form in ("as written", "recomputed")
+        },
+    },
+    (_GELU, 1): {
+        "cells": 2,
+        "rows": {
+            (f"{width}, batch {batch}", label): _gelu_row(
+                "lm", config, variant, "per_block"
+            )
+            for width, batch, config in (
+                (1024, 32, "1024x16, batch 32"),
+                (2048, 16, "2048x2, batch 16"),
+                (4096, 8, "4096x2, batch 8"),
+            )
+            for label, variant in _GELU_VARIANTS.items()
+        },
+    },
+    (_GELU, 2): {
+        "cells": 2,
+        "rows": {
+            ("1024 x 16, batch 32", label): _gelu_row(
+                "lm", "1024x16, batch 32", variant
+            )
+            for label, variant in _GELU_VARIANTS.items()
+        },
+    },
+}
 BENCHMARKS_KEYS = {
     **_PART1,
     **_PART2,
@@ -1394,6 +1454,7 @@ BENCHMARKS_KEYS = {
     **_PART4,
     **_PART5,
     **_PART6,
+    **_PART7,
 }
 
 
@@ -1640,6 +1701,21 @@ README_KEYS = {
             ),
         )
         for v in (_FUSED, _FUSED + "+hubpos")
+    ],
+    "the same step with `kmp.pin_float32`'s GELU recomputed in the "
+    "backward pass / differentiated as written (its `tanh` kept for the "
+    "backward pass, no cuBLASLt GELU epilogue): GB moved outside the GEMMs "
+    "and by them": [
+        (
+            "gpu_compile_h200_gelu.json",
+            (
+                "records",
+                {"program": "lm", "config": "1024x16, batch 32", "variant": v},
+                key,
+            ),
+        )
+        for key in ("gb_outside_gemms", "gemm_operand_gb")
+        for v in (_FUSED, _FUSED + "+hubgelu")
     ],
 }
 
