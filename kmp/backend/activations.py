@@ -33,8 +33,6 @@ is not compiled here for a GPU to check).
 
 import functools
 
-import keras
-
 from kmp.backend._current import name
 
 
@@ -42,12 +40,11 @@ def recompute_in_backward(activation):
     """`activation`, recomputed from its input in the backward pass on
     JAX (module docstring); elsewhere `activation` itself.
 
-    The wrapper takes `activation`'s module and docstring
-    (`functools.wraps`) and, as its name, the name Keras registered it
-    under (KerasHub's `keras_hub>gelu_approximate`; Keras looks a
-    function's registration up by identity, so a wrapper would lose
-    it): a layer that holds the wrapper has the same config as with
-    `activation`. `__wrapped__` gives `activation` back.
+    The wrapper takes `activation`'s name and docstring
+    (`functools.wraps`; `__wrapped__` gives `activation` back). Keras
+    serializes an activation by identity, so a layer should not keep
+    the wrapper in an attribute its config reads
+    (`kmp.islands.recompute_gelu` swaps it in for the call only).
 
     Args:
         activation: An elementwise function of one tensor, stateless (it
@@ -68,6 +65,4 @@ def recompute_in_backward(activation):
         # the forward pass's values.
         return jax.checkpoint(lambda t: activation(t, *args, **kwargs))(x)
 
-    if hasattr(activation, "__name__"):
-        call.__name__ = keras.saving.get_registered_name(activation)
     return call

@@ -14,9 +14,20 @@ the GELU in a `BIAS_GELU_AUX` epilogue and the GELU's own forward
 kernel is gone. The values are the same (the backend module says to
 what rounding).
 
+How: an instance-level `call` (as `broadcast_once` wraps KerasHub's
+position embedding) that runs the class's call with the recomputed
+GELU in `layer.activation` and puts the GELU back after it. Outside
+the call the attribute is the GELU itself, so `get_config` and a
+`.keras` file say what they said (Keras 3.16 serializes a built-in
+activation by identity: a wrapper left in the attribute would be saved
+as a function safe mode will not load). On JAX a call runs when the
+step is traced, so the swap costs nothing per step.
+
 A quantized layer (float8, int8) keeps its GELU as written: its matmul
-is no 16-bit GEMM with an epilogue (the wrapper reads the layer's
-`quantization_mode` when the call is traced).
+is no 16-bit GEMM with an epilogue (Keras sends a quantized layer to
+its `quantized_call`, which the wrapper leaves alone, and the wrapper
+reads `quantization_mode` too); so does a layer whose `activation` has
+been changed since.
 
 It applies to the layers that end their call with their `activation`
 and whose matmul XLA can fuse it into (`Dense`, `EinsumDense`) and to
@@ -28,9 +39,9 @@ form) or KerasHub's `gelu_approximate` (GPT-2's, registered as
 
 `kmp.pin_float32` applies it on JAX. Like
 `kmp.islands.broadcast_once`, this is how the layer runs, not what it
-is: the layer's config names the same activation, a `.keras` file does
-not keep the recomputation, and `kmp.load_model` applies it again when
-it pins the loaded model.
+is: a `.keras` file does not keep it, and `kmp.load_model` applies it
+again when it pins the loaded model. Deleting the instance's `call`
+(`del layer.call`) undoes it.
 """
 
 import functools
@@ -51,7 +62,6 @@ _LAYERS = (
 def is_gelu(activation):
     """Whether `activation` is Keras's `gelu` or KerasHub's
     `gelu_approximate` (itself, not a function that calls it)."""
-    activation = getattr(activation, "__wrapped__", activation)
     if activation is keras.activations.gelu:
         return True
     # Registered when KerasHub is imported, which a model holding it has
@@ -61,10 +71,10 @@ def is_gelu(activation):
 
 
 def recomputes_gelu(layer):
-    """Whether `recompute_gelu` has been applied to `layer`: its
-    activation is kmp's wrapper (`layer.activation.__wrapped__` is the
-    GELU it wraps)."""
-    return getattr(getattr(layer, "activation", None), "_kmp_recomputed", False)
+    """Whether `recompute_gelu` has been applied to `layer`: its `call` is
+    the instance's own, kmp's wrapper (deleting it undoes it)."""
+    own = vars(layer).get("call")
+    return getattr(own, "_kmp_recomputes_gelu", False)
 
 
 def recompute_gelu(layer):
@@ -79,34 +89,46 @@ def recompute_gelu(layer):
     Returns:
         Whether `layer` now recomputes its GELU.
     """
+    if recomputes_gelu(layer):
+        return True
     if not isinstance(layer, _LAYERS) or not is_gelu(
         getattr(layer, "activation", None)
     ):
         return False
-    if recomputes_gelu(layer):
-        return True
     activation = layer.activation
     recomputed = backend.recompute_in_backward(activation)
     if recomputed is activation:  # not JAX: nothing to recompute
         return False
+    # The class's call, whatever the class is when the layer runs
+    # (kmp.float8 swaps it), unless the instance already had its own.
+    own = vars(layer).get("call")
 
-    def call(x, *args, **kwargs):
-        # A quantized layer's matmul (float8, int8) is no 16-bit GEMM
-        # with an epilogue: recomputed after kmp's float8 GEMM the GELU
-        # makes the step write its input for the backward pass (compiled
-        # for an H200, GPT-2 at width 1024: 0.13 GB more a decoder
-        # block), and after Keras's float8 pattern XLA fuses it into an
-        # FP8 GEMM whose epilogue it then cannot emit (a RET_CHECK,
-        # `!has_aux_output`, jaxlib 0.10.2). Read when the call is
-        # traced, so a layer quantized later is covered too.
-        if getattr(layer, "quantization_mode", None) is not None:
-            return activation(x, *args, **kwargs)
-        return recomputed(x, *args, **kwargs)
+    def stock(*args, **kwargs):
+        if own is not None:
+            return own(*args, **kwargs)
+        return type(layer).call(layer, *args, **kwargs)
 
-    # The recomputed function's name (the one Keras registered the GELU
-    # under), module and docstring; `__wrapped__`: the GELU itself.
-    functools.update_wrapper(call, recomputed)
-    call.__wrapped__ = activation
-    call._kmp_recomputed = True
-    layer.activation = call
+    @functools.wraps(layer.call)  # the bound call's signature
+    def call(*args, **kwargs):
+        if (
+            getattr(layer, "quantization_mode", None) is not None
+            or layer.activation is not activation
+        ):
+            # A quantized layer's matmul (float8, int8) is no 16-bit
+            # GEMM with an epilogue: recomputed after kmp's float8 GEMM
+            # the GELU makes the step write its input for the backward
+            # pass (compiled for an H200, GPT-2 at width 1024: 0.13 GB
+            # more a decoder block), and after Keras's float8 pattern
+            # XLA fuses it into an FP8 GEMM whose epilogue it then
+            # cannot emit (a RET_CHECK, `!has_aux_output`, jaxlib
+            # 0.10.2).
+            return stock(*args, **kwargs)
+        layer.activation = recomputed
+        try:
+            return stock(*args, **kwargs)
+        finally:
+            layer.activation = activation
+
+    call._kmp_recomputes_gelu = True
+    layer.call = call
     return True
