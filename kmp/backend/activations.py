@@ -22,7 +22,9 @@ input in registers. Compiled for an H200 (`benchmarks/gpu_compile.py
 values are the same operations run again: the same forward values, the
 gradients to rounding (XLA may fuse the recomputation differently). On
 a GPU the epilogue computes the GELU from the GEMM's float32 result,
-before it is rounded to 16 bits: a last-bit difference at most.
+before it is rounded to 16 bits: the same values to 16-bit rounding
+(where the GELU is steep relative to its value, its negative tail, a
+few 16-bit steps).
 
 Only GELU gains. ReLU's and SiLU's backward passes read the input
 alone already (compiled, the same bytes either way). JAX only:

@@ -31,11 +31,14 @@ been changed since.
 
 It applies to the layers that end their call with their `activation`
 and whose matmul XLA can fuse it into (`Dense`, `EinsumDense`) and to
-`Activation` layers, when that activation is Keras's `gelu` (the exact
-or, with `approximate=True` where a layer passes it, the approximate
-form) or KerasHub's `gelu_approximate` (GPT-2's, registered as
-`keras_hub>gelu_approximate`). A GELU that a layer's own code calls
-(KerasHub's Gemma MLP, a lambda) is left as it is.
+`Activation` layers, when that activation is Keras's `gelu` (its exact
+form: these layers call it with its defaults) or KerasHub's
+`gelu_approximate` (GPT-2's, registered as
+`keras_hub>gelu_approximate`), and only while the layer runs the
+class's own `call` (Keras's `Dense.call`, ...): a subclass with a call
+of its own (kmp 0.1's `Float8Dense`, whose float8 pattern is not a
+16-bit GEMM either) keeps its GELU as written. A GELU that a layer's
+own code calls (KerasHub's Gemma MLP, a lambda) is left as it is.
 
 `kmp.pin_float32` applies it on JAX. Like
 `kmp.islands.broadcast_once`, this is how the layer runs, not what it
@@ -57,6 +60,9 @@ _LAYERS = (
     keras.layers.EinsumDense,
     keras.layers.Activation,
 )
+# Their own calls: a subclass's call may not end in the activation, or
+# not after a 16-bit matmul (kmp 0.1's Float8Dense).
+_STOCK_CALLS = tuple(cls.call for cls in _LAYERS)
 
 
 def is_gelu(activation):
@@ -72,7 +78,9 @@ def is_gelu(activation):
 
 def recomputes_gelu(layer):
     """Whether `recompute_gelu` has been applied to `layer`: its `call` is
-    the instance's own, kmp's wrapper (deleting it undoes it)."""
+    the instance's own, kmp's wrapper (deleting it undoes it). A wrapper
+    set over kmp's later hides it: then this says False, and `del
+    layer.call` removes both."""
     own = vars(layer).get("call")
     return getattr(own, "_kmp_recomputes_gelu", False)
 
@@ -91,7 +99,7 @@ def recompute_gelu(layer):
     """
     if recomputes_gelu(layer):
         return True
-    if not isinstance(layer, _LAYERS) or not is_gelu(
+    if type(layer).call not in _STOCK_CALLS or not is_gelu(
         getattr(layer, "activation", None)
     ):
         return False
@@ -111,17 +119,20 @@ def recompute_gelu(layer):
     @functools.wraps(layer.call)  # the bound call's signature
     def call(*args, **kwargs):
         if (
-            getattr(layer, "quantization_mode", None) is not None
+            type(layer).call not in _STOCK_CALLS  # a class swapped in
+            or getattr(layer, "quantization_mode", None) is not None
             or layer.activation is not activation
         ):
             # A quantized layer's matmul (float8, int8) is no 16-bit
             # GEMM with an epilogue: recomputed after kmp's float8 GEMM
             # the GELU makes the step write its input for the backward
-            # pass (compiled for an H200, GPT-2 at width 1024: 0.13 GB
-            # more a decoder block), and after Keras's float8 pattern
-            # XLA fuses it into an FP8 GEMM whose epilogue it then
-            # cannot emit (a RET_CHECK, `!has_aux_output`, jaxlib
-            # 0.10.2).
+            # pass (a scratch compile for an H200, GPT-2 at width 1024,
+            # not kept: 0.13 GB more a decoder block), and after Keras's
+            # float8 pattern XLA fuses it into an FP8 GEMM whose
+            # epilogue it then cannot emit (a RET_CHECK,
+            # `!has_aux_output`, jaxlib 0.10.2). Keras sends a quantized
+            # layer to `quantized_call`, which this wrapper is not;
+            # `call` itself, called directly, gets here.
             return stock(*args, **kwargs)
         layer.activation = recomputed
         try:

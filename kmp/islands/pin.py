@@ -21,7 +21,9 @@ And, not a float32 matter but a layer pinning already walks: on JAX,
 KerasHub's `PositionEmbedding` repeats one example's embedding over the
 batch (`position_embedding`), which spares a Transformer's activations
 the batch-innermost layout XLA gives them on a GPU for the table's
-gradient.
+gradient; and a `Dense`, `EinsumDense` or `Activation` layer's GELU
+recomputes itself in the backward pass (`gelu`), which lets XLA fuse it
+into the matmul before it on a GPU.
 """
 
 from typing import Iterable
@@ -113,7 +115,8 @@ def pin_float32(
       recomputes it from its input in the backward pass, so that XLA
       fuses the GELU into the matmul before it on a GPU instead of
       writing its inner `tanh` for the backward pass
-      (`kmp.islands.gelu`; the same values).
+      (`kmp.islands.gelu`; the same values, to 16-bit rounding on a
+      GPU).
 
     Normalization layers keep their policy: Keras computes them in
     float32 already. On torch each exact `BatchNormalization` becomes
