@@ -80,7 +80,7 @@ def kernels(hlo):
             # element.
             arrays = [f"{d}[{s}]" for d, s in ARRAY.findall(type_)]
             result = " ".join(arrays[:-1] if len(arrays) > 1 else arrays)
-            dtype, dims = ARRAY.search(type_).groups()
+            dims = ARRAY.search(type_).group(2)  # the result's
             lhs = ARRAY.search(types[operands[0]]).group(2).split(",")
             contracting = re.search(
                 r'"lhs_contracting_dimensions":\[([^\]]*)\]', line

@@ -168,7 +168,8 @@ def pin_float32(
                 pinned.append(layer)
     for layer in layers:
         # Before the policy branches: how the layer runs, whatever its
-        # policy (JAX's program only; elsewhere it is the same broadcast).
+        # policy (JAX's program only; elsewhere it would be the same
+        # broadcast and the same GELU).
         if backend.name() == "jax":
             if is_keras_hub_position_embedding(layer):
                 broadcast_once(layer)
