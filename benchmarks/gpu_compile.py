@@ -41,7 +41,7 @@ width, batch]` (fused computations' instructions included);
 activation, a matmul) with GELU, ReLU or SiLU, differentiated as
 written or recomputed in the backward pass
 (`kmp.backend.recompute_in_backward`), with the cuBLASLt epilogues
-XLA fused into its GEMMs (`epilogues`, recorded for `lm` too).
+XLA fused into its GEMMs (`epilogues`, recorded for every program).
 
 What it cannot say: time. And XLA decides some things only on the
 device: autotuning, which picks each GEMM's kernel by timing it, is off
@@ -60,9 +60,7 @@ outside the GEMMs, with the bytes of their operands and results.
 """
 
 import argparse
-import collections
 import os
-import re
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 # The CPU runs the program builders (Keras builds its variables there);
@@ -277,13 +275,6 @@ def activation_programs(device, tokens, width, hidden):
         ):
             hlo = step(function).lower(params, x).compile().as_text()
             yield config, f"{name}, {variant}", hlo
-
-
-def epilogues(hlo):
-    """The cuBLASLt epilogues of the program's GEMMs, counted by name
-    (`BIAS_GELU_AUX`: the bias and a GELU fused, the GELU's input kept
-    for the backward pass)."""
-    return dict(collections.Counter(re.findall(r'"epilogue":"([A-Z_]+)"', hlo)))
 
 
 def batch_innermost(hlo, batch, sequence, width):
@@ -511,9 +502,12 @@ def main():
         for config, variant, hlo in activation_programs(
             device, 32 * 512, 1024, 4096
         ):
-            counts = hlo_kernels.summary(hlo, bandwidth)
-            counts["epilogues"] = epilogues(hlo)
-            add("activation", config, variant, counts)
+            add(
+                "activation",
+                config,
+                variant,
+                hlo_kernels.summary(hlo, bandwidth),
+            )
     if "lm" in programs:
         if any("flash" in v for v in args.variants.split(",")):
             answer_cudnn_checks()
@@ -532,7 +526,6 @@ def main():
                         device, hidden, n, batch, args.sequence_length, variant
                     )
                     counts.append(hlo_kernels.summary(hlo, bandwidth))
-                    counts[-1]["epilogues"] = epilogues(hlo)
                 record = dict(counts[0], per_block=per_block(*counts))
                 add("lm", f"{hidden}x{layers}, batch {batch}", variant, record)
 

@@ -128,4 +128,9 @@ def summary(hlo, bandwidth):
         "ms_outside_gemms_at_bandwidth": other_bytes / bandwidth * 1e3,
         "gemm_operand_gb": sum(k["bytes"] for k in gemms) / 1e9,
         "gemms_adding_to_a_tensor": sum(k["adds"] for k in gemms),
+        # cuBLASLt's epilogues by name (`BIAS_GELU_AUX`: the bias and a
+        # GELU fused, the GELU's input written for the backward pass).
+        "epilogues": dict(
+            collections.Counter(re.findall(r'"epilogue":"([A-Z_]+)"', hlo))
+        ),
     }

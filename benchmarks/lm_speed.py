@@ -210,14 +210,16 @@ def compile_variant(config, steps, total_steps):
     if steps & {"nodrop", "flash", "causal"}:
         config = dataclasses.replace(config, dropout=0.0)  # `--dropout=0`
     model = kmp.pin_float32(lm.build_model(config))
+    # Undone: the instance's own call goes, the class's (KerasHub's
+    # position embedding, the GELU as written) is back.
+    undo = []
     if "hubpos" in steps:
-        for layer in model._flatten_layers():
-            if kmp.islands.broadcasts_once(layer):
-                del layer.call  # the class's: KerasHub's own
+        undo.append(kmp.islands.broadcasts_once)
     if "hubgelu" in steps:
-        for layer in model._flatten_layers():
-            if kmp.islands.recomputes_gelu(layer):
-                del layer.call  # the class's: the GELU as written
+        undo.append(kmp.islands.recomputes_gelu)
+    for layer in model._flatten_layers():
+        if any(applied(layer) for applied in undo):
+            del layer.call
     flash = set_attention(model, steps, config)
     # Every eligible layer (min_size=0): what float8 costs or buys in
     # each kernel, not kmp.float8's device-read default.

@@ -105,26 +105,30 @@ def test_values_gradients_and_configs_are_unchanged(policy, rtol):
     assert configs == [model.get_layer(n).get_config() for n in GELU_LAYERS]
 
 
-@pytest.mark.skipif(not ON_JAX, reason="JAX's program")
-def test_on_jax_the_backward_pass_recomputes_the_gelu_until_undone():
+def gelu_counts(loss, argument):
+    """How often the gradient of `loss` at `argument` computes `erfc` and
+    `tanh` (JAX's program): Keras's exact GELU computes `erfc`,
+    KerasHub's approximate one `tanh`, once each, and again in the
+    backward pass when recomputed."""
     import jax
 
+    text = str(jax.make_jaxpr(jax.grad(loss))(argument))
+    return text.count(" erfc "), text.count(" tanh ")
+
+
+@pytest.mark.skipif(not ON_JAX, reason="JAX's program")
+def test_on_jax_the_backward_pass_recomputes_the_gelu_until_undone():
     kmp.enable("mixed_bfloat16")
     model = three_gelu_layers()
     x = np.linspace(-3.0, 3.0, 60, dtype="float32").reshape(2, 5, 6)
     frozen = [v.value for v in model.non_trainable_variables]
 
-    def tanh_count():
-        def loss(values):
-            out, _ = model.stateless_call(values, frozen, x)
-            return ops.sum(ops.square(ops.cast(out, "float32")))
+    def loss(values):
+        out, _ = model.stateless_call(values, frozen, x)
+        return ops.sum(ops.square(ops.cast(out, "float32")))
 
-        values = [v.value for v in model.trainable_variables]
-        # Keras's exact GELU computes `erfc`, KerasHub's approximate one
-        # `tanh`: once each, and again in the backward pass when
-        # recomputed.
-        text = str(jax.make_jaxpr(jax.grad(loss))(values))
-        return text.count(" erfc "), text.count(" tanh ")
+    def tanh_count():
+        return gelu_counts(loss, [v.value for v in model.trainable_variables])
 
     assert tanh_count() == (2, 1)
     for name in GELU_LAYERS:
@@ -140,15 +144,12 @@ def test_on_jax_the_backward_pass_recomputes_the_gelu_until_undone():
 
 
 def gradient_erfc_count(layer, x):
-    """How often the gradient of `layer.call` (the instance's: what
-    Keras's `__call__` runs for an unquantized layer) computes `erfc`:
-    Keras's exact GELU once, and again when recomputed."""
-    import jax
-
-    def loss(x):
-        return ops.sum(ops.cast(layer.call(x), "float32"))
-
-    return str(jax.make_jaxpr(jax.grad(loss))(x)).count(" erfc ")
+    """`gelu_counts`'s `erfc` count for `layer.call` (the instance's: what
+    Keras's `__call__` runs for an unquantized layer)."""
+    erfc, _ = gelu_counts(
+        lambda x: ops.sum(ops.cast(layer.call(x), "float32")), x
+    )
+    return erfc
 
 
 @pytest.mark.skipif(not ON_JAX, reason="JAX's program")
