@@ -100,7 +100,7 @@ def run_script(script, *args, backend="tensorflow", timeout=300):
 def once_per_session(tmp_path_factory, name, compute):
     """`compute()`'s result (JSON), computed once for the whole pytest run.
 
-    A module-scoped fixture runs again in each pytest process (`-n 2`) and
+    A module-scoped fixture runs again in each pytest process (`-n auto`) and
     again whenever work stealing interleaves another module's tests (the
     MirroredStrategy scenarios' process ran three times in one TensorFlow
     run): the processes share the first result through a file, under a
