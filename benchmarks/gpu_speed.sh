@@ -23,13 +23,16 @@
 #   3. the language model at width 1024, 16 layers, batch 32, in
 #      bfloat16 with the causal flash attention (39.2 % MFU on the
 #      2026-11-28 H200; issue 41 wants 40 %), as kmp.pin_float32 makes
-#      it now, without its GELU recomputed (`+hubgelu`: the GELU's tanh
-#      kept for the backward pass, no cuBLASLt GELU epilogue;
-#      gpu_compile.py counts 0.40 GB more a block, GEMMs included), and
-#      without its position embedding either (`+hubpos+hubgelu`, as
-#      measured then: KerasHub's, its gradient a sum over the batch, for
-#      which XLA lays the activations out batch-innermost; 70.2 GB moved
-#      outside the matmuls a step against 46.9 GB): what each fix buys;
+#      it now, without its query/key/value biases flattened
+#      (`+hubbias`: each added in a kernel of its own, not in the GEMM's
+#      cuBLASLt epilogue; gpu_compile.py counts 0.20 GB more a block,
+#      GEMMs included), and without its GELU recomputed and its position
+#      embedding broadcast once either (`+hubpos+hubgelu+hubbias`, as
+#      measured then: the GELU's tanh kept for the backward pass, 0.40 GB
+#      more a block; KerasHub's position embedding, its gradient a sum
+#      over the batch, for which XLA lays the activations out
+#      batch-innermost, 70.2 GB moved outside the matmuls a step against
+#      46.9 GB): what the bias buys, and what all three buy;
 #   4. the same as 2 at width 4096, 8 layers, batch 8, where every kernel
 #      is 4096 wide or more (1.03x in the float32-output form).
 #
@@ -89,7 +92,7 @@ step lm_speed_2048 "${LIMITS[1]}" "$PYTHON" benchmarks/lm_speed.py \
   --out "$OUT/lm_speed_2048_jax.json"
 
 step lm_speed_1024 "${LIMITS[3]}" "$PYTHON" benchmarks/lm_speed.py \
-  "${LM_1024[@]}" --variants "$FUSED,$FUSED+hubgelu,$FUSED+hubpos+hubgelu" \
+  "${LM_1024[@]}" --variants "$FUSED,$FUSED+hubbias,$FUSED+hubpos+hubgelu+hubbias" \
   --out "$OUT/lm_speed_1024_jax.json"
 
 step lm_speed_4096 "${LIMITS[2]}" "$PYTHON" benchmarks/lm_speed.py \

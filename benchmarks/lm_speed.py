@@ -41,6 +41,11 @@ A variant is `bf16` plus steps joined by `+`, each one change:
   recomputed from its input in the backward pass, which lets XLA fuse
   the bias and the GELU into the matmul's cuBLASLt epilogue): what that
   buys.
+- `hubbias`: the attention's query, key and value projections add their
+  `(heads, head_dim)` bias as Keras writes it, undoing what
+  `kmp.pin_float32` does to them (`kmp.islands.flatten_bias`, the bias
+  added on the flat output, which XLA fuses into the matmul's cuBLASLt
+  `BIAS` epilogue): what that buys.
 - `kmp.float8`: `kmp.float8(model, matmul="kmp", min_size=0)`, kmp's
   own float8 matmul in every eligible layer; `keras.float8`: the same
   with `matmul="keras"`, Keras's float8 layers.
@@ -92,6 +97,7 @@ STEPS = (
     "causal",
     "hubpos",
     "hubgelu",
+    "hubbias",
     "kmp.float8",
     "keras.float8",
 )
@@ -211,15 +217,24 @@ def compile_variant(config, steps, total_steps):
         config = dataclasses.replace(config, dropout=0.0)  # `--dropout=0`
     model = kmp.pin_float32(lm.build_model(config))
     # Undone: the instance's own call goes, the class's (KerasHub's
-    # position embedding, the GELU as written) is back.
+    # position embedding, the GELU as written, the bias as written) is
+    # back. A projection with both wrappers keeps the one not undone.
     undo = []
     if "hubpos" in steps:
         undo.append(kmp.islands.broadcasts_once)
     if "hubgelu" in steps:
         undo.append(kmp.islands.recomputes_gelu)
+    if "hubbias" in steps:
+        undo.append(kmp.islands.flattens_bias)
     for layer in model._flatten_layers():
         if any(applied(layer) for applied in undo):
+            gelu = kmp.islands.recomputes_gelu(layer)
+            bias = kmp.islands.flattens_bias(layer)
             del layer.call
+            if bias and kmp.islands.flattens_bias not in undo:
+                kmp.islands.flatten_bias(layer)
+            if gelu and kmp.islands.recomputes_gelu not in undo:
+                kmp.islands.recompute_gelu(layer)
     flash = set_attention(model, steps, config)
     # Every eligible layer (min_size=0): what float8 costs or buys in
     # each kernel, not kmp.float8's device-read default.

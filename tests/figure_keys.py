@@ -1447,6 +1447,39 @@ _PART7 = {
         },
     },
 }
+_BIAS = (
+    "An attention's projection biases in the matmul, read on a CPU (2026-11-29)"
+)
+_BIAS_VARIANTS = {  # BENCHMARKS.md's label -> gpu_compile.py's variant
+    "flat": _FUSED,
+    "as written": _FUSED + "+hubbias",
+}
+
+
+def _bias_row(variant, *within):
+    return _compiled_row(
+        "lm",
+        "1024x16, batch 32",
+        variant,
+        _GELU_COLUMNS,
+        *within,
+        file="gpu_compile_h200_bias.json",
+    )
+
+
+_PART8 = {
+    (_BIAS, 0): {
+        "cells": 2,
+        "rows": {
+            (scope, label): _bias_row(variant, *within)
+            for scope, within in (
+                ("one block", ("per_block",)),
+                ("the whole step", ()),
+            )
+            for label, variant in _BIAS_VARIANTS.items()
+        },
+    },
+}
 BENCHMARKS_KEYS = {
     **_PART1,
     **_PART2,
@@ -1455,6 +1488,7 @@ BENCHMARKS_KEYS = {
     **_PART5,
     **_PART6,
     **_PART7,
+    **_PART8,
 }
 
 
@@ -1716,6 +1750,20 @@ README_KEYS = {
         )
         for key in ("gb_outside_gemms", "gemm_operand_gb")
         for v in (_FUSED, _FUSED + "+hubgelu")
+    ],
+    "the same step with `kmp.pin_float32`'s query/key/value biases added "
+    "on the flat output / as Keras writes them (a kernel of their own, no "
+    "cuBLASLt BIAS epilogue): GB moved outside the GEMMs and by them": [
+        (
+            "gpu_compile_h200_bias.json",
+            (
+                "records",
+                {"program": "lm", "config": "1024x16, batch 32", "variant": v},
+                key,
+            ),
+        )
+        for key in ("gb_outside_gemms", "gemm_operand_gb")
+        for v in (_FUSED, _FUSED + "+hubbias")
     ],
 }
 

@@ -11,17 +11,23 @@
     gelu            `recompute_gelu`: a layer's GELU recomputed in the
                     backward pass, which XLA fuses into the matmul
                     before it on a GPU
+    einsum_bias     `flatten_bias`: an `EinsumDense`'s bias over several
+                    output axes added on the flat output, which XLA
+                    fuses into the matmul on a GPU
     token_ids       `float_ids`: float inputs whose token ids a 16-bit
                     cast rounds before an embedding looks them up
     pin             `kmp.pin_float32`: outputs float32, inner softmaxes
                     and sigmoids float32 inside, float token ids kept
                     exact, KerasHub's position embeddings broadcast
-                    once, GELUs recomputed; what counts as sensitive
+                    once, GELUs recomputed, projections' biases
+                    flattened; what counts as sensitive
 
 Imports from kmp: backend, errors, layer_policies, model_layers.
 """
 
 from kmp.islands.batch_norm import BatchNormalization
+from kmp.islands.einsum_bias import flatten_bias
+from kmp.islands.einsum_bias import flattens_bias
 from kmp.islands.float32_layers import Float32Activation
 from kmp.islands.float32_layers import Float32Softmax
 from kmp.islands.float32_layers import MultiHeadAttention
@@ -47,6 +53,8 @@ __all__ = [
     "activation_name",
     "broadcast_once",
     "broadcasts_once",
+    "flatten_bias",
+    "flattens_bias",
     "float_ids",
     "is_gelu",
     "is_sensitive",

@@ -23,7 +23,9 @@ batch (`position_embedding`), which spares a Transformer's activations
 the batch-innermost layout XLA gives them on a GPU for the table's
 gradient; and a `Dense`, `EinsumDense` or `Activation` layer's GELU
 recomputes itself in the backward pass (`gelu`), which lets XLA fuse it
-into the matmul before it on a GPU.
+into the matmul before it on a GPU; and an attention's query, key and
+value projections add their bias on the flat output (`einsum_bias`),
+which XLA fuses into their matmul on a GPU.
 """
 
 from typing import Iterable
@@ -34,6 +36,7 @@ from kmp import backend
 from kmp.errors import InputError
 from kmp.islands import float32_layers
 from kmp.islands.batch_norm import BatchNormalization
+from kmp.islands.einsum_bias import flatten_bias
 from kmp.islands.gelu import recompute_gelu
 from kmp.islands.position_embedding import broadcast_once
 from kmp.islands.position_embedding import is_keras_hub_position_embedding
@@ -116,7 +119,11 @@ def pin_float32(
       fuses the GELU into the matmul before it on a GPU instead of
       writing its inner `tanh` for the backward pass
       (`kmp.islands.gelu`; the same values, to 16-bit rounding on a
-      GPU).
+      GPU); and each `EinsumDense` that projects to several axes with a
+      bias over them (the query, key and value projections of
+      `MultiHeadAttention`) adds its bias on the flattened output, which
+      a GPU's matmul adds in its epilogue (`kmp.islands.einsum_bias`;
+      the same values, to 16-bit rounding on a GPU).
 
     Normalization layers keep their policy: Keras computes them in
     float32 already. On torch each exact `BatchNormalization` becomes
@@ -173,6 +180,7 @@ def pin_float32(
         if backend.name() == "jax":
             if is_keras_hub_position_embedding(layer):
                 broadcast_once(layer)
+            flatten_bias(layer)  # first: the GELU's wrapper runs it
             recompute_gelu(layer)
         if id(layer) in output_ids:
             continue
