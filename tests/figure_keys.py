@@ -1501,6 +1501,23 @@ def _bench(model, field="speed_vs_float32", variant="fp16+kmp"):
     return ("results", {"model": model, "variant": variant}, field)
 
 
+def _lm_step_bytes(file, undone):
+    """The bytes outside and in the GEMMs of the 1024 x 16 step at batch
+    32 with kmp's fix and with it `undone`, in that order."""
+    return [
+        (
+            file,
+            (
+                "records",
+                {"program": "lm", "config": "1024x16, batch 32", "variant": v},
+                key,
+            ),
+        )
+        for key in ("gb_outside_gemms", "gemm_operand_gb")
+        for v in (_FUSED, _FUSED + undone)
+    ]
+
+
 # README's Results table has one figure column: each row's figures, in
 # order, are `(file, path)` pairs (a row may gather several files).
 _OVERHEAD_FILES = [
@@ -1739,32 +1756,12 @@ README_KEYS = {
     "the same step with `kmp.pin_float32`'s GELU recomputed in the "
     "backward pass / differentiated as written (its `tanh` kept for the "
     "backward pass, no cuBLASLt GELU epilogue): GB moved outside the GEMMs "
-    "and by them": [
-        (
-            "gpu_compile_h200_gelu.json",
-            (
-                "records",
-                {"program": "lm", "config": "1024x16, batch 32", "variant": v},
-                key,
-            ),
-        )
-        for key in ("gb_outside_gemms", "gemm_operand_gb")
-        for v in (_FUSED, _FUSED + "+hubgelu")
-    ],
+    "and by them": _lm_step_bytes("gpu_compile_h200_gelu.json", "+hubgelu"),
     "the same step with `kmp.pin_float32`'s query/key/value biases added "
     "on the flat output / as Keras writes them (a kernel of their own, no "
-    "cuBLASLt BIAS epilogue): GB moved outside the GEMMs and by them": [
-        (
-            "gpu_compile_h200_bias.json",
-            (
-                "records",
-                {"program": "lm", "config": "1024x16, batch 32", "variant": v},
-                key,
-            ),
-        )
-        for key in ("gb_outside_gemms", "gemm_operand_gb")
-        for v in (_FUSED, _FUSED + "+hubbias")
-    ],
+    "cuBLASLt BIAS epilogue): GB moved outside the GEMMs and by them": (
+        _lm_step_bytes("gpu_compile_h200_bias.json", "+hubbias")
+    ),
 }
 
 

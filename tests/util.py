@@ -360,6 +360,30 @@ def small_gpt2_backbone():
     )
 
 
+def fit_small_gpt2(model):
+    """Compiles a `GPT2CausalLM` on `small_gpt2_backbone` (Adam under
+    `kmp.wrap`) and fits it 2 epochs on 8 random sequences of 16 tokens;
+    returns the epochs' losses, checked finite and falling."""
+    import keras
+    import numpy as np
+
+    import kmp
+
+    model.compile(
+        optimizer=kmp.wrap(keras.optimizers.Adam(1e-3)),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 64, size=(8, 16)).astype("int32")
+    x = {"token_ids": ids, "padding_mask": np.ones_like(ids, dtype=bool)}
+    history = keras.Model.fit(
+        model, x, np.roll(ids, -1, axis=1), batch_size=4, epochs=2, verbose=0
+    )
+    losses = history.history["loss"]
+    assert np.isfinite(losses).all() and losses[-1] < losses[0], losses
+    return losses
+
+
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures"
 TRANSFORMER = str(FIXTURES / "keras_io_transformer.py")
 

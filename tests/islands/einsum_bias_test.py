@@ -10,6 +10,7 @@ import keras_hub
 import numpy as np
 import pytest
 from keras import ops
+from util import fit_small_gpt2
 from util import small_gpt2_backbone
 
 import kmp
@@ -86,9 +87,12 @@ def test_subclasses_and_other_wrappers_keep_keras_s_call():
 
 # As a matrix product the kernel's gradient may sum over batch and
 # length in another order: float32's last bits (1.2e-6 relative, seen
-# once in 8 runs on a CPU).
+# once in 8 runs on a CPU), and in bfloat16 (8 bits) a few units in the
+# last place of the gradient's largest values (0.309 against 0.375 where
+# the largest is about 3, TensorFlow on a loaded CPU, 2 runs in 9): the
+# tolerance is relative to each gradient's largest value.
 @pytest.mark.parametrize(
-    "policy, rtol", [("float32", 1e-5), ("mixed_bfloat16", 1e-2)]
+    "policy, rtol", [("float32", 1e-5), ("mixed_bfloat16", 5e-2)]
 )
 def test_values_gradients_and_config_are_unchanged(policy, rtol):
     kmp.enable(policy)
@@ -119,7 +123,7 @@ def test_values_gradients_and_config_are_unchanged(policy, rtol):
     got = forward_and_gradients()
     np.testing.assert_allclose(numpy(model(x)), forward, rtol=rtol)
     for g, w in zip(got, want, strict=True):
-        np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol * 0.1)
+        np.testing.assert_allclose(g, w, atol=rtol * np.abs(w).max())
     assert layer.get_config() == config
     assert [w.shape for w in layer.weights] == [(6, 4, 3), (4, 3)]
     del layer.call  # undone
@@ -231,15 +235,4 @@ def test_gpt2_flattens_each_block_s_projections_and_trains():
     kmp.pin_float32(model)
     flat = [layer for layer in model._flatten_layers() if flattens_bias(layer)]
     assert len(flat) == (6 if ON_JAX else 0)  # query, key, value a block
-    model.compile(
-        optimizer=kmp.wrap(keras.optimizers.Adam(1e-3)),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    )
-    rng = np.random.default_rng(0)
-    ids = rng.integers(0, 64, size=(8, 16)).astype("int32")
-    x = {"token_ids": ids, "padding_mask": np.ones_like(ids, dtype=bool)}
-    history = keras.Model.fit(
-        model, x, np.roll(ids, -1, axis=1), batch_size=4, epochs=2, verbose=0
-    )
-    losses = history.history["loss"]
-    assert np.isfinite(losses).all() and losses[-1] < losses[0]
+    fit_small_gpt2(model)
