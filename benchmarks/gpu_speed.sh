@@ -24,9 +24,9 @@
 #      bfloat16 with the causal flash attention (39.2 % MFU on the
 #      2026-11-28 H200; issue 41 wants 40 %), as kmp.pin_float32 makes
 #      it now, without its query/key/value biases flattened
-#      (`+hubbias`: each added in a kernel of its own, not in the GEMM's
-#      cuBLASLt epilogue; gpu_compile.py counts 0.20 GB more a block,
-#      GEMMs included), and without its GELU recomputed and its position
+#      (`+hubbias`: each broadcast to the output by a kernel and added by
+#      the GEMM, not in its cuBLASLt epilogue; gpu_compile.py counts
+#      0.20 GB more a block, GEMMs included), and without its GELU recomputed and its position
 #      embedding broadcast once either (`+hubpos+hubgelu+hubbias`, as
 #      measured then: the GELU's tanh kept for the backward pass, 0.40 GB
 #      more a block; KerasHub's position embedding, its gradient a sum

@@ -1758,8 +1758,9 @@ README_KEYS = {
     "backward pass, no cuBLASLt GELU epilogue): GB moved outside the GEMMs "
     "and by them": _lm_step_bytes("gpu_compile_h200_gelu.json", "+hubgelu"),
     "the same step with `kmp.pin_float32`'s query/key/value biases added "
-    "on the flat output / as Keras writes them (a kernel of their own, no "
-    "cuBLASLt BIAS epilogue): GB moved outside the GEMMs and by them": (
+    "on the flat output / as Keras writes them (broadcast to the output by "
+    "a kernel, read and added by the GEMM; no cuBLASLt BIAS epilogue): GB "
+    "moved outside the GEMMs and by them": (
         _lm_step_bytes("gpu_compile_h200_bias.json", "+hubbias")
     ),
 }

@@ -6,10 +6,12 @@ projects the query, key and value with `EinsumDense("abc,cde->abde",
 bias_axes="de")`: a kernel of shape `(width, heads, head_dim)` and a
 bias of shape `(heads, head_dim)`. XLA lowers the einsum to one GEMM
 whose output it views as `(batch, length, heads, head_dim)`, but does
-not fuse a bias of two dimensions into the GEMM: it adds it in a kernel
-of its own, which reads and writes the projection's output once more,
-and its gradient in another. The same bias added to the GEMM's flat
-output, `heads * head_dim` wide, is cuBLASLt's `BIAS` epilogue.
+not fuse a bias of two dimensions into the GEMM's epilogue: a kernel
+writes the bias broadcast to the projection's whole output, which the
+GEMM then reads and adds (cuBLAS's `beta = 1`), one more write and read
+of the output's size. The same bias added to the GEMM's flat output,
+`heads * head_dim` wide, is cuBLASLt's `BIAS` epilogue, which reads the
+bias alone.
 Compiled for an H200 (`benchmarks/gpu_compile.py`), KerasHub's GPT-2
 at width 1024, batch 32 then moves 0.20 GB less a decoder block, its
 GEMMs' bytes counted. The values are the same (on a GPU the epilogue
@@ -25,9 +27,10 @@ kernel viewed as a matrix, adds the flat bias and views the result in
 the output's shape: the kernel and bias variables are the layer's own,
 unchanged. Anything else keeps Keras's call: other equations, a layer
 without bias, a quantized layer (float8, int8: no 16-bit GEMM with an
-epilogue), a subclass with a call of its own or a layer whose class was
-swapped after (`kmp.float8`), an input whose leading sizes are unknown
-when the call runs.
+epilogue; Keras sends it to `quantized_call`, and the wrapper checks
+`quantization_mode` too, so `kmp.float8` after pinning is safe), a
+subclass with a call of its own or a layer whose class was swapped to
+one, an input whose leading sizes are unknown when the call runs.
 
 How: an instance-level `call`, as `broadcast_once` and `recompute_gelu`
 do, so `get_config` and a `.keras` file are unchanged; `kmp.pin_float32`
@@ -45,7 +48,7 @@ from keras import ops
 _STOCK_CALL = keras.layers.EinsumDense.call
 
 
-def _flat_axes(layer):
+def _has_flat_form(layer):
     """Whether `layer`'s equation and bias axes have the flattenable form
     (module docstring)."""
     equation = getattr(layer, "equation", "")
@@ -91,31 +94,28 @@ def flatten_bias(layer):
         not isinstance(layer, keras.layers.EinsumDense)
         or type(layer).call is not _STOCK_CALL
         or "call" in vars(layer)  # another wrapper: it would be bypassed
-        or not _flat_axes(layer)
+        or not _has_flat_form(layer)
     ):
         return False
 
     @functools.wraps(layer.call)  # the bound call's signature
     def call(inputs, *args, **kwargs):
         leading = tuple(ops.shape(inputs))[:-1]
-        bias = layer.bias
         if (
             type(layer).call is not _STOCK_CALL  # a class swapped in
             or getattr(layer, "quantization_mode", None) is not None
-            or bias is None
-            or tuple(bias.shape) != tuple(layer.kernel.shape[1:])
+            or layer.bias is None
             or not all(isinstance(size, int) for size in leading)
         ):
             # Keras sends a quantized layer to `quantized_call`, which
             # this wrapper is not; `call` itself, called directly, gets
-            # here. The class's call as it is now (`kmp.float8` swaps
-            # the class after pinning).
+            # here. The class's call as it is when the layer runs.
             return type(layer).call(layer, inputs, *args, **kwargs)
         kernel = layer.kernel  # with its LoRA update, if enabled
         width, *axes = kernel.shape
         flat = math.prod(axes)
         x = ops.matmul(inputs, ops.reshape(kernel, (width, flat)))
-        x = ops.add(x, ops.reshape(bias, (flat,)))
+        x = ops.add(x, ops.reshape(layer.bias, (flat,)))
         x = ops.reshape(x, leading + tuple(axes))
         if layer.activation is not None:
             x = layer.activation(x)

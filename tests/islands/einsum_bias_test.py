@@ -17,7 +17,6 @@ import kmp
 from kmp import backend
 from kmp.islands import flatten_bias
 from kmp.islands import flattens_bias
-from kmp.islands import recompute_gelu
 from kmp.islands import recomputes_gelu
 
 # What kmp.pin_float32 applies it on.
@@ -47,6 +46,8 @@ def einsum(equation, shape, bias_axes, **kwargs):
         # MultiHeadAttention's output projection: two axes contracted.
         ("abcd,cde->abe", (5, 3), "e", (2, 5, 4, 6), False),
         ("abc,cde->abed", (5, 3, 4), "ed", (2, 5, 6), False),  # reordered
+        # The kernel's contracted axis is not its first.
+        ("abc,dce->abde", (5, 4, 3), "de", (2, 5, 6), False),
         ("...c,cde->...de", (4, 3), "de", (2, 5, 6), False),  # ellipsis
     ],
 )
@@ -55,6 +56,9 @@ def test_it_changes_projections_to_several_axes_with_their_bias(
 ):
     layer = einsum(equation, shape, bias_axes)
     layer.build(inputs)
+    if layer.bias is not None:  # not zero: where it is added shows
+        size = int(np.prod(layer.bias.shape))
+        layer.bias.assign(np.linspace(-1, 1, size).reshape(layer.bias.shape))
     assert flatten_bias(layer) is changes
     assert flatten_bias(layer) is changes  # a second time: the same
     assert flattens_bias(layer) is changes
@@ -77,12 +81,13 @@ def test_subclasses_and_other_wrappers_keep_keras_s_call():
     layer.build((2, 5, 6))
     assert flatten_bias(layer) is False
     assert flatten_bias(keras.layers.Dense(3)) is False
-    # A wrapper of the instance's own (the GELU's, set first) would be
-    # bypassed: left alone.
-    layer = einsum("abc,cde->abde", (5, 4, 3), "de", activation="gelu")
+    # A call of the instance's own (another wrapper, or the GELU's set
+    # first) would be bypassed: left alone.
+    layer = einsum("abc,cde->abde", (5, 4, 3), "de")
     layer.build((2, 5, 6))
-    if recompute_gelu(layer):
-        assert flatten_bias(layer) is False
+    layer.call = lambda inputs, training=None: inputs
+    assert flatten_bias(layer) is False
+    assert not flattens_bias(layer)
 
 
 # As a matrix product the kernel's gradient may sum over batch and
@@ -170,6 +175,17 @@ def test_a_quantized_layer_and_a_lora_layer():
     for twin in twins:
         twin.quantize("int8")
     np.testing.assert_array_equal(numpy(twins[0](x)), numpy(twins[1](x)))
+    # `call` itself, called directly on a quantized layer, is Keras's
+    # (which on torch cannot multiply int8 codes: the same error).
+    stock = keras.layers.EinsumDense.call
+    try:
+        want = numpy(stock(twins[1], x))
+    except RuntimeError as error:
+        with pytest.raises(RuntimeError, match="same dtype"):
+            twins[0].call(x)
+        assert "same dtype" in str(error)
+    else:
+        np.testing.assert_array_equal(numpy(twins[0].call(x)), want)
 
 
 @pytest.mark.skipif(not ON_JAX, reason="kmp's float8 matmul: JAX")
@@ -188,6 +204,28 @@ def test_kmp_s_float8_layer_after_it_runs_as_without_it():
         scaled_layers.use_kmp_matmul(twin)
     assert type(twins[0]) is not keras.layers.EinsumDense
     np.testing.assert_array_equal(numpy(twins[0](x)), numpy(twins[1](x)))
+    np.testing.assert_array_equal(
+        numpy(twins[0].call(x)), numpy(twins[1].call(x))
+    )
+
+
+@pytest.mark.skipif(
+    backend.name() != "tensorflow", reason="a batch unknown when traced"
+)
+def test_leading_sizes_unknown_when_traced_take_keras_s_call():
+    import tensorflow as tf
+
+    layer = einsum("abc,cde->abde", (5, 4, 3), "de")
+    layer.build((None, 5, 6))
+    layer.bias.assign(np.full((4, 3), 0.5))
+    assert flatten_bias(layer)
+    traced = tf.function(
+        layer.call, input_signature=[tf.TensorSpec((None, 5, 6))]
+    )
+    x = np.linspace(-1.0, 1.0, 60, dtype="float32").reshape(2, 5, 6)
+    np.testing.assert_array_equal(
+        numpy(traced(x)), numpy(keras.layers.EinsumDense.call(layer, x))
+    )
 
 
 def attention_block():
