@@ -360,6 +360,30 @@ def small_gpt2_backbone():
     )
 
 
+def loss_and_gradients(model, x):
+    """The sum of squares of `model(x)` in float32 and its gradients with
+    respect to the trainable variables, as NumPy float32 arrays, taken
+    in one jitted step (`kmp.backend.taped_gradients`, on every
+    backend): what a layer change must leave as it was."""
+    import keras
+    from keras import ops
+
+    from kmp import backend
+
+    def loss_fn(values, args, tap):
+        mapping = list(zip(model.trainable_variables, values))
+        with keras.StatelessScope(state_mapping=mapping):
+            out = model(args[0])
+        return ops.sum(ops.square(ops.cast(out, "float32")))
+
+    run = backend.taped_gradients(loss_fn, jit_compile=True)
+    values = [v.value for v in model.trainable_variables]
+    loss, _, _, grads, _ = run(values, ops.convert_to_tensor(x))
+    return [
+        ops.convert_to_numpy(ops.cast(v, "float32")) for v in [loss, *grads]
+    ]
+
+
 def fit_small_gpt2(model):
     """Compiles a `GPT2CausalLM` on `small_gpt2_backbone` (Adam under
     `kmp.wrap`) and fits it 2 epochs on 8 random sequences of 16 tokens;

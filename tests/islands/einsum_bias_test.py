@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from keras import ops
 from util import fit_small_gpt2
+from util import loss_and_gradients
 from util import small_gpt2_backbone
 
 import kmp
@@ -111,21 +112,9 @@ def test_values_gradients_and_config_are_unchanged(policy, rtol):
     x = np.linspace(-3.0, 3.0, 60, dtype="float32").reshape(2, 5, 6)
     config = layer.get_config()
 
-    def forward_and_gradients():
-        def loss_fn(values, args, tap):
-            mapping = list(zip(model.trainable_variables, values))
-            with keras.StatelessScope(state_mapping=mapping):
-                out = model(args[0])
-            return ops.sum(ops.square(ops.cast(out, "float32")))
-
-        run = backend.taped_gradients(loss_fn, jit_compile=True)
-        values = [v.value for v in model.trainable_variables]
-        loss, _, _, grads, _ = run(values, ops.convert_to_tensor(x))
-        return [numpy(loss)] + [numpy(g) for g in grads]
-
-    want, forward = forward_and_gradients(), numpy(model(x))
+    want, forward = loss_and_gradients(model, x), numpy(model(x))
     assert flatten_bias(layer)
-    got = forward_and_gradients()
+    got = loss_and_gradients(model, x)
     np.testing.assert_allclose(numpy(model(x)), forward, rtol=rtol)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, atol=rtol * np.abs(w).max())
