@@ -559,3 +559,54 @@ def test_every_results_file_says_when_and_from_which_commit():
         assert re.fullmatch(r"[0-9a-f]{40}(\+changes)?", record["commit"])
         checked += 1
     assert checked > 20
+
+
+# The census's backbone class of each name in the float32-islands
+# guide's table of KerasHub models.
+KERAS_HUB_NAMES = {
+    "GPT-2": "GPT2",
+    "BERT": "Bert",
+    "RoBERTa": "Roberta",
+    "XLM-RoBERTa": "XLMRoberta",
+    "DistilBERT": "DistilBert",
+    "ALBERT": "Albert",
+    "DeBERTa-v3": "DebertaV3",
+    "GPT-NeoX": "GPTNeoX",
+    "GPT-OSS": "GptOss",
+    "Llama 3": "Llama3",
+    "Phi-3": "Phi3",
+    "Qwen3-MoE": "Qwen3Moe",
+    "Qwen3.5": "Qwen3_5",
+}
+
+
+def test_the_guide_s_keras_hub_table_says_what_the_census_counted():
+    # Its cells are words, not figures: each backbone's "yes" or "no"
+    # must be whether the census counted layers of that kind, and every
+    # backbone the census built is in one row.
+    page = "docs/float32-islands.md"
+    heading = "## Which KerasHub models the three reach"
+    ((_, _, header, rows),) = [
+        t for t in tables(PAGES[page]) if t[0] == heading
+    ]
+    census = {
+        r["backbone"]: r
+        for r in json.loads(
+            (RESULTS / "keras_hub_islands_jax.json").read_text()
+        )["records"]
+    }
+    kinds = [
+        "position_embeddings_repeated",
+        "gelus_recomputed",
+        "biases_added_flat",
+    ]
+    seen = []
+    for row in rows:
+        for name in row[0].split(", "):
+            backbone = KERAS_HUB_NAMES.get(name, name) + "Backbone"
+            seen.append(backbone)
+            for cell, kind in zip(row[1:], kinds):
+                said = cell.split()[0]
+                counted = "yes" if census[backbone][kind] else "no"
+                assert said == counted, (name, header[1 + kinds.index(kind)])
+    assert sorted(seen) == sorted(census)

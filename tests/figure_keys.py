@@ -1774,7 +1774,26 @@ def _f8(model, variant):
 # The guides' tables (docs/*.md) that give figures of a results file: none
 # today (the defect, model-zoo and API tables hold no measured figure);
 # one that names a results file in its section must have its keys here.
-DOCS_KEYS = {}
+# The backbones each kind of layer reaches: labels ("yes", "no"), no
+# figures (`docs_figures_test` checks the words against the census);
+# the rows' file is the census they come from.
+_KERAS_HUB_ROWS = [
+    "GPT-2, BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ALBERT, Bart, Whisper",
+    "OPT",
+    "FNet",
+    "DeBERTa-v3, GPT-NeoX",
+    "Bloom, Qwen, Qwen2, GPT-OSS",
+    "ESM, ESM2",
+    "Llama, Llama 3, Mistral, Mixtral, Gemma, Phi-3, Qwen3, Qwen3-MoE, "
+    "Qwen3.5, T5, XLNet",
+]
+DOCS_KEYS = {
+    ("docs/float32-islands.md", "Which KerasHub models the three reach", 0): {
+        "rows": {
+            row: ("keras_hub_islands_jax.json", {}) for row in _KERAS_HUB_ROWS
+        }
+    }
+}
 
 # Figures a guide gives in a sentence: `(page, passage)` -> the
 # `(file, path)` of each of the passage's figures, in order. The passage

@@ -16,10 +16,12 @@ import keras
 import keras_hub  # the test extra pins it: missing is an error
 import numpy as np
 import pytest
+from util import loss_and_gradients
 from util import small_gpt2_backbone
 
 import kmp
 import kmp_cli
+from kmp.model_layers import all_layers
 
 pytestmark = pytest.mark.slow
 
@@ -355,3 +357,126 @@ def test_bfloat16_masters_and_state_train_save_and_load(name, tmp_path):
     resumed = loaded.fit(x, y, batch_size=2, epochs=1, steps_per_epoch=1)
     assert np.isfinite(resumed.history["loss"][0])
     assert int(loaded.optimizer.iterations) == 3
+
+
+# KerasHub backbones whose layers `kmp.pin_float32` changes on JAX for a
+# GPU's sake (`kmp.islands`: position embeddings broadcast once, GELUs
+# recomputed in the backward pass, attention projections' biases added
+# flat), each from a small config with one layer (an encoder-decoder's
+# one of each), and how many layers of each kind pinning changes. Each
+# reaches the three through code of its own: an encoder-decoder with
+# cross-attention (Bart), one on audio features whose key projections
+# have no bias (Whisper), layers shared by a group and a factorized
+# embedding (Albert), attention with ALiBi and no position table
+# (Bloom), disentangled attention (DeBERTa-v3), Fourier mixing and no
+# attention (FNet), rotary attention whose query, key and value are one
+# projection (GPT-NeoX). Llama, Mistral, Gemma, Qwen3 and T5 have none of
+# the three (RMSNorm, no biases, their activations in code of their own).
+SMALL = {"vocabulary_size": 64, "hidden_dim": 32, "intermediate_dim": 64}
+ISLAND_BACKBONES = {
+    # (config, (position embeddings, GELUs, flattened biases))
+    "BartBackbone": (
+        {**SMALL, "num_layers": 1, "num_heads": 2, "max_sequence_length": 16},
+        (2, 2, 9),
+    ),
+    "WhisperBackbone": (
+        {
+            **SMALL,
+            "num_layers": 1,
+            "num_heads": 2,
+            "max_encoder_sequence_length": 16,
+            "max_decoder_sequence_length": 16,
+        },
+        (2, 2, 6),
+    ),
+    "AlbertBackbone": (
+        {
+            **SMALL,
+            "num_layers": 1,
+            "num_heads": 2,
+            "embedding_dim": 16,
+            "max_sequence_length": 16,
+        },
+        (1, 1, 3),
+    ),
+    "BloomBackbone": ({**SMALL, "num_layers": 1, "num_heads": 2}, (0, 0, 3)),
+    "DebertaV3Backbone": (
+        {**SMALL, "num_layers": 1, "num_heads": 2, "max_sequence_length": 16},
+        (0, 1, 3),
+    ),
+    "FNetBackbone": (
+        {**SMALL, "num_layers": 1, "max_sequence_length": 16},
+        (1, 1, 0),
+    ),
+    "GPTNeoXBackbone": (
+        {**SMALL, "num_layers": 1, "num_heads": 2, "max_sequence_length": 16},
+        (0, 1, 1),
+    ),
+}
+
+
+def _backbone_inputs(backbone, batch=2, length=8):
+    """Random inputs for each of a backbone's inputs: token ids, segment
+    ids 0 and 1, masks all on, features (Whisper's audio) normal."""
+    rng = np.random.default_rng(0)
+    x = {}
+    for tensor in backbone.inputs:
+        name = tensor.name
+        shape = [batch] + [d or length for d in tensor.shape[1:]]
+        if "mask" in name:
+            x[name] = np.ones(shape, tensor.dtype)
+        elif "int" in tensor.dtype:
+            high = 2 if "segment" in name else 64
+            x[name] = rng.integers(0, high, shape).astype(tensor.dtype)
+        else:
+            x[name] = rng.normal(size=shape).astype(tensor.dtype)
+    return x
+
+
+def _islands(backbone):
+    """How many layers repeat a position embedding, recompute a GELU and
+    add a bias flat, and those layers."""
+    layers = all_layers(backbone)
+    kinds = [
+        kmp.islands.broadcasts_once,
+        kmp.islands.recomputes_gelu,
+        kmp.islands.flattens_bias,
+    ]
+    counts = tuple(sum(map(kind, layers)) for kind in kinds)
+    return counts, [y for y in layers if any(kind(y) for kind in kinds)]
+
+
+@pytest.mark.parametrize("name", list(ISLAND_BACKBONES))
+def test_keras_hub_backbones_keep_their_values_under_jax_s_islands(name):
+    if keras.backend.backend() != "jax":
+        pytest.skip("pin_float32 changes these layers' calls on JAX only")
+    config, counts = ISLAND_BACKBONES[name]
+    kmp.enable("mixed_bfloat16")
+    keras.utils.set_random_seed(0)
+    backbone = getattr(keras_hub.models, name)(**config)
+    x = _backbone_inputs(backbone)
+    # Not as initialized: KerasHub's biases start at zero, where a bias
+    # added wrongly would go unseen.
+    rng = np.random.default_rng(1)
+    for variable in backbone.trainable_variables:
+        variable.assign(rng.normal(0, 0.2, variable.shape))
+    kmp.pin_float32(backbone)
+    got_counts, changed = _islands(backbone)
+    assert got_counts == counts
+    # In float32 from here: the islands' arithmetic against Keras's and
+    # KerasHub's own calls, to float32 rounding (in 16 bits each island's
+    # own tests bound them).
+    for layer in all_layers(backbone):
+        layer.dtype_policy = "float32"
+    got = loss_and_gradients(backbone, x)
+    for layer in changed:
+        del layer.call  # each island is the layer's own `call`
+    assert _islands(backbone)[0] == (0, 0, 0)
+    want = loss_and_gradients(backbone, x)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+    # To the largest gradient: some are rounding alone (a key
+    # projection's bias does not change a softmax, so its gradient is 0
+    # but for rounding, about 1e-8 of the largest).
+    largest = max(np.abs(g).max() for g in want[1:])
+    for a, b in zip(got[1:], want[1:]):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * largest)

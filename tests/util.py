@@ -361,10 +361,11 @@ def small_gpt2_backbone():
 
 
 def loss_and_gradients(model, x):
-    """The sum of squares of `model(x)` in float32 and its gradients with
-    respect to the trainable variables, as NumPy float32 arrays, taken
-    in one jitted step (`kmp.backend.taped_gradients`, on every
-    backend): what a layer change must leave as it was."""
+    """The sum of squares of `model(x)` in float32 (of every output, for
+    a model with several) and its gradients with respect to the
+    trainable variables, as NumPy float32 arrays, taken in one jitted
+    step (`kmp.backend.taped_gradients`, on every backend): what a layer
+    change must leave as it was. `x` may be a dict of inputs."""
     import keras
     from keras import ops
 
@@ -374,11 +375,15 @@ def loss_and_gradients(model, x):
         mapping = list(zip(model.trainable_variables, values))
         with keras.StatelessScope(state_mapping=mapping):
             out = model(args[0])
-        return ops.sum(ops.square(ops.cast(out, "float32")))
+        return sum(
+            ops.sum(ops.square(ops.cast(o, "float32")))
+            for o in keras.tree.flatten(out)
+        )
 
     run = backend.taped_gradients(loss_fn, jit_compile=True)
     values = [v.value for v in model.trainable_variables]
-    loss, _, _, grads, _ = run(values, ops.convert_to_tensor(x))
+    x = keras.tree.map_structure(ops.convert_to_tensor, x)
+    loss, _, _, grads, _ = run(values, x)
     return [
         ops.convert_to_numpy(ops.cast(v, "float32")) for v in [loss, *grads]
     ]

@@ -1,0 +1,134 @@
+"""Which KerasHub backbones `kmp.pin_float32` changes on JAX for a GPU.
+
+    KERAS_BACKEND=jax python benchmarks/keras_hub_islands.py
+
+On JAX, pinning makes three kinds of layer run differently, with the
+same values: KerasHub's `PositionEmbedding` repeats one example's
+embedding over the batch (`kmp.islands.broadcast_once`), a layer's GELU
+recomputes itself in the backward pass (`recompute_gelu`), and an
+`EinsumDense` projecting to several axes adds its bias flat
+(`flatten_bias`). They are Keras's and KerasHub's layers, so they reach
+the models built from them and only those. This script builds each
+KerasHub backbone that builds from a vocabulary size, widths and a
+layer count (the text and audio ones), with 2 layers (an
+encoder-decoder's 2 of each), under `mixed_bfloat16`, pins it and counts
+the layers of each kind pinning changed. No timing: which layers change
+is the same on any machine. `tests/model_zoo_test.py` checks values and
+gradients on seven of them.
+"""
+
+import argparse
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+import common  # noqa: E402
+import keras  # noqa: E402
+import keras_hub  # noqa: E402
+
+import kmp  # noqa: E402
+from kmp.model_layers import all_layers  # noqa: E402
+
+SMALL = {
+    "vocabulary_size": 64,
+    "num_layers": 2,
+    "hidden_dim": 32,
+    "intermediate_dim": 64,
+}
+HEADS = {"num_heads": 2}
+POSITIONS = {"num_heads": 2, "max_sequence_length": 32}
+GROUPED = {"num_query_heads": 2, "num_key_value_heads": 1}
+EXPERTS = {"num_experts": 2, "top_k": 1}
+# Each backbone's arguments besides SMALL.
+BACKBONES = {
+    "AlbertBackbone": {**POSITIONS, "embedding_dim": 32, "num_groups": 1},
+    "BartBackbone": POSITIONS,
+    "BertBackbone": POSITIONS,
+    "BloomBackbone": HEADS,
+    "DebertaV3Backbone": POSITIONS,
+    "DistilBertBackbone": POSITIONS,
+    "ESMBackbone": POSITIONS,
+    "ESM2Backbone": POSITIONS,
+    "FNetBackbone": {"max_sequence_length": 32},
+    "GPT2Backbone": POSITIONS,
+    "GPTNeoXBackbone": POSITIONS,
+    "GemmaBackbone": {**GROUPED, "head_dim": 16},
+    "GptOssBackbone": {**GROUPED, **EXPERTS, "head_dim": 16},
+    "LlamaBackbone": GROUPED,
+    "Llama3Backbone": GROUPED,
+    "MistralBackbone": {**GROUPED, "head_dim": 16},
+    "MixtralBackbone": {**GROUPED, **EXPERTS},
+    "OPTBackbone": POSITIONS,
+    "Phi3Backbone": {**GROUPED, "max_sequence_length": 32},
+    "QwenBackbone": GROUPED,
+    "Qwen2Backbone": GROUPED,
+    "Qwen3Backbone": {**GROUPED, "head_dim": 16},
+    "Qwen3MoeBackbone": {
+        **GROUPED,
+        **EXPERTS,
+        "head_dim": 16,
+        "moe_intermediate_dim": 32,
+    },
+    "Qwen3_5Backbone": {**GROUPED, "head_dim": 16},
+    "RobertaBackbone": POSITIONS,
+    "T5Backbone": {**HEADS, "key_value_dim": 16},
+    "WhisperBackbone": HEADS,
+    "XLMRobertaBackbone": POSITIONS,
+    "XLNetBackbone": HEADS,
+}
+KINDS = {
+    "position_embeddings_repeated": kmp.islands.broadcasts_once,
+    "gelus_recomputed": kmp.islands.recomputes_gelu,
+    "biases_added_flat": kmp.islands.flattens_bias,
+}
+
+
+def census(name):
+    """How many layers of each kind pinning changes in backbone `name`."""
+    kmp.enable("mixed_bfloat16")
+    try:
+        keras.utils.set_random_seed(0)
+        backbone = getattr(keras_hub.models, name)(**SMALL, **BACKBONES[name])
+        kmp.pin_float32(backbone)
+        layers = all_layers(backbone)
+        return {kind: sum(map(test, layers)) for kind, test in KINDS.items()}
+    finally:
+        keras.config.set_dtype_policy("float32")
+        keras.backend.clear_session()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--backbones",
+        default=",".join(BACKBONES),
+        help="comma-separated KerasHub backbone classes",
+    )
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    if keras.backend.backend() != "jax":
+        parser.error("pin_float32 changes these layers on JAX only")
+    names = [n for n in args.backbones.split(",") if n]
+    unknown = sorted(set(names) - set(BACKBONES))
+    if unknown:
+        parser.error(f"--backbones takes {sorted(BACKBONES)}; got {unknown}")
+    records = []
+    print(f"{'backbone':22} " + " ".join(f"{k:>28}" for k in KINDS))
+    for name in names:
+        counts = census(name)
+        records.append({"backbone": name, **counts})
+        print(f"{name:22} " + " ".join(f"{v:>28}" for v in counts.values()))
+    common.write_result(
+        {
+            "benchmark": "keras_hub_islands",
+            "keras_hub": keras_hub.__version__,
+            "config": SMALL,
+            "records": records,
+        },
+        "keras_hub_islands_jax.json",
+        args.out,
+    )
+
+
+if __name__ == "__main__":
+    main()
