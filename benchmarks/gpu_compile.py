@@ -41,7 +41,12 @@ width, batch]` (fused computations' instructions included);
 activation, a matmul) with GELU, ReLU or SiLU, differentiated as
 written or recomputed in the backward pass
 (`kmp.backend.recompute_in_backward`), with the cuBLASLt epilogues
-XLA fused into its GEMMs (`epilogues`, recorded for every program).
+XLA fused into its GEMMs (`epilogues`, recorded for every program);
+`norm`, two pre-norm blocks' step (a LayerNorm, a matmul, the residual
+add) with the LayerNorm as Keras writes it, recomputed in the backward
+pass, with a one-pass variance, or in the form XLA's cuDNN LayerNorm
+rewriter matches, without and with that rewriter, with how many cuDNN
+LayerNorm calls XLA made (`cudnn_norms`).
 
 What it cannot say: time. And XLA decides some things only on the
 device: autotuning, which picks each GEMM's kernel by timing it, is off
@@ -277,6 +282,67 @@ def activation_programs(device, tokens, width, hidden):
             yield config, f"{name}, {variant}", hlo
 
 
+def norm_programs(device, batch, sequence, width):
+    """`(config, variant, compiled HLO)` of a step of two pre-norm blocks
+    in bfloat16 (a LayerNorm in float32 over a bfloat16 residual, a
+    matmul, the residual add), differentiated, its LayerNorm written as
+    Keras computes it (`keras.ops.layer_normalization`), recomputed from
+    its input in the backward pass (`jax.checkpoint`), with a one-pass
+    variance (`E[x^2] - E[x]^2`), and in the form XLA's cuDNN LayerNorm
+    rewriter matches (`(x - mean) * rsqrt(var + eps) * gamma + beta`),
+    compiled without and with that rewriter
+    (`xla_gpu_enable_cudnn_layer_norm`, off by default)."""
+    from keras import ops
+
+    def keras_form(x, gamma, beta):
+        return ops.layer_normalization(x, gamma, beta, epsilon=1e-5)
+
+    def one_pass(x, gamma, beta):
+        h = x.astype(jnp.float32)
+        mean = h.mean(-1, keepdims=True)
+        variance = jnp.square(h).mean(-1, keepdims=True) - jnp.square(mean)
+        scale = jax.lax.rsqrt(jnp.maximum(variance, 0.0) + 1e-5) * gamma
+        return (h * scale + (beta - mean * scale)).astype(x.dtype)
+
+    def cudnn_form(x, gamma, beta):
+        h = x.astype(jnp.float32)
+        mean = h.mean(-1, keepdims=True)
+        variance = jnp.square(h - mean).mean(-1, keepdims=True)
+        y = (h - mean) * jax.lax.rsqrt(variance + 1e-5) * gamma + beta
+        return y.astype(x.dtype)
+
+    forms = {
+        "keras": (keras_form, None),
+        "recomputed": (jax.checkpoint(keras_form), None),
+        "one pass": (one_pass, None),
+        "cudnn's form": (cudnn_form, None),
+        "cudnn's form, cudnn flag": (
+            cudnn_form,
+            {"xla_gpu_enable_cudnn_layer_norm": True},
+        ),
+    }
+
+    def step(norm):
+        def loss(params, x):
+            for gamma, beta, kernel in params:
+                y = norm(x, gamma, beta) @ kernel.astype(jnp.bfloat16)
+                x = x + y
+            return jnp.mean(jnp.square(x.astype(jnp.float32)))
+
+        return jax.jit(jax.grad(loss))
+
+    block = (
+        abstract(device, (width,), jnp.float32),
+        abstract(device, (width,), jnp.float32),
+        abstract(device, (width, width), jnp.float32),
+    )
+    x = abstract(device, (batch, sequence, width), jnp.bfloat16)
+    config = f"2 blocks, {batch} x {sequence} x {width}"
+    for variant, (norm, options) in forms.items():
+        lowered = step(norm).lower([block, block], x)
+        yield config, variant, lowered.compile(options).as_text()
+
+
 def batch_innermost(hlo, batch, sequence, width):
     """How often the program names an array laid out `[sequence, width,
     batch]`: the activations transposed batch-innermost."""
@@ -405,7 +471,7 @@ def main():
     parser.add_argument(
         "--programs",
         default="stack,lm,quantize",
-        help="comma-separated: stack, lm, quantize, layout, activation",
+        help="comma-separated: stack, lm, quantize, layout, activation, norm",
     )
     parser.add_argument(
         "--batches",
@@ -434,7 +500,7 @@ def main():
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     programs = [p for p in args.programs.split(",") if p]
-    known = {"stack", "lm", "quantize", "layout", "activation"}
+    known = {"stack", "lm", "quantize", "layout", "activation", "norm"}
     unknown = sorted(set(programs) - known)
     if unknown:
         parser.error(f"--programs takes {sorted(known)}; got {unknown}")
@@ -508,6 +574,12 @@ def main():
                 variant,
                 hlo_kernels.summary(hlo, bandwidth),
             )
+    if "norm" in programs:
+        # The LM's residual stream at width 1024, batch 32 x 512.
+        for config, variant, hlo in norm_programs(device, 32, 512, 1024):
+            counts = hlo_kernels.summary(hlo, bandwidth)
+            counts["cudnn_norms"] = hlo.count('"__cudnn$norm"')
+            add("norm", config, variant, counts)
     if "lm" in programs:
         if any("flash" in v for v in args.variants.split(",")):
             answer_cudnn_checks()
