@@ -367,11 +367,12 @@ def test_bfloat16_masters_and_state_train_save_and_load(name, tmp_path):
 # reaches the three through code of its own: an encoder-decoder with
 # cross-attention (Bart), one on audio features whose key projections
 # have no bias (Whisper), layers shared by a group and a factorized
-# embedding (Albert), attention with ALiBi and no position table
+# embedding (ALBERT), attention with ALiBi and no position table
 # (Bloom), disentangled attention (DeBERTa-v3), Fourier mixing and no
 # attention (FNet), rotary attention whose query, key and value are one
-# projection (GPT-NeoX). Llama, Mistral, Gemma, Qwen3 and T5 have none of
-# the three (RMSNorm, no biases, their activations in code of their own).
+# projection (GPT-NeoX). `benchmarks/keras_hub_islands.py` counts the
+# three in 29 backbones: the Llama family, Gemma, Qwen3, T5 and XLNet
+# have none of them.
 SMALL = {"vocabulary_size": 64, "hidden_dim": 32, "intermediate_dim": 64}
 ISLAND_BACKBONES = {
     # (config, (position embeddings, GELUs, flattened biases))
