@@ -1771,12 +1771,12 @@ def _f8(model, variant):
     return ("runs", {"model": model, "variant": variant}, "speed_vs_bf16")
 
 
-# The guides' tables (docs/*.md) that give figures of a results file: none
-# today (the defect, model-zoo and API tables hold no measured figure);
-# one that names a results file in its section must have its keys here.
-# The backbones each kind of layer reaches: labels ("yes", "no"), no
-# figures (`docs_figures_test` checks the words against the census);
-# the rows' file is the census they come from.
+# The guides' tables (docs/*.md) whose section names a results file must
+# have their keys here, figures or not (the defect, model-zoo and API
+# tables name none and hold no measured figure). The one today:
+# float32-islands' KerasHub backbones, whose cells are words ("yes",
+# "no"), not figures (`docs_figures_test` checks the words against the
+# census); the rows' file is the census they come from.
 _KERAS_HUB_ROWS = [
     "GPT-2, BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ALBERT, Bart, Whisper",
     "OPT",
