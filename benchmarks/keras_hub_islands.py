@@ -85,16 +85,14 @@ KINDS = {
 
 def census(name):
     """How many layers of each kind pinning changes in backbone `name`."""
-    kmp.enable("mixed_bfloat16")
-    try:
+    with kmp.policy_scope("mixed_bfloat16"):
         keras.utils.set_random_seed(0)
         backbone = getattr(keras_hub.models, name)(**SMALL, **BACKBONES[name])
         kmp.pin_float32(backbone)
-        layers = all_layers(backbone)
-        return {kind: sum(map(test, layers)) for kind, test in KINDS.items()}
-    finally:
-        keras.config.set_dtype_policy("float32")
-        keras.backend.clear_session()
+    layers = all_layers(backbone)
+    counts = {kind: sum(map(test, layers)) for kind, test in KINDS.items()}
+    keras.backend.clear_session()
+    return counts
 
 
 def main():
