@@ -22,12 +22,15 @@ os.environ["XLA_FLAGS"] = (
 os.environ["KERAS_BACKEND"] = "jax"
 
 import keras  # noqa: E402
+import keras_hub  # noqa: E402
 import numpy as np  # noqa: E402
+from util import small_gpt2_backbone  # noqa: E402
 from util import small_imdb_config  # noqa: E402
 
 import kmp  # noqa: E402
 from kmp.examples import cifar10  # noqa: E402
 from kmp.examples import imdb  # noqa: E402
+from kmp.model_layers import all_layers  # noqa: E402
 
 
 def sharding(variables, name):
@@ -122,14 +125,57 @@ def _float8_mlp(matmul):
     return model
 
 
+def _gpt2_islands(undo):
+    """A pinned small GPT-2 under the current distribution and policy,
+    fitted 2 epochs on 32 sequences (the batch from which its position
+    embedding's island takes a product), with JAX's islands or with them
+    undone: its losses, how many layers had an island, and into how many
+    parts the first query kernel is split."""
+    keras.utils.set_random_seed(0)
+    model = keras_hub.models.GPT2CausalLM(
+        small_gpt2_backbone(), preprocessor=None
+    )
+    # Not as initialized: KerasHub's biases start at zero, where a bias
+    # added wrongly would not show.
+    rng = np.random.default_rng(1)
+    for variable in model.trainable_variables:
+        variable.assign(rng.normal(0, 0.2, variable.shape))
+    kmp.pin_float32(model)
+    changed = [layer for layer in all_layers(model) if "call" in vars(layer)]
+    if undo:
+        for layer in changed:
+            del layer.call  # each island is the layer's own `call`
+    model.compile(
+        optimizer=kmp.wrap(keras.optimizers.Adam(1e-3)),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    ids = np.random.default_rng(0).integers(0, 64, (32, 16)).astype("int32")
+    x = {"token_ids": ids, "padding_mask": np.ones_like(ids, dtype=bool)}
+    history = model.fit(
+        x, np.roll(ids, -1, axis=1), batch_size=32, epochs=2, verbose=0
+    )
+    return {
+        "losses": [float(v) for v in history.history["loss"]],
+        "islands": len(changed),
+        "query_parts": sharding(model.weights, "query/kernel"),
+    }
+
+
 def parts():
     """kmp's parts under a 2 x 2 ModelParallel mesh: float8 statistics,
-    the doctor, the audit's layout checks."""
+    the doctor, the audit's layout checks, JAX's islands on a GPT-2 whose
+    attention heads and feed-forward columns are split."""
     devices = keras.distribution.list_devices()
     mesh = keras.distribution.DeviceMesh((2, 2), ["batch", "model"], devices)
     layout = keras.distribution.LayoutMap(mesh)
     layout[".*/hidden/kernel"] = (None, "model")  # Keras full-matches
     layout[".*/odd/kernel"] = (None, "model")  # 3 columns: no even split
+    # GPT-2's query, key and value kernels (width, heads, head_dim) split
+    # by heads, their biases alike, the feed-forward's first kernel by
+    # columns (as KerasHub's layout maps split other backbones).
+    layout[".*/self_attention/(query|key|value)/kernel"] = (None, "model", None)
+    layout[".*/self_attention/(query|key|value)/bias"] = ("model", None)
+    layout[".*/feedforward_intermediate_dense/kernel"] = (None, "model")
     # Built before the distribution is set: on one device, and (JAX would
     # refuse to build it under the distribution) its layout cannot divide.
     early = keras.Sequential(
@@ -173,6 +219,10 @@ def parts():
         }
         diagnosis = kmp.diagnose(model, (x, y), verbose=0)
         out["diagnosed_layers"] = len(diagnosis.layers)
+        out["gpt2"] = {
+            "islands": _gpt2_islands(undo=False),
+            "undone": _gpt2_islands(undo=True),
+        }
     out["audit_sharded"] = [
         f.problem
         for f in kmp.audit(model, verbose=False)
