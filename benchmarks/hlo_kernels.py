@@ -133,4 +133,10 @@ def summary(hlo, bandwidth):
         "epilogues": dict(
             collections.Counter(re.findall(r'"epilogue":"([A-Z_]+)"', hlo))
         ),
+        # cuDNN's fused attention calls (forward and backward) by mask
+        # type: `CAUSAL` skips the blocks above the diagonal, `NO_MASK`
+        # computes them all (a mask then comes as a bias).
+        "attention_mask_types": dict(
+            collections.Counter(re.findall(r'"mask_type":\s*"([A-Z_]+)"', hlo))
+        ),
     }

@@ -2,13 +2,15 @@
 
     KERAS_BACKEND=jax python benchmarks/keras_hub_islands.py
 
-On JAX, pinning makes three kinds of layer run differently, with the
+On JAX, pinning makes four kinds of layer run differently, with the
 same values: KerasHub's `PositionEmbedding` repeats one example's
 embedding over the batch (`kmp.islands.broadcast_once`), a layer's GELU
-recomputes itself in the backward pass (`recompute_gelu`), and an
+recomputes itself in the backward pass (`recompute_gelu`), an
 `EinsumDense` projecting to several axes adds its bias flat
-(`flatten_bias`). They are Keras's and KerasHub's layers, so they reach
-the models built from them and only those. This script builds each
+(`flatten_bias`), and KerasHub's `TransformerDecoder` tells its
+self-attention that its mask is causal (`attend_causally`). They are
+Keras's and KerasHub's layers, so they reach the models built from them
+and only those. This script builds each
 KerasHub backbone that builds from a vocabulary size, widths and a
 layer count (the text and audio ones), with 2 layers (an
 encoder-decoder's 2 of each), under `mixed_bfloat16`, pins it and counts
@@ -80,6 +82,7 @@ KINDS = {
     "position_embeddings_repeated": kmp.islands.broadcasts_once,
     "gelus_recomputed": kmp.islands.recomputes_gelu,
     "biases_added_flat": kmp.islands.flattens_bias,
+    "decoders_told_causal": kmp.islands.attends_causally,
 }
 
 

@@ -23,8 +23,11 @@ A variant is `bf16` plus steps joined by `+`, each one change:
   (flash where its cuDNN check passes), which no variant here times.
 - `flash`: `dropout=0` and flash attention forced on each attention
   layer: cuDNN's fused attention on a GPU (`__cudnn$fmha*` custom calls),
-  the boolean causal-and-padding mask passed as a bias. On a CPU it
-  stays XLA's (there is no cuDNN).
+  the boolean causal-and-padding mask passed as a bias, and since
+  2026-11-29 `is_causal` beside it (`kmp.pin_float32`'s
+  `kmp.islands.attend_causally`: cuDNN's causal mask type, which skips
+  the blocks above the diagonal). On a CPU it stays XLA's (there is no
+  cuDNN).
 - `causal`: attention gets `is_causal=True` and no mask (the padding
   mask here is all ones): cuDNN's causal mask type, no bias and no
   bias gradient.
@@ -46,6 +49,11 @@ A variant is `bf16` plus steps joined by `+`, each one change:
   `kmp.pin_float32` does to them (`kmp.islands.flatten_bias`, the bias
   added on the flat output, which XLA fuses into the matmul's cuBLASLt
   `BIAS` epilogue): what that buys.
+- `hubcausal`: the decoder's self-attention given its mask alone, as
+  KerasHub writes it, undoing what `kmp.pin_float32` does
+  (`kmp.islands.attend_causally`): cuDNN then computes every block of
+  the scores and masks them (the `flash` step as measured until
+  2026-11-28).
 - `kmp.float8`: `kmp.float8(model, matmul="kmp", min_size=0)`, kmp's
   own float8 matmul in every eligible layer; `keras.float8`: the same
   with `matmul="keras"`, Keras's float8 layers.
@@ -98,6 +106,7 @@ STEPS = (
     "hubpos",
     "hubgelu",
     "hubbias",
+    "hubcausal",
     "kmp.float8",
     "keras.float8",
 )
@@ -217,8 +226,9 @@ def compile_variant(config, steps, total_steps):
         config = dataclasses.replace(config, dropout=0.0)  # `--dropout=0`
     model = kmp.pin_float32(lm.build_model(config))
     # Undone: the instance's own call goes, the class's (KerasHub's
-    # position embedding, the GELU as written, the bias as written) is
-    # back. A projection with both wrappers keeps the one not undone.
+    # position embedding, the GELU as written, the bias as written, the
+    # decoder's mask alone) is back. A projection with both wrappers keeps
+    # the one not undone.
     undo = []
     if "hubpos" in steps:
         undo.append(kmp.islands.broadcasts_once)
@@ -226,6 +236,8 @@ def compile_variant(config, steps, total_steps):
         undo.append(kmp.islands.recomputes_gelu)
     if "hubbias" in steps:
         undo.append(kmp.islands.flattens_bias)
+    if "hubcausal" in steps:
+        undo.append(kmp.islands.attends_causally)
     for layer in model._flatten_layers():
         if any(applied(layer) for applied in undo):
             gelu = kmp.islands.recomputes_gelu(layer)

@@ -1480,6 +1480,30 @@ _PART8 = {
         },
     },
 }
+_CAUSAL = "A decoder's causal mask told to cuDNN, read on a CPU (2026-11-29)"
+_CAUSAL_VARIANTS = {  # BENCHMARKS.md's label -> gpu_compile.py's variant
+    "the mask and is_causal (kmp)": "bf16+flash",
+    "the mask alone (KerasHub)": "bf16+flash+hubcausal",
+    "is_causal, no mask (the patch)": _FUSED,
+}
+_PART9 = {
+    (_CAUSAL, 0): {
+        "rows": {
+            label: _compiled_row(
+                "lm",
+                "1024x2, batch 32",
+                variant,
+                {
+                    "GB outside GEMMs": "gb_outside_gemms",
+                    "GB in GEMMs": "gemm_operand_gb",
+                },
+                "per_block",
+                file="gpu_compile_h200_causal.json",
+            )
+            for label, variant in _CAUSAL_VARIANTS.items()
+        },
+    },
+}
 BENCHMARKS_KEYS = {
     **_PART1,
     **_PART2,
@@ -1489,6 +1513,7 @@ BENCHMARKS_KEYS = {
     **_PART6,
     **_PART7,
     **_PART8,
+    **_PART9,
 }
 
 
@@ -1763,6 +1788,22 @@ README_KEYS = {
     "moved outside the GEMMs and by them": (
         _lm_step_bytes("gpu_compile_h200_bias.json", "+hubbias")
     ),
+    "a decoder block of the same model (2 blocks compiled, batch 32): "
+    "cuDNN's attention mask type and the GB moved outside the GEMMs, with "
+    "`kmp.pin_float32`'s decoders telling their self-attention the mask "
+    "is causal / with KerasHub's mask alone (the example's `--dropout=0` "
+    "until now)": [
+        (
+            "gpu_compile_h200_causal.json",
+            (
+                "records",
+                {"program": "lm", "config": "1024x2, batch 32", "variant": v},
+                "per_block",
+                "gb_outside_gemms",
+            ),
+        )
+        for v in ("bf16+flash", "bf16+flash+hubcausal")
+    ],
 }
 
 
@@ -1778,8 +1819,9 @@ def _f8(model, variant):
 # "no"), not figures (`docs_figures_test` checks the words against the
 # census); the rows' file is the census they come from.
 _KERAS_HUB_ROWS = [
-    "GPT-2, BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ALBERT, Bart, Whisper",
+    "GPT-2, Bart",
     "OPT",
+    "BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ALBERT, Whisper",
     "FNet",
     "DeBERTa-v3, GPT-NeoX",
     "Bloom, Qwen, Qwen2, GPT-OSS",
@@ -1788,7 +1830,7 @@ _KERAS_HUB_ROWS = [
     "Qwen3.5, T5, XLNet",
 ]
 DOCS_KEYS = {
-    ("docs/float32-islands.md", "Which KerasHub models the three reach", 0): {
+    ("docs/float32-islands.md", "Which KerasHub models the four reach", 0): {
         "rows": {
             row: ("keras_hub_islands_jax.json", {}) for row in _KERAS_HUB_ROWS
         }

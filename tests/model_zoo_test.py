@@ -362,23 +362,23 @@ def test_bfloat16_masters_and_state_train_save_and_load(name, tmp_path):
 # KerasHub backbones whose layers `kmp.pin_float32` changes on JAX for a
 # GPU's sake (`kmp.islands`: position embeddings broadcast once, GELUs
 # recomputed in the backward pass, attention projections' biases added
-# flat), each from a small config with one layer (an encoder-decoder's
-# one of each), and how many layers of each kind pinning changes. Each
-# reaches the three through code of its own: an encoder-decoder with
-# cross-attention (Bart), one on audio features whose key projections
-# have no bias (Whisper), layers shared by a group and a factorized
-# embedding (ALBERT), attention with ALiBi and no position table
-# (Bloom), disentangled attention (DeBERTa-v3), Fourier mixing and no
-# attention (FNet), rotary attention whose query, key and value are one
-# projection (GPT-NeoX). `benchmarks/keras_hub_islands.py` counts the
-# three in 29 backbones: the Llama family, Gemma, Qwen3, T5 and XLNet
-# have none of them.
+# flat, decoders' masks told causal), each from a small config with one
+# layer (an encoder-decoder's one of each), and how many layers of each
+# kind pinning changes. Each reaches them through code of its own: an
+# encoder-decoder with cross-attention (Bart), one on audio features
+# whose key projections have no bias (Whisper), layers shared by a group
+# and a factorized embedding (ALBERT), attention with ALiBi and no
+# position table (Bloom), disentangled attention (DeBERTa-v3), Fourier
+# mixing and no attention (FNet), rotary attention whose query, key and
+# value are one projection (GPT-NeoX). `benchmarks/keras_hub_islands.py`
+# counts the four in 29 backbones: the Llama family, Gemma, Qwen3, T5
+# and XLNet have none of them.
 SMALL = {"vocabulary_size": 64, "hidden_dim": 32, "intermediate_dim": 64}
 ISLAND_BACKBONES = {
-    # (config, (position embeddings, GELUs, flattened biases))
+    # (config, (position embeddings, GELUs, flattened biases, decoders))
     "BartBackbone": (
         {**SMALL, "num_layers": 1, "num_heads": 2, "max_sequence_length": 16},
-        (2, 2, 9),
+        (2, 2, 9, 1),
     ),
     "WhisperBackbone": (
         {
@@ -388,7 +388,7 @@ ISLAND_BACKBONES = {
             "max_encoder_sequence_length": 16,
             "max_decoder_sequence_length": 16,
         },
-        (2, 2, 6),
+        (2, 2, 6, 0),
     ),
     "AlbertBackbone": (
         {
@@ -398,27 +398,28 @@ ISLAND_BACKBONES = {
             "embedding_dim": 16,
             "max_sequence_length": 16,
         },
-        (1, 1, 3),
+        (1, 1, 3, 0),
     ),
-    "BloomBackbone": ({**SMALL, "num_layers": 1, "num_heads": 2}, (0, 0, 3)),
+    "BloomBackbone": ({**SMALL, "num_layers": 1, "num_heads": 2}, (0, 0, 3, 0)),
     "DebertaV3Backbone": (
         {**SMALL, "num_layers": 1, "num_heads": 2, "max_sequence_length": 16},
-        (0, 1, 3),
+        (0, 1, 3, 0),
     ),
     "FNetBackbone": (
         {**SMALL, "num_layers": 1, "max_sequence_length": 16},
-        (1, 1, 0),
+        (1, 1, 0, 0),
     ),
     "GPTNeoXBackbone": (
         {**SMALL, "num_layers": 1, "num_heads": 2, "max_sequence_length": 16},
-        (0, 1, 1),
+        (0, 1, 1, 0),
     ),
 }
 
 
 def _backbone_inputs(backbone, batch=2, length=8):
     """Random inputs for each of a backbone's inputs: token ids, segment
-    ids 0 and 1, masks all on, features (Whisper's audio) normal."""
+    ids 0 and 1, masks on but for the second example's second half
+    (padding), features (Whisper's audio) normal."""
     rng = np.random.default_rng(0)
     x = {}
     for tensor in backbone.inputs:
@@ -426,6 +427,7 @@ def _backbone_inputs(backbone, batch=2, length=8):
         shape = [batch] + [d or length for d in tensor.shape[1:]]
         if "mask" in name:
             x[name] = np.ones(shape, tensor.dtype)
+            x[name][1, length // 2 :] = 0
         elif "int" in tensor.dtype:
             high = 2 if "segment" in name else 64
             x[name] = rng.integers(0, high, shape).astype(tensor.dtype)
@@ -435,13 +437,15 @@ def _backbone_inputs(backbone, batch=2, length=8):
 
 
 def _islands(backbone):
-    """How many layers repeat a position embedding, recompute a GELU and
-    add a bias flat, and those layers."""
+    """How many layers repeat a position embedding, recompute a GELU,
+    add a bias flat and tell their self-attention its mask is causal, and
+    those layers."""
     layers = all_layers(backbone)
     kinds = [
         kmp.islands.broadcasts_once,
         kmp.islands.recomputes_gelu,
         kmp.islands.flattens_bias,
+        kmp.islands.attends_causally,
     ]
     counts = tuple(sum(map(kind, layers)) for kind in kinds)
     return counts, [y for y in layers if any(kind(y) for kind in kinds)]
@@ -472,7 +476,7 @@ def test_keras_hub_backbones_keep_their_values_under_jax_s_islands(name):
     got = loss_and_gradients(backbone, x)
     for layer in changed:
         del layer.call  # each island is the layer's own `call`
-    assert _islands(backbone)[0] == (0, 0, 0)
+    assert _islands(backbone)[0] == (0, 0, 0, 0)
     want = loss_and_gradients(backbone, x)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
     # To the largest gradient: some are rounding alone (a key

@@ -14,18 +14,24 @@
     einsum_bias     `flatten_bias`: an `EinsumDense`'s bias over several
                     output axes added on the flat output, which XLA
                     fuses into the matmul on a GPU
+    causal_attention  `attend_causally`: KerasHub's decoder self-attention
+                    told its mask is causal, so that a GPU's flash
+                    attention skips the masked half
     token_ids       `float_ids`: float inputs whose token ids a 16-bit
                     cast rounds before an embedding looks them up
     pin             `kmp.pin_float32`: outputs float32, inner softmaxes
                     and sigmoids float32 inside, float token ids kept
                     exact, KerasHub's position embeddings broadcast
                     once, GELUs recomputed, projections' biases
-                    flattened; what counts as sensitive
+                    flattened, decoders' masks known causal; what counts
+                    as sensitive
 
 Imports from kmp: backend, errors, layer_policies, model_layers.
 """
 
 from kmp.islands.batch_norm import BatchNormalization
+from kmp.islands.causal_attention import attend_causally
+from kmp.islands.causal_attention import attends_causally
 from kmp.islands.einsum_bias import flatten_bias
 from kmp.islands.einsum_bias import flattens_bias
 from kmp.islands.float32_layers import Float32Activation
@@ -51,6 +57,8 @@ __all__ = [
     "FloatIds",
     "MultiHeadAttention",
     "activation_name",
+    "attend_causally",
+    "attends_causally",
     "broadcast_once",
     "broadcasts_once",
     "flatten_bias",

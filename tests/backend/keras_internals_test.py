@@ -162,6 +162,21 @@ REACHES = [
         "kmp.pin_float32 and kmp.audit of attention softmaxes "
         "(kmp/islands/pin.py, kmp/auditing/model_checks.py)",
     ),
+    Reach(
+        "attention",
+        "_compute_attention",
+        (
+            "query",
+            "key",
+            "value",
+            "attention_mask",
+            "training",
+            "return_attention_scores",
+            "use_causal_mask",
+        ),
+        "kmp.pin_float32's causal decoder attention on JAX "
+        "(kmp/islands/causal_attention.py)",
+    ),
     *(
         Reach(
             "attention",

@@ -1,0 +1,141 @@
+"""KerasHub's decoder self-attention told that its mask is causal, so
+that a GPU's flash attention skips the masked half (JAX).
+
+KerasHub's `TransformerDecoder` (GPT-2, OPT, Bart's and Whisper's
+decoders) builds its self-attention mask itself, the causal mask and the
+padding mask combined, and hands it to Keras's `MultiHeadAttention` as a
+mask. Keras passes a mask to `ops.dot_product_attention` as it is, and on
+a GPU cuDNN's flash attention then computes every block of the scores
+and masks them (`mask_type` `NO_MASK`, the mask as a bias), though
+half of them are masked for every example. Told `is_causal=True` as well
+(Keras's `use_causal_mask`, which its `_compute_attention` takes with a
+mask too), cuDNN's kernel skips the blocks above the diagonal (`mask_type`
+`CAUSAL`) and still applies the mask within the others. On an H200
+(2026-11-28, `benchmarks/lm_speed.py`) KerasHub's GPT-2 at width 1024,
+batch 32 took 61.8 ms a step with the mask alone and 55.4 ms with
+`is_causal` and no mask.
+
+The values are the same: the mask given is causal already, so the
+causal mask changes none of its entries (XLA's attention on a CPU, and
+Keras's own path when it computes the scores, combine the two: the same
+mask). One exception, on cuDNN only: a query that may attend no key at
+all (with left padding, a padded position whose keys up to it are all
+padding) gets what each kernel gives a row with nothing to attend, the
+mean of the values over every key with the mask alone and over the keys
+up to it with the causal type; no other position attends to a padded
+one, so only the padded positions' outputs differ (their loss weight is
+0 with KerasHub's preprocessors, which pad on the right anyway).
+`attend_causally(decoder)` applies only where the mask is causal: an
+exact `TransformerDecoder` called with `use_causal_mask=True` (its
+default) and no cache (training, and a full sequence's forward pass),
+whose self-attention is a Keras `MultiHeadAttention` running Keras's
+`_compute_attention`; its cross-attention, an encoder's attention, a
+call with a cache (generation's steps) and a call with
+`use_causal_mask=False` keep their masks alone.
+
+How: an instance-level `call` on the decoder marks its calls that build
+a causal mask, and an instance-level `_compute_attention` on its
+self-attention adds `use_causal_mask=True` inside them. `get_config` and
+`.keras` files are unchanged; `kmp.pin_float32` applies it on JAX and
+`kmp.load_model` again. `del decoder.call` undoes it (the attention's
+wrapper then adds nothing, and applying it again reuses it).
+"""
+
+import contextvars
+import functools
+import inspect
+import sys
+
+import keras
+
+# The self-attention layer whose mask is causal in the decoder call now
+# running, if any (set by the decoder's wrapper for the call only).
+_CAUSAL = contextvars.ContextVar("kmp_causal_attention", default=None)
+
+
+def is_keras_hub_decoder(layer):
+    """Whether `layer` is exactly KerasHub's `TransformerDecoder` (a
+    subclass keeps its own call). KerasHub is not imported here: a model
+    that has the layer has imported it."""
+    keras_hub = sys.modules.get("keras_hub")
+    cls = getattr(
+        getattr(keras_hub, "layers", None), "TransformerDecoder", None
+    )
+    return cls is not None and type(layer) is cls
+
+
+def attends_causally(layer):
+    """Whether `attend_causally` has been applied to decoder `layer`: its
+    `call` is the instance's own, kmp's wrapper."""
+    own = vars(layer).get("call")
+    return getattr(own, "_kmp_attends_causally", False)
+
+
+def attend_causally(decoder):
+    """Tells KerasHub decoder `decoder`'s self-attention that the mask it
+    builds is causal (module docstring).
+
+    Applies to an exact KerasHub `TransformerDecoder` running its class's
+    call, whose self-attention is a Keras `MultiHeadAttention` (KerasHub's
+    cached subclass included) running Keras's `_compute_attention`, which
+    takes `use_causal_mask`. Applying it twice changes nothing.
+
+    Args:
+        decoder: A layer (see `is_keras_hub_decoder`).
+
+    Returns:
+        Whether the decoder attends causally now.
+    """
+    if attends_causally(decoder):
+        return True
+    attention = getattr(decoder, "_self_attention_layer", None)
+    stock_compute = keras.layers.MultiHeadAttention._compute_attention
+    own = (
+        None if attention is None else vars(attention).get("_compute_attention")
+    )
+    if (
+        not is_keras_hub_decoder(decoder)
+        or "call" in vars(decoder)  # another wrapper: it would be bypassed
+        or not isinstance(attention, keras.layers.MultiHeadAttention)
+        or type(attention)._compute_attention is not stock_compute
+        # Someone else's instance method; kmp's (left by an undo) is
+        # used again.
+        or not (own is None or getattr(own, "_kmp_causal_for", None) is True)
+        or "use_causal_mask" not in inspect.signature(stock_compute).parameters
+    ):
+        return False
+    stock_call = decoder.call
+    signature = inspect.signature(stock_call)
+
+    @functools.wraps(stock_call)
+    def call(*args, **kwargs):
+        arguments = signature.bind(*args, **kwargs).arguments
+        causal = (
+            arguments.get("use_causal_mask", True) is True
+            and arguments.get("self_attention_cache") is None
+        )
+        token = _CAUSAL.set(attention if causal else None)
+        try:
+            return stock_call(*args, **kwargs)
+        finally:
+            _CAUSAL.reset(token)
+
+    @functools.wraps(attention._compute_attention)
+    def compute_attention(query, key, value, *args, **kwargs):
+        if (
+            _CAUSAL.get() is attention
+            and query.shape[1] == key.shape[1]  # a square mask
+            and "use_causal_mask" not in kwargs
+        ):
+            kwargs["use_causal_mask"] = True
+        # The class's `_compute_attention` as it is when the layer runs.
+        return type(attention)._compute_attention(
+            attention, query, key, value, *args, **kwargs
+        )
+
+    call._kmp_attends_causally = True
+    decoder.call = call
+    if own is None:
+        compute_attention._kmp_causal_for = True
+        attention._compute_attention = compute_attention
+    return True

@@ -1,0 +1,255 @@
+"""kmp.islands.attend_causally: KerasHub's `TransformerDecoder` tells its
+self-attention that the mask it builds is causal (what `kmp.pin_float32`
+does on JAX): which layers change, which calls pass `use_causal_mask`,
+`is_causal` reaching JAX's attention, the same values and gradients with
+padding, generation, a `.keras` file without it and `kmp.load_model`
+applying it again, and KerasHub's GPT-2 trained with it."""
+
+import functools
+
+import keras
+import keras_hub
+import numpy as np
+import pytest
+from keras import ops
+from util import fit_small_gpt2
+from util import loss_and_gradients
+from util import small_gpt2_backbone
+
+import kmp
+from kmp import backend
+from kmp.islands import attend_causally
+from kmp.islands import attends_causally
+from kmp.model_layers import all_layers
+
+# What kmp.pin_float32 applies it on.
+ON_JAX = backend.name() == "jax"
+jax_only = pytest.mark.skipif(not ON_JAX, reason="pin_float32's JAX walk")
+
+
+def numpy(x):
+    return ops.convert_to_numpy(ops.cast(x, "float32"))
+
+
+def decoders(model):
+    return [
+        layer
+        for layer in all_layers(model)
+        if type(layer) is keras_hub.layers.TransformerDecoder
+    ]
+
+
+def gpt2(seed=1):
+    """`small_gpt2_backbone`'s config without dropout (Keras's fused
+    attention path, the example's `--dropout=0`) under a causal LM head,
+    with random weights (KerasHub's biases start at zero)."""
+    keras.utils.set_random_seed(0)
+    config = {**small_gpt2_backbone().get_config(), "dropout": 0.0}
+    backbone = keras_hub.models.GPT2Backbone.from_config(config)
+    model = keras_hub.models.GPT2CausalLM(backbone, preprocessor=None)
+    rng = np.random.default_rng(seed)
+    for variable in model.trainable_variables:
+        variable.assign(rng.normal(0, 0.2, variable.shape))
+    return model
+
+
+def padded_tokens(side="right"):
+    """Two sequences of 16 tokens, the second padded after 10 (or, on
+    the left, before 6)."""
+    ids = np.random.default_rng(0).integers(1, 64, (2, 16)).astype("int32")
+    mask = np.ones((2, 16), bool)
+    if side == "right":
+        mask[1, 10:] = False
+    else:
+        mask[1, :6] = False
+    return {"token_ids": ids, "padding_mask": mask}
+
+
+@pytest.fixture
+def causal_flags(monkeypatch):
+    """The `use_causal_mask` each Keras `_compute_attention` call gets,
+    by layer name, in order."""
+    seen = []
+    stock = keras.layers.MultiHeadAttention._compute_attention
+
+    @functools.wraps(stock)  # its signature: attend_causally reads it
+    def spy(self, *args, **kwargs):
+        seen.append((self.name, kwargs.get("use_causal_mask", False)))
+        return stock(self, *args, **kwargs)
+
+    monkeypatch.setattr(
+        keras.layers.MultiHeadAttention, "_compute_attention", spy
+    )
+    return seen
+
+
+def test_pin_float32_applies_it_to_keras_hub_s_decoders_only():
+    kmp.enable("mixed_bfloat16")
+    model = kmp.pin_float32(gpt2())
+    assert [attends_causally(d) for d in decoders(model)] == [ON_JAX] * 2
+    bert = keras_hub.models.BertBackbone(
+        vocabulary_size=64,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=32,
+        intermediate_dim=64,
+        max_sequence_length=16,
+    )
+    kmp.pin_float32(bert)  # encoders: bidirectional masks
+    assert not any(attends_causally(layer) for layer in all_layers(bert))
+
+
+def test_subclasses_other_wrappers_and_other_layers_keep_their_call():
+    class Decoder(keras_hub.layers.TransformerDecoder):
+        pass
+
+    x = np.zeros((1, 4, 8), "float32")
+    subclass = Decoder(intermediate_dim=8, num_heads=2)
+    subclass(x)
+    assert not attend_causally(subclass)
+    wrapped = keras_hub.layers.TransformerDecoder(
+        intermediate_dim=8, num_heads=2
+    )
+    wrapped(x)
+    wrapped.call = wrapped.call  # someone else's instance call
+    assert not attend_causally(wrapped)
+    unbuilt = keras_hub.layers.TransformerDecoder(
+        intermediate_dim=8, num_heads=2
+    )
+    assert not attend_causally(unbuilt)  # no self-attention yet
+    assert not attend_causally(keras.layers.Dense(2))
+    decoder = keras_hub.layers.TransformerDecoder(
+        intermediate_dim=8, num_heads=2
+    )
+    decoder(x)
+    assert attend_causally(decoder) and attend_causally(decoder)  # again
+    assert attends_causally(decoder)
+    del decoder.call
+    assert not attends_causally(decoder)
+    assert attend_causally(decoder)  # again after an undo
+    attention = decoder._self_attention_layer
+    del decoder.call
+    attention._compute_attention = functools.partial(  # someone else's
+        type(attention)._compute_attention, attention
+    )
+    assert not attend_causally(decoder)
+
+
+def test_the_self_attention_is_told_in_causal_calls_only(causal_flags):
+    x = np.random.default_rng(0).normal(size=(2, 5, 8)).astype("float32")
+    memory = np.random.default_rng(1).normal(size=(2, 3, 8)).astype("float32")
+    decoder = keras_hub.layers.TransformerDecoder(
+        intermediate_dim=8, num_heads=2
+    )
+    decoder(x, memory)
+    attend_causally(decoder)
+    self_name = decoder._self_attention_layer.name
+    cross_name = decoder._cross_attention_layer.name
+    causal_flags.clear()
+    decoder(x, memory)  # self-attention causal, cross-attention not
+    assert causal_flags == [(self_name, True), (cross_name, False)]
+    causal_flags.clear()
+    decoder(x, memory, use_causal_mask=False)
+    assert causal_flags == [(self_name, False), (cross_name, False)]
+    causal_flags.clear()
+    del decoder.call  # undone: the attention's wrapper adds nothing
+    decoder(x, memory)
+    assert causal_flags == [(self_name, False), (cross_name, False)]
+
+
+@jax_only
+def test_on_jax_the_attention_gets_is_causal_and_the_mask(monkeypatch):
+    import jax
+
+    calls = []
+    stock = jax.nn.dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append((kwargs.get("is_causal"), kwargs.get("mask") is not None))
+        return stock(*args, **kwargs)
+
+    monkeypatch.setattr(jax.nn, "dot_product_attention", spy)
+    kmp.enable("mixed_bfloat16")
+    model = kmp.pin_float32(gpt2())
+    model(padded_tokens())
+    # Each block: Keras's fused path (dropout 0), the mask and is_causal.
+    assert calls == [(True, True)] * 2
+
+
+@pytest.mark.parametrize(
+    "policy, side",
+    [
+        ("float32", "right"),
+        ("mixed_bfloat16", "right"),
+        # Queries with no key to attend (the padded ones): the same
+        # here, where XLA combines the two masks into the same one; on
+        # cuDNN their rows differ (the module docstring), no other.
+        ("float32", "left"),
+    ],
+)
+def test_values_and_gradients_with_padding_are_keras_hub_s(policy, side):
+    kmp.enable("mixed_bfloat16")
+    model = gpt2()
+    for decoder in decoders(model):
+        assert attend_causally(decoder)
+    if policy == "float32":
+        for layer in all_layers(model):
+            layer.dtype_policy = "float32"
+    x = padded_tokens(side)
+    got, forward = loss_and_gradients(model, x), numpy(model(x))
+    for decoder in decoders(model):
+        del decoder.call
+    want = loss_and_gradients(model, x)
+    np.testing.assert_allclose(numpy(model(x)), forward, rtol=0, atol=0)
+    # The mask is causal already: the causal mask changes none of it.
+    # The same arithmetic, so the same float32 values; bfloat16 to its
+    # rounding, against the largest gradient.
+    tolerance = 1e-6 if policy == "float32" else 1e-2
+    np.testing.assert_allclose(got[0], want[0], rtol=tolerance)
+    largest = max(np.abs(g).max() for g in want[1:])
+    for a, b in zip(got[1:], want[1:]):
+        np.testing.assert_allclose(a, b, rtol=0, atol=tolerance * largest)
+
+
+def test_generation_with_a_cache_is_keras_hub_s(causal_flags):
+    kmp.enable("mixed_bfloat16")
+    model = gpt2()
+    for decoder in decoders(model):
+        attend_causally(decoder)
+    x = padded_tokens()
+    x["padding_mask"][:, 4:] = False  # a prompt of 4 tokens
+    model.compile(sampler="greedy")
+    got = model.generate(x, max_length=16, stop_token_ids=None)
+    # KerasHub generates with a cache from the prompt's pass on: no call
+    # is told (a cached step's mask is not the square causal one).
+    assert causal_flags and not any(flag for _, flag in causal_flags)
+    for decoder in decoders(model):
+        del decoder.call
+    model.compile(sampler="greedy")
+    want = model.generate(x, max_length=16, stop_token_ids=None)
+    np.testing.assert_array_equal(got["token_ids"], want["token_ids"])
+
+
+def test_a_keras_file_does_not_keep_it_and_load_model_applies_it(tmp_path):
+    kmp.enable("mixed_bfloat16")
+    model = kmp.pin_float32(gpt2())
+    x = padded_tokens()
+    want = numpy(model(x))
+    path = str(tmp_path / "causal.keras")
+    model.save(path)
+    stock = keras.saving.load_model(path)
+    loaded = kmp.load_model(path)
+    assert not any(attends_causally(d) for d in decoders(stock))
+    assert [attends_causally(d) for d in decoders(loaded)] == [ON_JAX] * 2
+    np.testing.assert_array_equal(numpy(loaded(x)), want)
+
+
+@jax_only
+def test_gpt2_trains_with_it():
+    kmp.enable("mixed_bfloat16")
+    model = keras_hub.models.GPT2CausalLM(
+        small_gpt2_backbone(), preprocessor=None
+    )
+    kmp.pin_float32(model)
+    assert [attends_causally(d) for d in decoders(model)] == [True] * 2
+    fit_small_gpt2(model)
