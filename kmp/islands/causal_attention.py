@@ -125,7 +125,10 @@ def attend_causally(decoder):
         if (
             _CAUSAL.get() is attention
             and query.shape[1] == key.shape[1]  # a square mask
+            # Not given already (after attention_mask, training and
+            # return_attention_scores, it is the fourth of `args`).
             and "use_causal_mask" not in kwargs
+            and len(args) < 4
         ):
             kwargs["use_causal_mask"] = True
         # The class's `_compute_attention` as it is when the layer runs.
