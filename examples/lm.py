@@ -23,7 +23,7 @@ Run (from the repository root, after `pip install -e ".[lm]"`):
     kmp train lm --float8 --float8_matmul=keras  # Keras's float8 path
     kmp train lm --optimizer_states=bfloat16 --master_weights=bfloat16 --remat
                                      # half the bytes of weights and state
-    kmp train lm --dropout=0         # fused (flash) attention on a GPU
+    kmp train lm --dropout=0         # fused (flash, causal) attention on a GPU
 
 A rerun resumes an interrupted run from --output_dir, as the other
 examples do; the model is written as lm.keras (`kmp.load_model` reads it
