@@ -24,6 +24,7 @@ os.environ["KERAS_BACKEND"] = "jax"
 import keras  # noqa: E402
 import keras_hub  # noqa: E402
 import numpy as np  # noqa: E402
+from util import random_weights  # noqa: E402
 from util import small_gpt2_backbone  # noqa: E402
 from util import small_imdb_config  # noqa: E402
 
@@ -135,11 +136,7 @@ def _gpt2_islands(undo):
     model = keras_hub.models.GPT2CausalLM(
         small_gpt2_backbone(), preprocessor=None
     )
-    # Not as initialized: KerasHub's biases start at zero, where a bias
-    # added wrongly would not show.
-    rng = np.random.default_rng(1)
-    for variable in model.trainable_variables:
-        variable.assign(rng.normal(0, 0.2, variable.shape))
+    random_weights(model)  # not as initialized
     kmp.pin_float32(model)
     changed = [layer for layer in all_layers(model) if "call" in vars(layer)]
     if undo:

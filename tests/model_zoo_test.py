@@ -17,6 +17,7 @@ import keras_hub  # the test extra pins it: missing is an error
 import numpy as np
 import pytest
 from util import loss_and_gradients
+from util import random_weights
 from util import small_gpt2_backbone
 
 import kmp
@@ -460,11 +461,7 @@ def test_keras_hub_backbones_keep_their_values_under_jax_s_islands(name):
     keras.utils.set_random_seed(0)
     backbone = getattr(keras_hub.models, name)(**config)
     x = _backbone_inputs(backbone)
-    # Not as initialized: KerasHub's biases start at zero, where a bias
-    # added wrongly would go unseen.
-    rng = np.random.default_rng(1)
-    for variable in backbone.trainable_variables:
-        variable.assign(rng.normal(0, 0.2, variable.shape))
+    random_weights(backbone)  # not as initialized
     kmp.pin_float32(backbone)
     got_counts, changed = _islands(backbone)
     assert got_counts == counts

@@ -344,9 +344,10 @@ def small_imdb_config(**changes):
     return imdb.Config(**{**settings, **changes})
 
 
-def small_gpt2_backbone():
+def small_gpt2_backbone(dropout=0.1):
     """KerasHub's GPT-2 from a small config (no preset): 2 layers of
-    width 32, 2 heads, 64 tokens, sequences up to 16. keras-hub is pinned
+    width 32, 2 heads, 64 tokens, sequences up to 16; KerasHub's dropout
+    unless told (0: Keras's fused attention path). keras-hub is pinned
     in the test extra: its absence is an error, not a skip."""
     import keras_hub
 
@@ -357,7 +358,20 @@ def small_gpt2_backbone():
         hidden_dim=32,
         intermediate_dim=64,
         max_sequence_length=16,
+        dropout=dropout,
     )
+
+
+def random_weights(model, seed=1):
+    """Gives every trainable variable of `model` normal values (standard
+    deviation 0.2), not its initializer's: KerasHub's biases start at
+    zero, where a bias added wrongly would not show."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    for variable in model.trainable_variables:
+        variable.assign(rng.normal(0, 0.2, variable.shape))
+    return model
 
 
 def loss_and_gradients(model, x):

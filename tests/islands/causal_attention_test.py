@@ -14,6 +14,7 @@ import pytest
 from keras import ops
 from util import fit_small_gpt2
 from util import loss_and_gradients
+from util import random_weights
 from util import small_gpt2_backbone
 
 import kmp
@@ -39,18 +40,14 @@ def decoders(model):
     ]
 
 
-def gpt2(seed=1):
-    """`small_gpt2_backbone`'s config without dropout (Keras's fused
-    attention path, the example's `--dropout=0`) under a causal LM head,
-    with random weights (KerasHub's biases start at zero)."""
+def gpt2():
+    """`small_gpt2_backbone` without dropout (Keras's fused attention
+    path, the example's `--dropout=0`) under a causal LM head, with
+    random weights."""
     keras.utils.set_random_seed(0)
-    config = {**small_gpt2_backbone().get_config(), "dropout": 0.0}
-    backbone = keras_hub.models.GPT2Backbone.from_config(config)
+    backbone = small_gpt2_backbone(dropout=0.0)
     model = keras_hub.models.GPT2CausalLM(backbone, preprocessor=None)
-    rng = np.random.default_rng(seed)
-    for variable in model.trainable_variables:
-        variable.assign(rng.normal(0, 0.2, variable.shape))
-    return model
+    return random_weights(model)
 
 
 def padded_tokens(side="right"):
