@@ -46,7 +46,15 @@ XLA fused into its GEMMs (`epilogues`, recorded for every program);
 add) with the LayerNorm as Keras writes it, recomputed in the backward
 pass, with a one-pass variance, or in the form XLA's cuDNN LayerNorm
 rewriter matches, without and with that rewriter, with how many cuDNN
-LayerNorm calls XLA made (`cudnn_norms`).
+LayerNorm calls XLA made (`cudnn_norms`); `llama`, the train step of
+KerasHub's Llama (width 2048, 16 query heads, 4 key/value heads, feed
+forward 5632, batch 8 x 1024, `mixed_bfloat16`, pinned, AdamW under
+`kmp.wrap`, donated state) at 2 and 1 decoder blocks, with its decoders
+telling their attention that the mask is causal
+(`kmp.islands.attend_causally`, as `kmp.pin_float32` does on JAX) and
+with KerasHub's mask alone (`hubcausal`), cuDNN's fused attention in both,
+and told with its keys and values passed grouped (`ungrouped`: a slice
+that takes one of each of KerasHub's repeats, which XLA folds away).
 
 What it cannot say: time. And XLA decides some things only on the
 device: autotuning, which picks each GEMM's kernel by timing it, is off
@@ -343,6 +351,70 @@ def norm_programs(device, batch, sequence, width):
         yield config, variant, lowered.compile(options).as_text()
 
 
+def llama_program(device, layers, batch, sequence, variant):
+    """The compiled HLO of KerasHub Llama's train step (the module
+    docstring's `llama`), `variant` `pinned`, `hubcausal` or
+    `ungrouped`."""
+    import keras
+    import keras_hub
+
+    import kmp
+
+    with kmp.policy_scope("mixed_bfloat16"):
+        keras.utils.set_random_seed(0)
+        backbone = keras_hub.models.LlamaBackbone(
+            vocabulary_size=32000,
+            num_layers=layers,
+            num_query_heads=16,
+            num_key_value_heads=4,
+            hidden_dim=2048,
+            intermediate_dim=5632,
+        )
+        model = keras_hub.models.LlamaCausalLM(backbone, preprocessor=None)
+        kmp.pin_float32(model)
+    for layer in model._flatten_layers():
+        if variant == "hubcausal" and kmp.islands.attends_causally(layer):
+            del layer.call
+        if variant == "ungrouped" and kmp.islands.attends_causally(layer):
+            _ungroup(layer._self_attention_layer)
+    model.compile(
+        optimizer=kmp.wrap(keras.optimizers.AdamW(1e-4)),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    model.optimizer.build(model.trainable_variables)
+    state = jax.tree.map(
+        lambda v: abstract(device, v.shape, v.dtype),
+        model._get_jax_state(
+            trainable_variables=True,
+            non_trainable_variables=True,
+            optimizer_variables=True,
+            metrics_variables=True,
+        ),
+    )
+    tokens = abstract(device, (batch, sequence), "int32")
+    mask = abstract(device, (batch, sequence), "bool")
+    data = ({"token_ids": tokens, "padding_mask": mask}, tokens)
+    step = jax.jit(model.train_step, donate_argnums=0)
+    hlo = step.lower(state, data).compile().as_text()
+    keras.backend.clear_session()
+    return hlo
+
+
+def _ungroup(attention):
+    """Makes Llama's `attention` hand kmp's call its keys and values
+    grouped, as its projections make them: KerasHub repeats each to
+    `num_key_value_groups` query heads first, and a slice with that step
+    takes one of each repeat (the `llama` program's `ungrouped`)."""
+    told = attention._compute_attention
+    groups = attention.num_key_value_groups
+
+    def compute_attention(query, key, value, *args, **kwargs):
+        key, value = key[:, :, ::groups], value[:, :, ::groups]
+        return told(query, key, value, *args, **kwargs)
+
+    attention._compute_attention = compute_attention
+
+
 def batch_innermost(hlo, batch, sequence, width):
     """How often the program names an array laid out `[sequence, width,
     batch]`: the activations transposed batch-innermost."""
@@ -471,7 +543,8 @@ def main():
     parser.add_argument(
         "--programs",
         default="stack,lm,quantize",
-        help="comma-separated: stack, lm, quantize, layout, activation, norm",
+        help="comma-separated: stack, lm, quantize, layout, activation, "
+        "norm, llama",
     )
     parser.add_argument(
         "--batches",
@@ -500,7 +573,7 @@ def main():
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     programs = [p for p in args.programs.split(",") if p]
-    known = {"stack", "lm", "quantize", "layout", "activation", "norm"}
+    known = {"stack", "lm", "quantize", "layout", "activation", "norm", "llama"}
     unknown = sorted(set(programs) - known)
     if unknown:
         parser.error(f"--programs takes {sorted(known)}; got {unknown}")
@@ -580,6 +653,20 @@ def main():
             counts = hlo_kernels.summary(hlo, bandwidth)
             counts["cudnn_norms"] = hlo.count('"__cudnn$norm"')
             add("norm", config, variant, counts)
+    if "llama" in programs:
+        answer_cudnn_checks()
+        batch, sequence = 8, 1024
+        for variant in ("pinned", "hubcausal", "ungrouped"):
+            counts = [
+                hlo_kernels.summary(
+                    llama_program(device, n, batch, sequence, variant),
+                    bandwidth,
+                )
+                for n in (2, 1)
+            ]
+            record = dict(counts[0], per_block=per_block(*counts))
+            config = f"width 2048, 2 blocks, batch {batch} x {sequence}"
+            add("llama", config, variant, record)
     if "lm" in programs:
         if any("flash" in v for v in args.variants.split(",")):
             answer_cudnn_checks()

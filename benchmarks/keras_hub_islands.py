@@ -7,8 +7,9 @@ same values: KerasHub's `PositionEmbedding` repeats one example's
 embedding over the batch (`kmp.islands.broadcast_once`), a layer's GELU
 recomputes itself in the backward pass (`recompute_gelu`), an
 `EinsumDense` projecting to several axes adds its bias flat
-(`flatten_bias`), and KerasHub's `TransformerDecoder` tells its
-self-attention that its mask is causal (`attend_causally`). They are
+(`flatten_bias`), and KerasHub's `TransformerDecoder` and the Llama
+family's decoders tell their self-attention that its mask is causal
+(`attend_causally`). They are
 Keras's and KerasHub's layers, so they reach the models built from them
 and only those. This script builds each
 KerasHub backbone that builds from a vocabulary size, widths and a
@@ -71,8 +72,27 @@ BACKBONES = {
         "head_dim": 16,
         "moe_intermediate_dim": 32,
     },
-    "Qwen3_5Backbone": {**GROUPED, "head_dim": 16},
+    # A linear-attention layer and a full-attention one, as its presets
+    # mix them (its default puts a full one fourth).
+    "Qwen3_5Backbone": {
+        **GROUPED,
+        "head_dim": 16,
+        "layer_types": ["linear_attention", "full_attention"],
+    },
     "RobertaBackbone": POSITIONS,
+    "SmolLM3Backbone": {
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "rope_layer_enabled_list": [True, True],
+        "layer_types": ["attention", "attention"],
+        "mlp_bias": False,
+        "layer_norm_epsilon": 1e-6,
+        "max_position_embeddings": 32,
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 1.0,
+    },
     "T5Backbone": {**HEADS, "key_value_dim": 16},
     "WhisperBackbone": HEADS,
     "XLMRobertaBackbone": POSITIONS,

@@ -1504,6 +1504,30 @@ _PART9 = {
         },
     },
 }
+_FAMILY = "The Llama family's causal mask, read on a CPU (2026-11-29)"
+_FAMILY_VARIANTS = {  # BENCHMARKS.md's label -> gpu_compile.py's variant
+    "the mask and is_causal (kmp)": "pinned",
+    "the mask alone (KerasHub)": "hubcausal",
+    "the mask and is_causal, keys and values grouped": "ungrouped",
+}
+_PART9[(_FAMILY, 0)] = {
+    "rows": {
+        label: _compiled_row(
+            "llama",
+            "width 2048, 2 blocks, batch 8 x 1024",
+            variant,
+            {
+                "kernels outside GEMMs": "kernels_outside_gemms",
+                "GB outside GEMMs": "gb_outside_gemms",
+                "GB in GEMMs": "gemm_operand_gb",
+                "16-bit GEMM TFLOP": "gemm_16bit_tflop",
+            },
+            "per_block",
+            file="gpu_compile_h200_llama.json",
+        )
+        for label, variant in _FAMILY_VARIANTS.items()
+    },
+}
 BENCHMARKS_KEYS = {
     **_PART1,
     **_PART2,
@@ -1804,6 +1828,26 @@ README_KEYS = {
         )
         for v in ("bf16+flash", "bf16+flash+hubcausal")
     ],
+    "a decoder block of KerasHub's Llama at width 2048 (16 query heads, 4 "
+    "key/value heads, batch 8 x 1024) compiled the same way: cuDNN's "
+    "attention mask type and the GB moved outside the GEMMs, with "
+    "`kmp.pin_float32`'s decoders telling their attention the mask is "
+    "causal / with KerasHub's mask alone": [
+        (
+            "gpu_compile_h200_llama.json",
+            (
+                "records",
+                {
+                    "program": "llama",
+                    "config": "width 2048, 2 blocks, batch 8 x 1024",
+                    "variant": v,
+                },
+                "per_block",
+                "gb_outside_gemms",
+            ),
+        )
+        for v in ("pinned", "hubcausal")
+    ],
 }
 
 
@@ -1824,10 +1868,11 @@ _KERAS_HUB_ROWS = [
     "BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ALBERT, Whisper",
     "FNet",
     "DeBERTa-v3, GPT-NeoX",
-    "Bloom, Qwen, Qwen2, GPT-OSS",
+    "Qwen, Qwen2",
+    "Bloom, GPT-OSS",
     "ESM, ESM2",
-    "Llama, Llama 3, Mistral, Mixtral, Gemma, Phi-3, Qwen3, Qwen3-MoE, "
-    "Qwen3.5, T5, XLNet",
+    "Llama, Llama 3, Mistral, Phi-3, Qwen3, Qwen3-MoE, Qwen3.5, SmolLM3",
+    "Mixtral, Gemma, T5, XLNet",
 ]
 DOCS_KEYS = {
     ("docs/float32-islands.md", "Which KerasHub models the four reach", 0): {

@@ -15,6 +15,7 @@
                     output axes added on the flat output, which XLA
                     fuses into the matmul on a GPU
     causal_attention  `attend_causally`: KerasHub's decoder self-attention
+                    (its `TransformerDecoder`'s, the Llama family's)
                     told its mask is causal, so that a GPU's flash
                     attention skips the masked half
     token_ids       `float_ids`: float inputs whose token ids a 16-bit

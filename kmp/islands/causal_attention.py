@@ -33,9 +33,32 @@ whose self-attention is a Keras `MultiHeadAttention` running Keras's
 call with a cache (generation's steps) and a call with
 `use_causal_mask=False` keep their masks alone.
 
+KerasHub's Llama family (Llama and Llama 3, Mistral, Qwen and Qwen2,
+Qwen3, Qwen3-MoE, Qwen3.5's full-attention layers, Phi-3, SmolLM3) has
+decoders and attentions of its own, and the same mask: each decoder
+builds the causal mask combined with the padding (and Mistral's sliding
+window) whenever it has no cache, and its attention's `_compute_attention`
+runs on JAX what KerasHub calls its fused branch, whole:
+
+    mask = cast(expand_dims(attention_mask, 1), bool)
+    return ops.dot_product_attention(
+        query, key, value, mask=mask, scale=attention._inv_norm_factor)
+
+(KerasHub takes it wherever `jax.nn.dot_product_attention` exists). In
+those calls the attention runs that same call with `is_causal=True`
+added, and KerasHub's own `_compute_attention` everywhere else. Compiled
+for an H200 (`benchmarks/gpu_compile.py --programs llama`), KerasHub's
+Llama at width 2048 then gets cuDNN's `CAUSAL` mask type instead of
+`NO_MASK`, the same bytes outside the matmuls. `_FAMILY` lists the
+decoders and `_FUSED_BRANCH` the attentions' methods, by module and
+name (KerasHub exports neither); a class missing from them, a subclass
+with methods of its own, or a KerasHub whose classes moved keeps its
+mask alone.
+
 How: an instance-level `call` on the decoder marks its calls that build
 a causal mask, and an instance-level `_compute_attention` on its
-self-attention adds `use_causal_mask=True` inside them. `get_config` and
+self-attention adds `use_causal_mask=True` (Keras's attention) or
+`is_causal=True` (the family's) inside them. `get_config` and
 `.keras` files are unchanged; `kmp.pin_float32` applies it on JAX and
 `kmp.load_model` again. `del decoder.call` undoes it (the attention's
 wrapper then adds nothing, and applying it again reuses it).
@@ -47,10 +70,67 @@ import inspect
 import sys
 
 import keras
+from keras import ops
+
+from kmp import backend
 
 # The self-attention layer whose mask is causal in the decoder call now
 # running, if any (set by the decoder's wrapper for the call only).
 _CAUSAL = contextvars.ContextVar("kmp_causal_attention", default=None)
+
+_HUB = "keras_hub.src.models."
+# The Llama family's decoders (module docstring), by class: the attribute
+# that holds the self-attention, and the call argument of its cache.
+_FAMILY = {
+    _HUB + "llama.llama_decoder.LlamaTransformerDecoder": (
+        "_self_attention_layer",
+        "self_attention_cache",
+    ),
+    _HUB + "mistral.mistral_transformer_decoder.MistralTransformerDecoder": (
+        "_self_attention_layer",
+        "self_attention_cache",
+    ),
+    _HUB + "qwen.qwen_decoder.QwenTransformerDecoder": (
+        "_self_attention_layer",
+        "self_attention_cache",
+    ),
+    _HUB + "qwen3.qwen3_decoder.Qwen3TransformerDecoder": (
+        "_self_attention_layer",
+        "self_attention_cache",
+    ),
+    _HUB + "qwen3_moe.qwen3_moe_decoder.Qwen3MoeTransformerDecoder": (
+        "_self_attention_layer",
+        "self_attention_cache",
+    ),
+    _HUB + "qwen3_5.qwen3_5_decoder.Qwen3_5TransformerDecoder": (
+        "_self_attention_layer",
+        "self_attention_cache",
+    ),
+    _HUB + "phi3.phi3_decoder.Phi3Decoder": ("attention", "attention_cache"),
+    _HUB + "smollm3.smollm3_layers.SmolLM3DecoderLayer": (
+        "self_attn",
+        "self_attention_cache",
+    ),
+}
+# The classes whose `_compute_attention` (defined there, not inherited)
+# runs on JAX the fused call of the module docstring: their attentions.
+_FUSED_BRANCH = {
+    _HUB + name
+    for name in (
+        "llama.llama_attention.LlamaAttention",
+        "mistral.mistral_attention.CachedMistralAttention",
+        "qwen.qwen_attention.QwenAttention",
+        "qwen3.qwen3_attention.Qwen3Attention",
+        "qwen3_moe.qwen3_moe_attention.Qwen3MoeAttention",
+        "qwen3_5.qwen3_5_attention.Qwen3_5Attention",
+        "phi3.phi3_attention.Phi3Attention",
+        "smollm3.smollm3_layers.SmolLM3Attention",
+    )
+}
+
+
+def _name(obj):
+    return f"{obj.__module__}.{obj.__qualname__}"
 
 
 def is_keras_hub_decoder(layer):
@@ -64,6 +144,13 @@ def is_keras_hub_decoder(layer):
     return cls is not None and type(layer) is cls
 
 
+def is_causal_decoder(layer):
+    """Whether `layer` is a decoder `attend_causally` knows: exactly
+    KerasHub's `TransformerDecoder`, or exactly one of the Llama family's
+    (module docstring)."""
+    return is_keras_hub_decoder(layer) or _name(type(layer)) in _FAMILY
+
+
 def attends_causally(layer):
     """Whether `attend_causally` has been applied to decoder `layer`: its
     `call` is the instance's own, kmp's wrapper."""
@@ -71,54 +158,45 @@ def attends_causally(layer):
     return getattr(own, "_kmp_attends_causally", False)
 
 
-def attend_causally(decoder):
-    """Tells KerasHub decoder `decoder`'s self-attention that the mask it
-    builds is causal (module docstring).
+def _hosts(decoder):
+    """`(attention, causal, telling)` for a decoder `attend_causally` can
+    change, else None: its self-attention, `causal(arguments)` (whether a
+    call with those bound arguments builds a causal mask), and
+    `telling(attention)`, the instance `_compute_attention` that adds the
+    flag in those calls."""
+    if is_keras_hub_decoder(decoder):
+        attention = getattr(decoder, "_self_attention_layer", None)
+        stock = keras.layers.MultiHeadAttention._compute_attention
+        if (
+            not isinstance(attention, keras.layers.MultiHeadAttention)
+            or type(attention)._compute_attention is not stock
+            or "use_causal_mask" not in inspect.signature(stock).parameters
+        ):
+            return None
 
-    Applies to an exact KerasHub `TransformerDecoder` running its class's
-    call, whose self-attention is a Keras `MultiHeadAttention` (KerasHub's
-    cached subclass included) running Keras's `_compute_attention`, which
-    takes `use_causal_mask`. Applying it twice changes nothing.
+        def causal(arguments):
+            return (
+                arguments.get("use_causal_mask", True) is True
+                and arguments.get("self_attention_cache") is None
+            )
 
-    Args:
-        decoder: A layer (see `is_keras_hub_decoder`).
+        return attention, causal, _telling_keras
+    attribute, cache = _FAMILY.get(_name(type(decoder)), (None, None))
+    attention = getattr(decoder, attribute, None) if attribute else None
+    compute = getattr(type(attention), "_compute_attention", None)
+    owner = _name(compute).rpartition(".")[0] if compute else None
+    if owner not in _FUSED_BRANCH:
+        return None
 
-    Returns:
-        Whether the decoder attends causally now.
-    """
-    if attends_causally(decoder):
-        return True
-    attention = getattr(decoder, "_self_attention_layer", None)
-    stock_compute = keras.layers.MultiHeadAttention._compute_attention
-    own = (
-        None if attention is None else vars(attention).get("_compute_attention")
-    )
-    if (
-        not is_keras_hub_decoder(decoder)
-        or "call" in vars(decoder)  # another wrapper: it would be bypassed
-        or not isinstance(attention, keras.layers.MultiHeadAttention)
-        or type(attention)._compute_attention is not stock_compute
-        # Someone else's instance method; kmp's (left by an undo) is
-        # used again.
-        or not (own is None or getattr(own, "_kmp_causal_for", None) is True)
-        or "use_causal_mask" not in inspect.signature(stock_compute).parameters
-    ):
-        return False
-    stock_call = decoder.call
-    signature = inspect.signature(stock_call)
+    def causal(arguments):
+        return arguments.get(cache) is None
 
-    @functools.wraps(stock_call)
-    def call(*args, **kwargs):
-        arguments = signature.bind(*args, **kwargs).arguments
-        causal = (
-            arguments.get("use_causal_mask", True) is True
-            and arguments.get("self_attention_cache") is None
-        )
-        token = _CAUSAL.set(attention if causal else None)
-        try:
-            return stock_call(*args, **kwargs)
-        finally:
-            _CAUSAL.reset(token)
+    return attention, causal, _telling_hub
+
+
+def _telling_keras(attention):
+    """Keras's `_compute_attention`, given `use_causal_mask=True` in a
+    causal call of its decoder."""
 
     @functools.wraps(attention._compute_attention)
     def compute_attention(query, key, value, *args, **kwargs):
@@ -136,9 +214,84 @@ def attend_causally(decoder):
             attention, query, key, value, *args, **kwargs
         )
 
+    return compute_attention
+
+
+def _telling_hub(attention):
+    """The Llama family's `_compute_attention`: in a causal call of its
+    decoder on JAX, its fused call with `is_causal=True` (the module
+    docstring); KerasHub's own everywhere else."""
+
+    @functools.wraps(attention._compute_attention)
+    def compute_attention(query, key, value, attention_mask=None, *a, **k):
+        if (
+            _CAUSAL.get() is attention
+            and attention_mask is not None
+            and query.shape[1] == key.shape[1]  # a square mask
+            and backend.name() == "jax"
+        ):
+            mask = ops.cast(ops.expand_dims(attention_mask, axis=1), "bool")
+            return ops.dot_product_attention(
+                query,
+                key,
+                value,
+                mask=mask,
+                scale=attention._inv_norm_factor,
+                is_causal=True,
+            )
+        return type(attention)._compute_attention(
+            attention, query, key, value, attention_mask, *a, **k
+        )
+
+    return compute_attention
+
+
+def attend_causally(decoder):
+    """Tells decoder `decoder`'s self-attention that the mask it builds
+    is causal (module docstring).
+
+    Applies to an exact KerasHub `TransformerDecoder` running its class's
+    call, whose self-attention is a Keras `MultiHeadAttention` (KerasHub's
+    cached subclass included) running Keras's `_compute_attention`, which
+    takes `use_causal_mask`; and to an exact decoder of KerasHub's Llama
+    family whose attention runs its class's `_compute_attention`.
+    Applying it twice changes nothing.
+
+    Args:
+        decoder: A layer (see `is_causal_decoder`).
+
+    Returns:
+        Whether the decoder attends causally now.
+    """
+    if attends_causally(decoder):
+        return True
+    if "call" in vars(decoder):  # another wrapper: it would be bypassed
+        return False
+    hosts = _hosts(decoder)
+    if hosts is None:
+        return False
+    attention, causal, telling = hosts
+    own = vars(attention).get("_compute_attention")
+    # Someone else's instance method; kmp's (left by an undo) is used
+    # again.
+    if not (own is None or getattr(own, "_kmp_causal_for", None) is True):
+        return False
+    stock_call = decoder.call
+    signature = inspect.signature(stock_call)
+
+    @functools.wraps(stock_call)
+    def call(*args, **kwargs):
+        arguments = signature.bind(*args, **kwargs).arguments
+        token = _CAUSAL.set(attention if causal(arguments) else None)
+        try:
+            return stock_call(*args, **kwargs)
+        finally:
+            _CAUSAL.reset(token)
+
     call._kmp_attends_causally = True
     decoder.call = call
     if own is None:
+        compute_attention = telling(attention)
         compute_attention._kmp_causal_for = True
         attention._compute_attention = compute_attention
     return True

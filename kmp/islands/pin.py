@@ -26,9 +26,9 @@ recomputes itself in the backward pass (`gelu`), which lets XLA fuse it
 into the matmul before it on a GPU; and an attention's query, key and
 value projections add their bias on the flat output (`einsum_bias`),
 which XLA fuses into their matmul on a GPU; and KerasHub's
-`TransformerDecoder` tells its self-attention that the mask it builds is
-causal (`causal_attention`), so that a GPU's flash attention skips the
-masked half of the scores.
+`TransformerDecoder` and the Llama family's decoders tell their
+self-attention that the mask they build is causal (`causal_attention`),
+so that a GPU's flash attention skips the masked half of the scores.
 """
 
 from typing import Iterable
@@ -40,7 +40,7 @@ from kmp.errors import InputError
 from kmp.islands import float32_layers
 from kmp.islands.batch_norm import BatchNormalization
 from kmp.islands.causal_attention import attend_causally
-from kmp.islands.causal_attention import is_keras_hub_decoder
+from kmp.islands.causal_attention import is_causal_decoder
 from kmp.islands.einsum_bias import flatten_bias
 from kmp.islands.gelu import recompute_gelu
 from kmp.islands.position_embedding import broadcast_once
@@ -129,11 +129,13 @@ def pin_float32(
       `MultiHeadAttention`) adds its bias on the flattened output, which
       a GPU's matmul adds in its epilogue (`kmp.islands.einsum_bias`;
       the same values, to 16-bit rounding on a GPU); and each exact
-      KerasHub `TransformerDecoder` tells its self-attention that the
-      mask it builds is causal (`use_causal_mask` beside the mask), so
-      that a GPU's flash attention skips the blocks the mask hides
-      (`kmp.islands.causal_attention`; the same values, but on cuDNN
-      for a left-padded query with no key to attend).
+      KerasHub `TransformerDecoder`, and each decoder of KerasHub's
+      Llama family (Llama, Mistral, Qwen, Phi-3, SmolLM3), tells its
+      self-attention that the mask it builds is causal (`is_causal`
+      beside the mask), so that a GPU's flash attention skips the
+      blocks the mask hides (`kmp.islands.causal_attention`; the same
+      values, but on cuDNN for a left-padded query with no key to
+      attend).
 
     Normalization layers keep their policy: Keras computes them in
     float32 already. On torch each exact `BatchNormalization` becomes
@@ -190,7 +192,7 @@ def pin_float32(
         if backend.name() == "jax":
             if is_keras_hub_position_embedding(layer):
                 broadcast_once(layer)
-            if is_keras_hub_decoder(layer):
+            if is_causal_decoder(layer):
                 attend_causally(layer)
             flatten_bias(layer)  # first: the GELU's wrapper runs it
             recompute_gelu(layer)

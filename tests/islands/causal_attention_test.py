@@ -3,7 +3,10 @@ self-attention that the mask it builds is causal (what `kmp.pin_float32`
 does on JAX): which layers change, which calls pass `use_causal_mask`,
 `is_causal` reaching JAX's attention, the same values and gradients with
 padding, generation, a `.keras` file without it and `kmp.load_model`
-applying it again, and KerasHub's GPT-2 trained with it."""
+applying it again, and KerasHub's GPT-2 trained with it; then the Llama
+family's decoders (`is_causal` beside the mask in their fused call): each
+family's values and gradients, generation, a `.keras` file and what is
+left alone."""
 
 import functools
 
@@ -250,3 +253,183 @@ def test_gpt2_trains_with_it():
     kmp.pin_float32(model)
     assert [attends_causally(d) for d in decoders(model)] == [True] * 2
     fit_small_gpt2(model)
+
+
+# ------------------------------------------------------- the Llama family
+
+SMALL = {"vocabulary_size": 64, "hidden_dim": 32, "intermediate_dim": 64}
+GROUPED = {"num_layers": 1, "num_query_heads": 2, "num_key_value_heads": 1}
+# Each backbone of the family (module docstring) from a small config:
+# the attention decoders it has, and its arguments besides SMALL.
+FAMILY = {
+    "LlamaBackbone": (1, GROUPED),
+    "Llama3Backbone": (1, GROUPED),
+    "MistralBackbone": (1, {**GROUPED, "sliding_window": 4}),
+    "QwenBackbone": (1, GROUPED),
+    "Qwen2Backbone": (1, GROUPED),
+    "Qwen3Backbone": (1, {**GROUPED, "head_dim": 16}),
+    "Qwen3MoeBackbone": (
+        1,
+        {
+            **GROUPED,
+            "head_dim": 16,
+            "num_experts": 2,
+            "top_k": 1,
+            "moe_intermediate_dim": 32,
+        },
+    ),
+    "Qwen3_5Backbone": (
+        1,
+        {
+            **GROUPED,
+            "head_dim": 16,
+            "layer_types": ["full_attention"],
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 2,
+            "linear_key_head_dim": 8,
+            "linear_value_head_dim": 8,
+        },
+    ),
+    "Phi3Backbone": (1, {**GROUPED, "max_sequence_length": 32}),
+    "SmolLM3Backbone": (
+        1,
+        {
+            "num_layers": 1,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "rope_layer_enabled_list": [True],
+            "layer_types": ["attention"],
+            "mlp_bias": False,
+            "layer_norm_epsilon": 1e-6,
+            "max_position_embeddings": 64,
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 1.0,
+        },
+    ),
+}
+
+
+def family_backbone(name):
+    keras.utils.set_random_seed(0)
+    backbone = getattr(keras_hub.models, name)(**SMALL, **FAMILY[name][1])
+    return random_weights(backbone)
+
+
+def told(model):
+    return [layer for layer in all_layers(model) if attends_causally(layer)]
+
+
+@pytest.fixture
+def is_causal_flags(monkeypatch):
+    """The `is_causal` each `jax.nn.dot_product_attention` call gets, and
+    whether it got a mask, in order (what Keras's JAX attention calls)."""
+    import jax
+
+    calls = []
+    stock = jax.nn.dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append((kwargs.get("is_causal"), kwargs.get("mask") is not None))
+        return stock(*args, **kwargs)
+
+    monkeypatch.setattr(jax.nn, "dot_product_attention", spy)
+    return calls
+
+
+@jax_only
+@pytest.mark.parametrize("name", list(FAMILY))
+def test_each_family_keeps_its_values_and_gets_is_causal(name, is_causal_flags):
+    kmp.enable("mixed_bfloat16")
+    backbone = family_backbone(name)
+    for layer in all_layers(backbone):  # float32 arithmetic: exact
+        layer.dtype_policy = "float32"
+    kmp.pin_float32(backbone)
+    decoders = told(backbone)
+    assert len(decoders) == FAMILY[name][0]
+    # Left padding: queries with no key to attend (see the GPT-2 test).
+    x = padded_tokens("left")
+    got = loss_and_gradients(backbone, x)
+    assert set(is_causal_flags) == {(True, True)}
+    is_causal_flags.clear()
+    for decoder in decoders:
+        del decoder.call
+    want = loss_and_gradients(backbone, x)
+    assert set(is_causal_flags) == {(False, True)}  # KerasHub's own call
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+    largest = max(np.abs(g).max() for g in want[1:])
+    for a, b in zip(got[1:], want[1:]):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6 * largest)
+
+
+@jax_only
+def test_llama_generates_alike_and_its_file_comes_back_told(
+    tmp_path, is_causal_flags
+):
+    kmp.enable("mixed_bfloat16")
+    model = keras_hub.models.LlamaCausalLM(
+        family_backbone("LlamaBackbone"), preprocessor=None
+    )
+    kmp.pin_float32(model)
+    assert len(told(model)) == 1
+    x = padded_tokens()
+    x["padding_mask"][:, 4:] = False  # a prompt of 4 tokens
+    model.compile(sampler="greedy")
+    is_causal_flags.clear()
+    got = model.generate(x, max_length=16, stop_token_ids=None)
+    # Every step of generation has a cache (the prompt's pass included):
+    # no call is told.
+    assert is_causal_flags and not any(c for c, _ in is_causal_flags)
+    path = str(tmp_path / "llama.keras")
+    model.save(path)
+    (decoder,) = told(model)
+    del decoder.call
+    model.compile(sampler="greedy")
+    want = model.generate(x, max_length=16, stop_token_ids=None)
+    np.testing.assert_array_equal(got["token_ids"], want["token_ids"])
+    y = padded_tokens()
+    assert not told(keras.saving.load_model(path))
+    loaded = kmp.load_model(path)
+    assert len(told(loaded)) == 1
+    np.testing.assert_array_equal(numpy(loaded(y)), numpy(model(y)))
+
+
+def test_the_family_s_subclasses_and_other_wrappers_are_left_alone():
+    backbone = family_backbone("LlamaBackbone")
+    (decoder,) = [
+        layer
+        for layer in all_layers(backbone)
+        if type(layer).__name__ == "LlamaTransformerDecoder"
+    ]
+    attention = decoder._self_attention_layer
+
+    class Attention(type(attention)):
+        def _compute_attention(self, *args, **kwargs):
+            return super()._compute_attention(*args, **kwargs)
+
+    stock = type(attention)
+    attention.__class__ = Attention  # a method of its own
+    assert not attend_causally(decoder)
+    attention.__class__ = stock
+    assert attend_causally(decoder) and attends_causally(decoder)
+    del decoder.call
+    assert attend_causally(decoder)  # again after an undo
+    del decoder.call
+    attention._compute_attention = functools.partial(  # someone else's
+        stock._compute_attention, attention
+    )
+    assert not attend_causally(decoder)
+
+    class Decoder(type(decoder)):
+        pass
+
+    decoder.__class__ = Decoder  # not in the family's list
+    del attention._compute_attention
+    assert not attend_causally(decoder)
+    # Qwen3.5's linear-attention decoders: the family's class, no
+    # self-attention (built, not run: its scan compiles slowly).
+    arguments = dict(FAMILY["Qwen3_5Backbone"][1])
+    arguments["layer_types"] = ["linear_attention"]
+    linear = keras_hub.models.Qwen3_5Backbone(**SMALL, **arguments)
+    assert not any(attend_causally(layer) for layer in all_layers(linear))
