@@ -95,11 +95,16 @@ def keras_variant(variant, width, batches, compiled):
             auto_scale_loss=False,
         )
         model.optimizer.build(model.trainable_variables)
-        model.make_train_function()
     inputs = [
         (keras.ops.convert_to_tensor(x), keras.ops.convert_to_tensor(y))
         for x, y in batches
     ]
+    # What `fit` does before its first step (a private method of Keras's
+    # trainer): builds the compiled loss and metrics outside the train
+    # function, which torch.compile (`--compile`) cannot trace building
+    # them (torch 2.13: an AssertionError in dynamo's bytecode rewrite).
+    model._symbolic_build(data_batch=inputs[0])
+    model.make_train_function()
 
     def run():
         for batch in inputs:
