@@ -434,6 +434,19 @@ _PART1 = {
             for label in _TORCH_TINY
         }
     },
+    ("Keras on PyTorch with kmp vs PyTorch's own `torch.amp`", 3): {
+        "rows": {
+            label: (
+                "torch_amp_tiny_compiled.json",
+                {
+                    "images/s (median round)": [
+                        ("images_per_s", _TORCH_AMP[label])
+                    ]
+                },
+            )
+            for label in ("Keras bf16", "PyTorch bf16 + `torch.amp`")
+        }
+    },
     ("Keras on PyTorch with kmp vs PyTorch's own `torch.amp`", 1): {
         "rows": {
             label: ("torch_amp_small.json", {"": [("speed_ratios", ratio)]})
