@@ -34,7 +34,8 @@ call with a cache (generation's steps) and a call with
 `use_causal_mask=False` keep their masks alone.
 
 KerasHub's Llama family (Llama and Llama 3, Mistral, Qwen and Qwen2,
-Qwen3, Qwen3-MoE, Qwen3.5's full-attention layers, Phi-3, SmolLM3) has
+Qwen3, Qwen3-MoE, Qwen3.5's and Qwen3.5-MoE's full-attention layers, Phi-3,
+SmolLM3) has
 decoders and attentions of its own, and the same mask: each decoder
 builds the causal mask combined with the padding (and Mistral's sliding
 window) whenever it has no cache, and its attention's `_compute_attention`
@@ -50,10 +51,11 @@ added, and KerasHub's own `_compute_attention` everywhere else. Compiled
 for an H200 (`benchmarks/gpu_compile.py --programs llama`), KerasHub's
 Llama at width 2048 then gets cuDNN's `CAUSAL` mask type instead of
 `NO_MASK`, the same bytes outside the matmuls. `_FAMILY` lists the
-decoders and `_FUSED_BRANCH` the attentions' methods, by module and
-name (KerasHub exports neither); a class missing from them, a subclass
-with methods of its own, or a KerasHub whose classes moved keeps its
-mask alone.
+decoders and `_FUSED_BRANCH` the attentions, by module and class name
+(KerasHub exports neither), with a digest of each attention's
+`_compute_attention` as kmp read it. A decoder or attention of another
+class (a subclass included), and an attention whose method's code is
+not the code read (a KerasHub that changed it), keep their masks alone.
 
 How: an instance-level `call` on the decoder marks its calls that build
 a causal mask, and an instance-level `_compute_attention` on its
@@ -64,10 +66,16 @@ self-attention adds `use_causal_mask=True` (Keras's attention) or
 wrapper then adds nothing, and applying it again reuses it).
 """
 
+import ast
 import contextvars
 import functools
+import hashlib
 import inspect
+import io
+import re
 import sys
+import textwrap
+import tokenize
 
 import keras
 from keras import ops
@@ -106,31 +114,63 @@ _FAMILY = {
         "_self_attention_layer",
         "self_attention_cache",
     ),
+    _HUB + "qwen3_5_moe.qwen3_5_moe_decoder.Qwen3_5MoeTransformerDecoder": (
+        "_self_attention_layer",
+        "self_attention_cache",
+    ),
     _HUB + "phi3.phi3_decoder.Phi3Decoder": ("attention", "attention_cache"),
     _HUB + "smollm3.smollm3_layers.SmolLM3DecoderLayer": (
         "self_attn",
         "self_attention_cache",
     ),
 }
-# The classes whose `_compute_attention` (defined there, not inherited)
-# runs on JAX the fused call of the module docstring: their attentions.
+# The attentions (exactly these classes) whose `_compute_attention` runs
+# on JAX the fused call of the module docstring, each with the digests of
+# that method's code in the KerasHub releases read (`_digest`): 0.32.0
+# and keras-hub-nightly 0.33.0.dev202610250352 (the same). A
+# KerasHub that changes the method (say, its fused call takes a sliding
+# window) leaves the attention alone until the change is read.
 _FUSED_BRANCH = {
-    _HUB + name
-    for name in (
-        "llama.llama_attention.LlamaAttention",
-        "mistral.mistral_attention.CachedMistralAttention",
-        "qwen.qwen_attention.QwenAttention",
-        "qwen3.qwen3_attention.Qwen3Attention",
-        "qwen3_moe.qwen3_moe_attention.Qwen3MoeAttention",
-        "qwen3_5.qwen3_5_attention.Qwen3_5Attention",
-        "phi3.phi3_attention.Phi3Attention",
-        "smollm3.smollm3_layers.SmolLM3Attention",
+    _HUB + name: digests
+    for name, digests in (
+        ("llama.llama_attention.LlamaAttention", {"841331709dae"}),
+        ("mistral.mistral_attention.CachedMistralAttention", {"841331709dae"}),
+        ("qwen.qwen_attention.QwenAttention", {"301f0c703a54"}),
+        ("qwen3.qwen3_attention.Qwen3Attention", {"441ab2c8bc64"}),
+        ("qwen3_moe.qwen3_moe_attention.Qwen3MoeAttention", {"441ab2c8bc64"}),
+        ("qwen3_5.qwen3_5_attention.Qwen3_5Attention", {"1b1336d81bfb"}),
+        ("phi3.phi3_attention.Phi3Attention", {"e63b90d112b7"}),
+        ("smollm3.smollm3_layers.SmolLM3Attention", {"2fb1cebfecd7"}),
     )
 }
 
 
 def _name(obj):
     return f"{obj.__module__}.{obj.__qualname__}"
+
+
+@functools.cache
+def _digest(function):
+    """A short hash of `function`'s code: its source without docstring,
+    comments or whitespace (so the same on every Python that reads the
+    file), or None where its source cannot be read."""
+    try:
+        source = textwrap.dedent(inspect.getsource(function))
+    except (OSError, TypeError):
+        return None
+    lines = source.splitlines()
+    first = ast.parse(source).body[0].body[0]
+    if isinstance(getattr(first, "value", None), ast.Constant) and (
+        isinstance(first.value.value, str)
+    ):
+        for number in range(first.lineno, first.end_lineno + 1):
+            lines[number - 1] = ""
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            row, column = token.start
+            lines[row - 1] = lines[row - 1][:column]
+    code = re.sub(r"\s+", "", "".join(lines))
+    return hashlib.sha256(code.encode()).hexdigest()[:12]
 
 
 def is_keras_hub_decoder(layer):
@@ -184,8 +224,9 @@ def _hosts(decoder):
     attribute, cache = _FAMILY.get(_name(type(decoder)), (None, None))
     attention = getattr(decoder, attribute, None) if attribute else None
     compute = getattr(type(attention), "_compute_attention", None)
-    owner = _name(compute).rpartition(".")[0] if compute else None
-    if owner not in _FUSED_BRANCH:
+    # The class itself (a subclass may call it otherwise), its method as
+    # read.
+    if _digest(compute) not in _FUSED_BRANCH.get(_name(type(attention)), ()):
         return None
 
     def causal(arguments):
@@ -278,10 +319,18 @@ def attend_causally(decoder):
         return False
     stock_call = decoder.call
     signature = inspect.signature(stock_call)
+    # A call that takes its cache in `**kwargs` (SmolLM3's).
+    extra = [
+        p.name
+        for p in signature.parameters.values()
+        if p.kind is inspect.Parameter.VAR_KEYWORD
+    ]
 
     @functools.wraps(stock_call)
     def call(*args, **kwargs):
-        arguments = signature.bind(*args, **kwargs).arguments
+        arguments = dict(signature.bind(*args, **kwargs).arguments)
+        for name in extra:
+            arguments.update(arguments.pop(name, {}))
         token = _CAUSAL.set(attention if causal(arguments) else None)
         try:
             return stock_call(*args, **kwargs)
