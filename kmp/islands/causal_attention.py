@@ -34,12 +34,12 @@ call with a cache (generation's steps) and a call with
 `use_causal_mask=False` keep their masks alone.
 
 KerasHub's Llama family (Llama and Llama 3, Mistral, Qwen and Qwen2,
-Qwen3, Qwen3-MoE, Qwen3.5's and Qwen3.5-MoE's full-attention layers, Phi-3,
-SmolLM3) has
-decoders and attentions of its own, and the same mask: each decoder
-builds the causal mask combined with the padding (and Mistral's sliding
-window) whenever it has no cache, and its attention's `_compute_attention`
-runs on JAX what KerasHub calls its fused branch, whole:
+Qwen3, Qwen3-MoE, Qwen3.5's and Qwen3.5-MoE's full-attention layers,
+Phi-3, SmolLM3) has decoders and attentions of its own, and the same
+mask: each decoder builds the causal mask combined with the padding (and
+Mistral's sliding window) whenever it has no cache, and its attention's
+`_compute_attention` runs on JAX what KerasHub calls its fused branch,
+whole:
 
     mask = cast(expand_dims(attention_mask, 1), bool)
     return ops.dot_product_attention(
@@ -156,10 +156,10 @@ def _digest(function):
     file), or None where its source cannot be read."""
     try:
         source = textwrap.dedent(inspect.getsource(function))
-    except (OSError, TypeError):
-        return None
+        first = ast.parse(source).body[0].body[0]
+    except (OSError, TypeError, SyntaxError, AttributeError, IndexError):
+        return None  # no source, or not a `def` (a lambda, say)
     lines = source.splitlines()
-    first = ast.parse(source).body[0].body[0]
     if isinstance(getattr(first, "value", None), ast.Constant) and (
         isinstance(first.value.value, str)
     ):

@@ -259,67 +259,55 @@ def test_gpt2_trains_with_it():
 
 SMALL = {"vocabulary_size": 64, "hidden_dim": 32, "intermediate_dim": 64}
 GROUPED = {"num_layers": 1, "num_query_heads": 2, "num_key_value_heads": 1}
-# Each backbone of the family (module docstring) from a small config:
-# the attention decoders it has, and its arguments besides SMALL.
+# Each backbone of the family (module docstring) from a small config, with
+# one attention decoder: its arguments besides SMALL.
 FAMILY = {
-    "LlamaBackbone": (1, GROUPED),
-    "Llama3Backbone": (1, GROUPED),
-    "MistralBackbone": (1, {**GROUPED, "sliding_window": 4}),
-    "QwenBackbone": (1, GROUPED),
-    "Qwen2Backbone": (1, GROUPED),
-    "Qwen3Backbone": (1, {**GROUPED, "head_dim": 16}),
-    "Qwen3MoeBackbone": (
-        1,
-        {
-            **GROUPED,
-            "head_dim": 16,
-            "num_experts": 2,
-            "top_k": 1,
-            "moe_intermediate_dim": 32,
-        },
-    ),
-    "Qwen3_5Backbone": (
-        1,
-        {
-            **GROUPED,
-            "head_dim": 16,
-            "layer_types": ["full_attention"],
-            "linear_num_key_heads": 2,
-            "linear_num_value_heads": 2,
-            "linear_key_head_dim": 8,
-            "linear_value_head_dim": 8,
-        },
-    ),
-    "Qwen3_5MoeBackbone": (
-        1,
-        {
-            **GROUPED,
-            "head_dim": 16,
-            "layer_types": ["full_attention"],
-            "moe_intermediate_dim": 32,
-            "shared_expert_intermediate_size": 32,
-            "num_experts": 2,
-            "top_k": 1,
-        },
-    ),
-    "Phi3Backbone": (1, {**GROUPED, "max_sequence_length": 32}),
-    "SmolLM3Backbone": (
-        1,
-        {
-            "num_layers": 1,
-            "num_attention_heads": 2,
-            "num_key_value_heads": 1,
-            "attention_bias": False,
-            "attention_dropout": 0.0,
-            "rope_layer_enabled_list": [True],
-            "layer_types": ["attention"],
-            "mlp_bias": False,
-            "layer_norm_epsilon": 1e-6,
-            "max_position_embeddings": 64,
-            "rope_theta": 10000.0,
-            "partial_rotary_factor": 1.0,
-        },
-    ),
+    "LlamaBackbone": GROUPED,
+    "Llama3Backbone": GROUPED,
+    "MistralBackbone": {**GROUPED, "sliding_window": 4},
+    "QwenBackbone": GROUPED,
+    "Qwen2Backbone": GROUPED,
+    "Qwen3Backbone": {**GROUPED, "head_dim": 16},
+    "Qwen3MoeBackbone": {
+        **GROUPED,
+        "head_dim": 16,
+        "num_experts": 2,
+        "top_k": 1,
+        "moe_intermediate_dim": 32,
+    },
+    "Qwen3_5Backbone": {
+        **GROUPED,
+        "head_dim": 16,
+        "layer_types": ["full_attention"],
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 2,
+        "linear_key_head_dim": 8,
+        "linear_value_head_dim": 8,
+    },
+    "Qwen3_5MoeBackbone": {
+        **GROUPED,
+        "head_dim": 16,
+        "layer_types": ["full_attention"],
+        "moe_intermediate_dim": 32,
+        "shared_expert_intermediate_size": 32,
+        "num_experts": 2,
+        "top_k": 1,
+    },
+    "Phi3Backbone": {**GROUPED, "max_sequence_length": 32},
+    "SmolLM3Backbone": {
+        "num_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "rope_layer_enabled_list": [True],
+        "layer_types": ["attention"],
+        "mlp_bias": False,
+        "layer_norm_epsilon": 1e-6,
+        "max_position_embeddings": 64,
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 1.0,
+    },
 }
 
 
@@ -336,7 +324,7 @@ FAMILY_ATTENTION = {
 
 def family_backbone(name):
     keras.utils.set_random_seed(0)
-    arguments = {**SMALL, **FAMILY[name][1]}
+    arguments = {**SMALL, **FAMILY[name]}
     if "moe_intermediate_dim" in arguments and "Qwen3_5" in name:
         del arguments["intermediate_dim"]  # experts' widths only
     backbone = getattr(keras_hub.models, name)(**arguments)
@@ -373,7 +361,7 @@ def test_each_family_keeps_its_values_and_gets_is_causal(name, is_causal_flags):
         layer.dtype_policy = "float32"
     kmp.pin_float32(backbone)
     decoders = told(backbone)
-    assert len(decoders) == FAMILY[name][0]
+    assert len(decoders) == 1
     for decoder in decoders:
         # Not the default 1/sqrt(head_dim), which a call without the
         # layer's scale would get right too.
@@ -492,7 +480,7 @@ def test_the_family_s_subclasses_and_other_wrappers_are_left_alone():
     assert attend_causally(decoder)
     # Qwen3.5's linear-attention decoders: the family's class, no
     # self-attention (built, not run: its scan compiles slowly).
-    arguments = dict(FAMILY["Qwen3_5Backbone"][1])
+    arguments = dict(FAMILY["Qwen3_5Backbone"])
     arguments["layer_types"] = ["linear_attention"]
     linear = keras_hub.models.Qwen3_5Backbone(**SMALL, **arguments)
     assert not any(attend_causally(layer) for layer in all_layers(linear))
