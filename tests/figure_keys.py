@@ -1880,12 +1880,14 @@ _KERAS_HUB_ROWS = [
     "OPT",
     "BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ALBERT, Whisper",
     "FNet",
-    "DeBERTa-v3, GPT-NeoX",
+    "DeBERTa-v3",
+    "GPT-NeoX",
     "Qwen, Qwen2",
     "Bloom, GPT-OSS",
     "ESM, ESM2",
-    "Llama, Llama 3, Mistral, Phi-3, Qwen3, Qwen3-MoE, Qwen3.5, SmolLM3",
-    "Mixtral, Gemma, T5, XLNet",
+    "Llama, Llama 3, Mistral, Mixtral, Phi-3, Qwen3, Qwen3-MoE, Qwen3.5, "
+    "SmolLM3",
+    "Gemma, T5, XLNet",
 ]
 DOCS_KEYS = {
     ("docs/float32-islands.md", "Which KerasHub models the four reach", 0): {

@@ -35,17 +35,19 @@ call with a cache (generation's steps) and a call with
 
 KerasHub's Llama family (Llama and Llama 3, Mistral, Qwen and Qwen2,
 Qwen3, Qwen3-MoE, Qwen3.5's and Qwen3.5-MoE's full-attention layers,
-Phi-3, SmolLM3) has decoders and attentions of its own, and the same
-mask: each decoder builds the causal mask combined with the padding (and
-Mistral's sliding window) whenever it has no cache, and its attention's
-`_compute_attention` runs on JAX what KerasHub calls its fused branch,
-whole:
+Phi-3, SmolLM3, and Mixtral and GPT-NeoX) has decoders and attentions of
+its own, and the same mask: each decoder builds the causal mask combined
+with the padding (and Mistral's and Mixtral's sliding window) whenever
+it has no cache, and its attention's `_compute_attention` runs on JAX
+what KerasHub calls its fused branch, whole:
 
     mask = cast(expand_dims(attention_mask, 1), bool)
     return ops.dot_product_attention(
         query, key, value, mask=mask, scale=attention._inv_norm_factor)
 
-(KerasHub takes it wherever `jax.nn.dot_product_attention` exists). In
+(KerasHub takes it wherever `jax.nn.dot_product_attention` exists;
+Mixtral's only on a GPU that supports it and without dropout,
+GPT-NeoX's without dropout: `_GATES`, asked as KerasHub asks). In
 those calls the attention runs that same call with `is_causal=True`
 added, and KerasHub's own `_compute_attention` everywhere else. Compiled
 for an H200 (`benchmarks/gpu_compile.py --programs llama`), KerasHub's
@@ -87,37 +89,22 @@ from kmp import backend
 _CAUSAL = contextvars.ContextVar("kmp_causal_attention", default=None)
 
 _HUB = "keras_hub.src.models."
+# Most decoders': their attention's attribute, their cache argument.
+_SELF = ("_self_attention_layer", "self_attention_cache")
 # The Llama family's decoders (module docstring), by class: the attribute
 # that holds the self-attention, and the call argument of its cache.
 _FAMILY = {
-    _HUB + "llama.llama_decoder.LlamaTransformerDecoder": (
-        "_self_attention_layer",
-        "self_attention_cache",
-    ),
-    _HUB + "mistral.mistral_transformer_decoder.MistralTransformerDecoder": (
-        "_self_attention_layer",
-        "self_attention_cache",
-    ),
-    _HUB + "qwen.qwen_decoder.QwenTransformerDecoder": (
-        "_self_attention_layer",
-        "self_attention_cache",
-    ),
-    _HUB + "qwen3.qwen3_decoder.Qwen3TransformerDecoder": (
-        "_self_attention_layer",
-        "self_attention_cache",
-    ),
-    _HUB + "qwen3_moe.qwen3_moe_decoder.Qwen3MoeTransformerDecoder": (
-        "_self_attention_layer",
-        "self_attention_cache",
-    ),
-    _HUB + "qwen3_5.qwen3_5_decoder.Qwen3_5TransformerDecoder": (
-        "_self_attention_layer",
-        "self_attention_cache",
-    ),
-    _HUB + "qwen3_5_moe.qwen3_5_moe_decoder.Qwen3_5MoeTransformerDecoder": (
-        "_self_attention_layer",
-        "self_attention_cache",
-    ),
+    _HUB + "llama.llama_decoder.LlamaTransformerDecoder": _SELF,
+    _HUB
+    + "mistral.mistral_transformer_decoder.MistralTransformerDecoder": _SELF,
+    _HUB + "qwen.qwen_decoder.QwenTransformerDecoder": _SELF,
+    _HUB + "qwen3.qwen3_decoder.Qwen3TransformerDecoder": _SELF,
+    _HUB + "qwen3_moe.qwen3_moe_decoder.Qwen3MoeTransformerDecoder": _SELF,
+    _HUB + "qwen3_5.qwen3_5_decoder.Qwen3_5TransformerDecoder": _SELF,
+    _HUB
+    + "qwen3_5_moe.qwen3_5_moe_decoder.Qwen3_5MoeTransformerDecoder": _SELF,
+    _HUB + "mixtral.mixtral_decoder.MixtralTransformerDecoder": _SELF,
+    _HUB + "gpt_neo_x.gpt_neo_x_decoder.GPTNeoXDecoder": _SELF,
     _HUB + "phi3.phi3_decoder.Phi3Decoder": ("attention", "attention_cache"),
     _HUB + "smollm3.smollm3_layers.SmolLM3DecoderLayer": (
         "self_attn",
@@ -141,7 +128,21 @@ _FUSED_BRANCH = {
         ("qwen3_5.qwen3_5_attention.Qwen3_5Attention", {"1b1336d81bfb"}),
         ("phi3.phi3_attention.Phi3Attention", {"e63b90d112b7"}),
         ("smollm3.smollm3_layers.SmolLM3Attention", {"2fb1cebfecd7"}),
+        ("mixtral.mixtral_attention.CachedMixtralAttention", {"8ee3bbda3ac6"}),
+        ("gpt_neo_x.gpt_neo_x_attention.GPTNeoXAttention", {"2036f586d959"}),
     )
+}
+# The attentions that take the fused call only where a test of their own
+# passes (the rest take it on JAX always): Mixtral's asks its
+# `_use_fused_attention_op` (a GPU that supports it, dropout 0), GPT-NeoX's
+# its dropout.
+_GATES = {
+    _HUB + "mixtral.mixtral_attention.CachedMixtralAttention": (
+        lambda attention: attention._use_fused_attention_op()
+    ),
+    _HUB + "gpt_neo_x.gpt_neo_x_attention.GPTNeoXAttention": (
+        lambda attention: attention.dropout == 0
+    ),
 }
 
 
@@ -263,6 +264,8 @@ def _telling_hub(attention):
     decoder on JAX, its fused call with `is_causal=True` (the module
     docstring); KerasHub's own everywhere else."""
 
+    gate = _GATES.get(_name(type(attention)), lambda attention: True)
+
     @functools.wraps(attention._compute_attention)
     def compute_attention(query, key, value, attention_mask=None, *a, **k):
         if (
@@ -270,6 +273,7 @@ def _telling_hub(attention):
             and attention_mask is not None
             and query.shape[1] == key.shape[1]  # a square mask
             and backend.name() == "jax"
+            and gate(attention)
         ):
             mask = ops.cast(ops.expand_dims(attention_mask, axis=1), "bool")
             return ops.dot_product_attention(

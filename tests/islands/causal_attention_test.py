@@ -294,6 +294,14 @@ FAMILY = {
         "top_k": 1,
     },
     "Phi3Backbone": {**GROUPED, "max_sequence_length": 32},
+    # Its fused call only on a GPU (the test opens its gate).
+    "MixtralBackbone": {**GROUPED, "num_experts": 2, "top_k": 1},
+    # Its fused call only without dropout (its default).
+    "GPTNeoXBackbone": {
+        "num_layers": 1,
+        "num_heads": 2,
+        "max_sequence_length": 32,
+    },
     "SmolLM3Backbone": {
         "num_layers": 1,
         "num_attention_heads": 2,
@@ -352,9 +360,21 @@ def is_causal_flags(monkeypatch):
     return calls
 
 
+@pytest.fixture
+def mixtral_fused(monkeypatch):
+    """Mixtral's attention taking its fused call on this CPU, as on a GPU
+    (KerasHub's own test of the device says no here)."""
+    from keras_hub.src.models.mixtral import mixtral_attention
+
+    cls = mixtral_attention.CachedMixtralAttention
+    monkeypatch.setattr(cls, "_use_fused_attention_op", lambda self: True)
+
+
 @jax_only
 @pytest.mark.parametrize("name", list(FAMILY))
-def test_each_family_keeps_its_values_and_gets_is_causal(name, is_causal_flags):
+def test_each_family_keeps_its_values_and_gets_is_causal(
+    name, is_causal_flags, mixtral_fused
+):
     kmp.enable("mixed_bfloat16")
     backbone = family_backbone(name)
     for layer in all_layers(backbone):  # float32 arithmetic: exact
@@ -423,6 +443,31 @@ def test_llama_s_file_comes_back_told(tmp_path):
     loaded = kmp.load_model(path)
     assert len(told(loaded)) == 1
     np.testing.assert_array_equal(numpy(loaded(x)), want)
+
+
+@jax_only
+@pytest.mark.parametrize(
+    "name, changes",
+    [("MixtralBackbone", {}), ("GPTNeoXBackbone", {"dropout": 0.1})],
+)
+def test_a_closed_gate_leaves_keras_hub_s_attention(
+    name, changes, is_causal_flags
+):
+    # Mixtral on a CPU, GPT-NeoX with dropout: KerasHub computes the
+    # scores itself, and kmp's wrapper calls it.
+    kmp.enable("mixed_bfloat16")
+    keras.utils.set_random_seed(0)
+    backbone = getattr(keras_hub.models, name)(
+        **SMALL, **FAMILY[name], **changes
+    )
+    random_weights(backbone)
+    kmp.pin_float32(backbone)
+    (decoder,) = told(backbone)
+    x = padded_tokens("left")
+    got = numpy(backbone(x))
+    del decoder.call
+    np.testing.assert_array_equal(got, numpy(backbone(x)))
+    assert not is_causal_flags  # no fused call either time
 
 
 def test_the_family_s_subclasses_and_other_wrappers_are_left_alone():
