@@ -382,22 +382,7 @@ def llama_program(device, layers, batch, sequence, variant):
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
     model.optimizer.build(model.trainable_variables)
-    state = jax.tree.map(
-        lambda v: abstract(device, v.shape, v.dtype),
-        model._get_jax_state(
-            trainable_variables=True,
-            non_trainable_variables=True,
-            optimizer_variables=True,
-            metrics_variables=True,
-        ),
-    )
-    tokens = abstract(device, (batch, sequence), "int32")
-    mask = abstract(device, (batch, sequence), "bool")
-    data = ({"token_ids": tokens, "padding_mask": mask}, tokens)
-    step = jax.jit(model.train_step, donate_argnums=0)
-    hlo = step.lower(state, data).compile().as_text()
-    keras.backend.clear_session()
-    return hlo
+    return compiled_train_step(device, model, batch, sequence)
 
 
 def _ungroup(attention):
@@ -489,22 +474,26 @@ def lm_program(device, hidden, layers, batch, sequence, variant):
         model, _ = lm_speed.compile_variant(
             config, lm_speed.parse_variant(variant.partition(" ")[0]), 10
         )
+    with float8_matmul._form(variant):
+        return compiled_train_step(device, model, batch, sequence)
+
+
+def compiled_train_step(device, model, batch, sequence):
+    """The compiled HLO of compiled causal LM `model`'s train step on
+    `batch` x `sequence` token ids (its state donated, as Keras's `fit`
+    compiles it); clears Keras's session after."""
+    import keras
+    import lm_speed
+
     state = jax.tree.map(
         lambda v: abstract(device, v.shape, v.dtype),
         lm_speed.train_state(model),
     )
     tokens = abstract(device, (batch, sequence), "int32")
-    data = (
-        {
-            "token_ids": tokens,
-            "padding_mask": abstract(device, (batch, sequence), "bool"),
-        },
-        tokens,
-    )
-    # Donated, as Keras's `fit` compiles its step.
+    mask = abstract(device, (batch, sequence), "bool")
+    data = ({"token_ids": tokens, "padding_mask": mask}, tokens)
     step = jax.jit(model.train_step, donate_argnums=0)
-    with float8_matmul._form(variant):
-        hlo = step.lower(state, data).compile().as_text()
+    hlo = step.lower(state, data).compile().as_text()
     keras.backend.clear_session()
     return hlo
 
