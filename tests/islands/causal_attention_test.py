@@ -157,8 +157,10 @@ def test_the_self_attention_is_told_in_causal_calls_only(causal_flags):
     assert causal_flags == [(self_name, False), (cross_name, False)]
 
 
-@jax_only
-def test_on_jax_the_attention_gets_is_causal_and_the_mask(monkeypatch):
+@pytest.fixture
+def is_causal_flags(monkeypatch):
+    """The `is_causal` each `jax.nn.dot_product_attention` call gets, and
+    whether it got a mask, in order (what Keras's JAX attention calls)."""
     import jax
 
     calls = []
@@ -169,11 +171,16 @@ def test_on_jax_the_attention_gets_is_causal_and_the_mask(monkeypatch):
         return stock(*args, **kwargs)
 
     monkeypatch.setattr(jax.nn, "dot_product_attention", spy)
+    return calls
+
+
+@jax_only
+def test_on_jax_the_attention_gets_is_causal_and_the_mask(is_causal_flags):
     kmp.enable("mixed_bfloat16")
     model = kmp.pin_float32(gpt2())
     model(padded_tokens())
     # Each block: Keras's fused path (dropout 0), the mask and is_causal.
-    assert calls == [(True, True)] * 2
+    assert is_causal_flags == [(True, True)] * 2
 
 
 @pytest.mark.parametrize(
@@ -341,23 +348,6 @@ def family_backbone(name):
 
 def told(model):
     return [layer for layer in all_layers(model) if attends_causally(layer)]
-
-
-@pytest.fixture
-def is_causal_flags(monkeypatch):
-    """The `is_causal` each `jax.nn.dot_product_attention` call gets, and
-    whether it got a mask, in order (what Keras's JAX attention calls)."""
-    import jax
-
-    calls = []
-    stock = jax.nn.dot_product_attention
-
-    def spy(*args, **kwargs):
-        calls.append((kwargs.get("is_causal"), kwargs.get("mask") is not None))
-        return stock(*args, **kwargs)
-
-    monkeypatch.setattr(jax.nn, "dot_product_attention", spy)
-    return calls
 
 
 @pytest.fixture
