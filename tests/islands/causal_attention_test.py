@@ -269,11 +269,11 @@ GROUPED = {"num_layers": 1, "num_query_heads": 2, "num_key_value_heads": 1}
 # Each backbone of the family (module docstring) from a small config, with
 # one attention decoder: its arguments besides SMALL.
 FAMILY = {
+    # Llama 3's and Qwen2's backbones build these two's decoders and
+    # attentions (the same classes: the census counts them).
     "LlamaBackbone": GROUPED,
-    "Llama3Backbone": GROUPED,
     "MistralBackbone": {**GROUPED, "sliding_window": 4},
     "QwenBackbone": GROUPED,
-    "Qwen2Backbone": GROUPED,
     "Qwen3Backbone": {**GROUPED, "head_dim": 16},
     "Qwen3MoeBackbone": {
         **GROUPED,
