@@ -8,8 +8,8 @@ embedding over the batch (`kmp.islands.broadcast_once`), a layer's GELU
 recomputes itself in the backward pass (`recompute_gelu`), an
 `EinsumDense` projecting to several axes adds its bias flat
 (`flatten_bias`), and KerasHub's `TransformerDecoder` and the Llama
-family's decoders tell their self-attention that its mask is causal
-(`attend_causally`). They are
+family's and Gemma's decoders tell their self-attention that its mask
+is causal (`attend_causally`). They are
 Keras's and KerasHub's layers, so they reach the models built from them
 and only those. This script builds each
 KerasHub backbone that builds from a vocabulary size, widths and a
@@ -56,6 +56,9 @@ BACKBONES = {
     "GPT2Backbone": POSITIONS,
     "GPTNeoXBackbone": POSITIONS,
     "GemmaBackbone": {**GROUPED, "head_dim": 16},
+    # Their text backbones (no vision encoder).
+    "Gemma3Backbone": {**GROUPED, "head_dim": 16, "image_size": 16},
+    "Gemma4Backbone": {**GROUPED, "head_dim": 16, "image_size": 16},
     "GptOssBackbone": {**GROUPED, **EXPERTS, "head_dim": 16},
     "LlamaBackbone": GROUPED,
     "Llama3Backbone": GROUPED,

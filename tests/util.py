@@ -362,6 +362,35 @@ def small_gpt2_backbone(dropout=0.1):
     )
 
 
+def padded_tokens(side="right"):
+    """Two sequences of 16 tokens, the second padded after 10 (or, on
+    the left, before 6)."""
+    ids = np.random.default_rng(0).integers(1, 64, (2, 16)).astype("int32")
+    mask = np.ones((2, 16), bool)
+    if side == "right":
+        mask[1, 10:] = False
+    else:
+        mask[1, :6] = False
+    return {"token_ids": ids, "padding_mask": mask}
+
+
+def is_causal_calls(monkeypatch):
+    """A list that gets, for each `jax.nn.dot_product_attention` call (what
+    Keras's JAX attention calls), its `is_causal` and whether it got a
+    mask, in order (a test's fixture returns it)."""
+    import jax
+
+    calls = []
+    stock = jax.nn.dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append((kwargs.get("is_causal"), kwargs.get("mask") is not None))
+        return stock(*args, **kwargs)
+
+    monkeypatch.setattr(jax.nn, "dot_product_attention", spy)
+    return calls
+
+
 def random_weights(model, seed=1):
     """Gives every trainable variable of `model` normal values (standard
     deviation 0.2), not its initializer's: KerasHub's biases start at

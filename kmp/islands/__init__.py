@@ -14,10 +14,13 @@
     einsum_bias     `flatten_bias`: an `EinsumDense`'s bias over several
                     output axes added on the flat output, which XLA
                     fuses into the matmul on a GPU
+    hub_attention   KerasHub's own decoders and attentions (the Llama
+                    family, Gemma): when their mask is causal, and
+                    their fused call told so
     causal_attention  `attend_causally`: KerasHub's decoder self-attention
-                    (its `TransformerDecoder`'s, the Llama family's)
-                    told its mask is causal, so that a GPU's flash
-                    attention skips the masked half
+                    (its `TransformerDecoder`'s, hub_attention's) told
+                    its mask is causal, so that a GPU's flash attention
+                    skips the masked half
     token_ids       `float_ids`: float inputs whose token ids a 16-bit
                     cast rounds before an embedding looks them up
     pin             `kmp.pin_float32`: outputs float32, inner softmaxes

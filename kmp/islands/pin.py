@@ -26,9 +26,10 @@ recomputes itself in the backward pass (`gelu`), which lets XLA fuse it
 into the matmul before it on a GPU; and an attention's query, key and
 value projections add their bias on the flat output (`einsum_bias`),
 which XLA fuses into their matmul on a GPU; and KerasHub's
-`TransformerDecoder` and the Llama family's decoders tell their
-self-attention that the mask they build is causal (`causal_attention`),
-so that a GPU's flash attention skips the masked half of the scores.
+`TransformerDecoder` and the Llama family's and Gemma's decoders tell
+their self-attention that the mask they build is causal
+(`causal_attention`), so that a GPU's flash attention skips the masked
+half of the scores.
 """
 
 from typing import Iterable
@@ -131,11 +132,12 @@ def pin_float32(
       the same values, to 16-bit rounding on a GPU); and each exact
       KerasHub `TransformerDecoder`, and each decoder of KerasHub's
       Llama family (Llama, Mistral, Mixtral, Qwen, Phi-3, SmolLM3,
-      GPT-NeoX), tells its self-attention that the mask it builds is
+      GPT-NeoX) and of Gemma (Gemma 1 to 4's text decoders), tells its self-attention that the mask it builds is
       causal (`is_causal` beside the mask), so that a GPU's flash
       attention skips the blocks the mask hides
-      (`kmp.islands.causal_attention`; the same values, but on cuDNN
-      for a left-padded query with no key to attend).
+      (`kmp.islands.causal_attention`, `kmp.islands.hub_attention`;
+      the same values, but on cuDNN for a left-padded query with no key
+      to attend).
 
     Normalization layers keep their policy: Keras computes them in
     float32 already. On torch each exact `BatchNormalization` becomes
