@@ -54,7 +54,14 @@ telling their attention that the mask is causal
 (`kmp.islands.attend_causally`, as `kmp.pin_float32` does on JAX) and
 with KerasHub's mask alone (`hubcausal`), cuDNN's fused attention in both,
 and told with its keys and values passed grouped (`ungrouped`: a slice
-that takes one of each of KerasHub's repeats, which XLA folds away).
+that takes one of each of KerasHub's repeats, which XLA folds away);
+`gemma`, the same for KerasHub's Gemma 3 text backbone in its 1B
+model's shape (width 1152, 4 query heads, 1 key/value head of 256,
+feed forward 6912, post-norms, a sliding window of 512 tokens; a
+vocabulary of 32,000 as `llama`'s, not its 262,144) at 2 and 1 blocks
+(both windowed, as five of each six are), `pinned` and `hubcausal`,
+its attention taking KerasHub's fused call as on a GPU (KerasHub asks
+for one before it; this machine has none).
 
 What it cannot say: time. And XLA decides some things only on the
 device: autotuning, which picks each GEMM's kernel by timing it, is off
@@ -355,13 +362,9 @@ def llama_program(device, layers, batch, sequence, variant):
     """The compiled HLO of KerasHub Llama's train step (the module
     docstring's `llama`), `variant` `pinned`, `hubcausal` or
     `ungrouped`."""
-    import keras
     import keras_hub
 
-    import kmp
-
-    with kmp.policy_scope("mixed_bfloat16"):
-        keras.utils.set_random_seed(0)
+    def build():
         backbone = keras_hub.models.LlamaBackbone(
             vocabulary_size=32000,
             num_layers=layers,
@@ -370,7 +373,58 @@ def llama_program(device, layers, batch, sequence, variant):
             hidden_dim=2048,
             intermediate_dim=5632,
         )
-        model = keras_hub.models.LlamaCausalLM(backbone, preprocessor=None)
+        return keras_hub.models.LlamaCausalLM(backbone, preprocessor=None)
+
+    return _hub_program(device, build, batch, sequence, variant)
+
+
+def gemma_program(device, layers, batch, sequence, variant):
+    """The compiled HLO of KerasHub Gemma 3's train step (the module
+    docstring's `gemma`), `variant` `pinned` or `hubcausal`, its
+    attention's fused call taken as on a GPU."""
+    import keras_hub
+    from keras_hub.src.models.gemma3 import gemma3_attention
+
+    # KerasHub asks the machine for a GPU (`running_on_gpu`) before its
+    # fused call; this machine has none, the target has.
+    gemma3_attention.CachedGemma3Attention._use_fused_attention_op = (
+        lambda self: self.dropout == 0
+    )
+
+    def build():
+        backbone = keras_hub.models.Gemma3Backbone(
+            vocabulary_size=32000,
+            image_size=16,  # no vision encoder: the text backbone
+            num_layers=layers,
+            num_query_heads=4,
+            num_key_value_heads=1,
+            hidden_dim=1152,
+            intermediate_dim=6912,
+            head_dim=256,
+            use_post_ffw_norm=True,
+            use_post_attention_norm=True,
+            use_sliding_window_attention=True,
+            sliding_window_size=512,
+        )
+        return keras_hub.models.Gemma3CausalLM(
+            backbone=backbone, preprocessor=None
+        )
+
+    return _hub_program(device, build, batch, sequence, variant)
+
+
+def _hub_program(device, build, batch, sequence, variant):
+    """The compiled HLO of the train step of the causal LM `build()`
+    makes, pinned under `mixed_bfloat16`, AdamW under `kmp.wrap`;
+    `variant` `hubcausal` undoes `attend_causally`, `ungrouped` passes
+    the keys and values grouped."""
+    import keras
+
+    import kmp
+
+    with kmp.policy_scope("mixed_bfloat16"):
+        keras.utils.set_random_seed(0)
+        model = build()
         kmp.pin_float32(model)
     for layer in model._flatten_layers():
         if variant == "hubcausal" and kmp.islands.attends_causally(layer):
@@ -533,7 +587,7 @@ def main():
         "--programs",
         default="stack,lm,quantize",
         help="comma-separated: stack, lm, quantize, layout, activation, "
-        "norm, llama",
+        "norm, llama, gemma",
     )
     parser.add_argument(
         "--batches",
@@ -562,7 +616,16 @@ def main():
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     programs = [p for p in args.programs.split(",") if p]
-    known = {"stack", "lm", "quantize", "layout", "activation", "norm", "llama"}
+    known = {
+        "stack",
+        "lm",
+        "quantize",
+        "layout",
+        "activation",
+        "norm",
+        "llama",
+        "gemma",
+    }
     unknown = sorted(set(programs) - known)
     if unknown:
         parser.error(f"--programs takes {sorted(known)}; got {unknown}")
@@ -656,6 +719,20 @@ def main():
             record = dict(counts[0], per_block=per_block(*counts))
             config = f"width 2048, 2 blocks, batch {batch} x {sequence}"
             add("llama", config, variant, record)
+    if "gemma" in programs:
+        answer_cudnn_checks()
+        batch, sequence = 8, 1024
+        for variant in ("pinned", "hubcausal"):
+            counts = [
+                hlo_kernels.summary(
+                    gemma_program(device, n, batch, sequence, variant),
+                    bandwidth,
+                )
+                for n in (2, 1)
+            ]
+            record = dict(counts[0], per_block=per_block(*counts))
+            config = f"width 1152, 2 blocks, batch {batch} x {sequence}"
+            add("gemma", config, variant, record)
     if "lm" in programs:
         if any("flash" in v for v in args.variants.split(",")):
             answer_cudnn_checks()
