@@ -573,6 +573,8 @@ KERAS_HUB_NAMES = {
     "DeBERTa-v3": "DebertaV3",
     "GPT-NeoX": "GPTNeoX",
     "GPT-OSS": "GptOss",
+    "Gemma 3": "Gemma3",
+    "Gemma 4": "Gemma4",
     "Llama 3": "Llama3",
     "Phi-3": "Phi3",
     "Qwen3-MoE": "Qwen3Moe",

@@ -1541,6 +1541,25 @@ _PART9[(_FAMILY, 0)] = {
         for label, variant in _FAMILY_VARIANTS.items()
     },
 }
+_GEMMA = "Gemma's causal mask, read on a CPU (2026-11-29)"
+_PART9[(_GEMMA, 0)] = {
+    "rows": {
+        label: _compiled_row(
+            "gemma",
+            "width 1152, 2 blocks, batch 8 x 1024",
+            variant,
+            {
+                "kernels outside GEMMs": "kernels_outside_gemms",
+                "GB outside GEMMs": "gb_outside_gemms",
+                "GB in GEMMs": "gemm_operand_gb",
+                "16-bit GEMM TFLOP": "gemm_16bit_tflop",
+            },
+            "per_block",
+            file="gpu_compile_h200_gemma.json",
+        )
+        for label, variant in list(_FAMILY_VARIANTS.items())[:2]
+    },
+}
 BENCHMARKS_KEYS = {
     **_PART1,
     **_PART2,
@@ -1861,6 +1880,27 @@ README_KEYS = {
         )
         for v in ("pinned", "hubcausal")
     ],
+    "a decoder block of KerasHub's Gemma 3 text backbone in its 1B model's "
+    "shape (width 1152, 4 query heads and 1 key/value head of 256, a window "
+    "of 512 tokens, batch 8 x 1024) compiled the same way: cuDNN's "
+    "attention mask type and the GB moved outside the GEMMs, with "
+    "`kmp.pin_float32`'s decoders telling their attention the mask is "
+    "causal / with KerasHub's mask alone": [
+        (
+            "gpu_compile_h200_gemma.json",
+            (
+                "records",
+                {
+                    "program": "gemma",
+                    "config": "width 1152, 2 blocks, batch 8 x 1024",
+                    "variant": v,
+                },
+                "per_block",
+                "gb_outside_gemms",
+            ),
+        )
+        for v in ("pinned", "hubcausal")
+    ],
 }
 
 
@@ -1887,7 +1927,8 @@ _KERAS_HUB_ROWS = [
     "ESM, ESM2",
     "Llama, Llama 3, Mistral, Mixtral, Phi-3, Qwen3, Qwen3-MoE, Qwen3.5, "
     "SmolLM3",
-    "Gemma, T5, XLNet",
+    "Gemma, Gemma 3, Gemma 4",
+    "T5, XLNet",
 ]
 DOCS_KEYS = {
     ("docs/float32-islands.md", "Which KerasHub models the four reach", 0): {
