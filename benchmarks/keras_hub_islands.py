@@ -68,6 +68,12 @@ BACKBONES = {
     "Phi3Backbone": {**GROUPED, "max_sequence_length": 32},
     "QwenBackbone": GROUPED,
     "Qwen2Backbone": GROUPED,
+    "QwenMoeBackbone": {
+        **GROUPED,
+        **EXPERTS,
+        "moe_intermediate_dim": 32,
+        "shared_expert_intermediate_dim": 32,
+    },
     "Qwen3Backbone": {**GROUPED, "head_dim": 16},
     "Qwen3MoeBackbone": {
         **GROUPED,

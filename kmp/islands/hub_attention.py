@@ -4,9 +4,9 @@ fused call with `is_causal=True`.
 
 KerasHub's Llama family (Llama and Llama 3, Mistral, Qwen and Qwen2,
 Qwen3, Qwen3-MoE, Qwen3.5's and Qwen3.5-MoE's full-attention layers,
-Phi-3, SmolLM3, and Mixtral and GPT-NeoX) and Gemma (Gemma and Gemma 2,
-Gemma 3's and Gemma 4's text decoders) have decoders and attentions of
-their own. Each decoder builds the causal mask combined with the
+Phi-3, SmolLM3, and Mixtral, Qwen-MoE and GPT-NeoX) and Gemma (Gemma
+and Gemma 2, Gemma 3's and Gemma 4's text decoders) have decoders and
+attentions of their own. Each decoder builds the causal mask combined with the
 padding (and a sliding window: Mistral's, Mixtral's and Gemma 4's)
 whenever it has no cache, and its attention's `_compute_attention` runs
 on JAX what KerasHub calls its fused branch:
@@ -27,9 +27,11 @@ with `is_causal=True` added (the mask stays: padding, and a window,
 within the causal blocks), and KerasHub's own `_compute_attention` runs
 everywhere else: in the decoder's other calls, and where the fused
 branch would not run. KerasHub takes it on JAX wherever
-`jax.nn.dot_product_attention` exists for most of the family; Mixtral
-and every Gemma only where their `_use_fused_attention_op()` says (a
-GPU that supports it, no dropout), GPT-NeoX without dropout (`GATES`).
+`jax.nn.dot_product_attention` exists for most of the family; Mixtral,
+Qwen-MoE and every Gemma only where their `_use_fused_attention_op()`
+says (a GPU that supports it, no dropout), GPT-NeoX without dropout
+(`GATES`). Qwen-MoE's method passes any further keyword arguments to
+the fused call; a call that gets some keeps KerasHub's path.
 Gemma 2's logit soft cap keeps KerasHub's own path: a GPU never takes
 the fused call with it.
 
@@ -101,6 +103,7 @@ DECODERS = {
             _SELF,
         ),
         ("mixtral.mixtral_decoder.MixtralTransformerDecoder", _SELF),
+        ("qwen_moe.qwen_moe_decoder.QwenMoeTransformerDecoder", _SELF),
         ("gpt_neo_x.gpt_neo_x_decoder.GPTNeoXDecoder", _SELF),
         (
             "phi3.phi3_decoder.Phi3Decoder",
@@ -130,6 +133,12 @@ def _llama(attention, query, key, value, mask, arguments):
     return query, key, value, mask, attention._inv_norm_factor
 
 
+def _qwen_moe(attention, query, key, value, mask, arguments):
+    if arguments.get("kwargs"):  # passed on to the fused call as well
+        return None
+    return _llama(attention, query, key, value, mask, arguments)
+
+
 def _gemma(attention, query, key, value, mask, arguments):
     if attention.use_sliding_window_attention:
         mask = attention._mask_sliding_window(
@@ -151,11 +160,12 @@ def _gemma4(attention, query, key, value, mask, arguments):
 
 
 # The attentions (exactly these classes) whose `_compute_attention` runs
-# the fused call of the module docstring, each with its operands and the
-# digests of that method's code in the KerasHub releases read
-# (`digest`): 0.32.0 and keras-hub-nightly 0.33.0.dev202610250352 (the
-# same). A KerasHub that changes the method (say, its fused call takes a
-# sliding window) leaves the attention alone until the change is read.
+# the fused call of the module docstring, each with its operands (a
+# function that may say None: KerasHub's path) and the digests of that
+# method's code in the KerasHub releases read (`digest`): 0.32.0 and
+# keras-hub-nightly 0.33.0.dev202610250352 (the same). A KerasHub that
+# changes the method (say, its fused call takes a sliding window) leaves
+# the attention alone until the change is read.
 ATTENTIONS = {
     _HUB + name: (operands, digests)
     for name, operands, digests in (
@@ -183,6 +193,11 @@ ATTENTIONS = {
             "mixtral.mixtral_attention.CachedMixtralAttention",
             _llama,
             {"8ee3bbda3ac6"},
+        ),
+        (
+            "qwen_moe.qwen_moe_attention.QwenMoeAttention",
+            _qwen_moe,
+            {"d1fab5c04def"},
         ),
         (
             "gpt_neo_x.gpt_neo_x_attention.GPTNeoXAttention",
@@ -213,13 +228,17 @@ def _fused_and_uncapped(attention):
 
 
 # The attentions that take the fused call only where a test of their own
-# passes (the rest take it on JAX always): Mixtral's and Gemma's ask
-# their `_use_fused_attention_op` (a GPU that supports it, dropout 0),
-# Gemma's without a soft cap too; GPT-NeoX's its dropout.
+# passes (the rest take it on JAX always): Mixtral's, Qwen-MoE's and
+# Gemma's ask their `_use_fused_attention_op` (a GPU that supports it,
+# dropout 0), Gemma's without a soft cap too; GPT-NeoX's its dropout.
 GATES = {
-    _HUB + "mixtral.mixtral_attention.CachedMixtralAttention": (
-        lambda attention: attention._use_fused_attention_op()
-    ),
+    **{
+        _HUB + name: lambda attention: attention._use_fused_attention_op()
+        for name in (
+            "mixtral.mixtral_attention.CachedMixtralAttention",
+            "qwen_moe.qwen_moe_attention.QwenMoeAttention",
+        )
+    },
     _HUB + "gpt_neo_x.gpt_neo_x_attention.GPTNeoXAttention": (
         lambda attention: attention.dropout == 0
     ),
@@ -301,13 +320,15 @@ def telling(attention, causal_now):
             arguments = signature.bind(
                 attention, query, key, value, attention_mask, *a, **k
             ).arguments
-            query, key, value, mask, scale = operands(
+            fused = operands(
                 attention, query, key, value, attention_mask, arguments
             )
-            mask = ops.cast(ops.expand_dims(mask, axis=1), "bool")
-            return ops.dot_product_attention(
-                query, key, value, mask=mask, scale=scale, is_causal=True
-            )
+            if fused is not None:
+                query, key, value, mask, scale = fused
+                mask = ops.cast(ops.expand_dims(mask, axis=1), "bool")
+                return ops.dot_product_attention(
+                    query, key, value, mask=mask, scale=scale, is_causal=True
+                )
         # The class's `_compute_attention` as it is when the layer runs.
         return type(attention)._compute_attention(
             attention, query, key, value, attention_mask, *a, **k

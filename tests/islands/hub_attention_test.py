@@ -21,6 +21,7 @@ import kmp
 from kmp import backend
 from kmp.islands import attend_causally
 from kmp.islands import attends_causally
+from kmp.islands import causal_attention
 from kmp.islands import hub_attention
 from kmp.model_layers import all_layers
 
@@ -76,8 +77,15 @@ FAMILY = {
         "top_k": 1,
     },
     "Phi3Backbone": {**GROUPED, "max_sequence_length": 32},
-    # Its fused call only on a GPU (the test opens its gate).
+    # Their fused call only on a GPU (the tests open their gate).
     "MixtralBackbone": {**GROUPED, "num_experts": 2, "top_k": 1},
+    "QwenMoeBackbone": {
+        **GROUPED,
+        "moe_intermediate_dim": 32,
+        "shared_expert_intermediate_dim": 32,
+        "num_experts": 2,
+        "top_k": 1,
+    },
     # Its fused call only without dropout (its default).
     "GPTNeoXBackbone": {
         "num_layers": 1,
@@ -154,15 +162,18 @@ def told(model):
 
 @pytest.fixture
 def gates_open(monkeypatch):
-    """Mixtral's and Gemma's attentions taking their fused call on this
-    CPU, as on a GPU (KerasHub's own test of the device says no here)."""
+    """Mixtral's, Qwen-MoE's and Gemma's attentions taking their fused
+    call on this CPU, as on a GPU (KerasHub's own test of the device says
+    no here)."""
     from keras_hub.src.models.gemma import gemma_attention
     from keras_hub.src.models.gemma3 import gemma3_attention
     from keras_hub.src.models.gemma4 import gemma4_attention
     from keras_hub.src.models.mixtral import mixtral_attention
+    from keras_hub.src.models.qwen_moe import qwen_moe_attention
 
     for cls in (
         mixtral_attention.CachedMixtralAttention,
+        qwen_moe_attention.QwenMoeAttention,
         gemma_attention.CachedGemmaAttention,
         gemma3_attention.CachedGemma3Attention,
         gemma4_attention.Gemma4TextAttention,
@@ -275,6 +286,27 @@ def test_a_closed_gate_leaves_keras_hub_s_attention(
     del decoder.call
     np.testing.assert_array_equal(got, numpy(backbone(x)))
     assert not is_causal_flags  # no fused call either time
+
+
+@jax_only
+def test_qwen_moe_s_further_arguments_keep_keras_hub_s_path(
+    is_causal_flags, gates_open
+):
+    # Its method passes keyword arguments it does not name on to the
+    # fused call: kmp's call would drop them.
+    kmp.enable("mixed_bfloat16")
+    (decoder,) = told(kmp.pin_float32(family_backbone("QwenMoeBackbone")))
+    attention = decoder._self_attention_layer
+    told_call = attention._compute_attention
+    x = np.ones((2, 4, 2, 16), "float32")
+    mask = np.tril(np.ones((2, 4, 4), bool))
+    token = causal_attention._CAUSAL.set(attention)  # a causal call
+    try:
+        told_call(x, x, x, mask)
+        told_call(x, x, x, mask, is_causal=False)
+    finally:
+        causal_attention._CAUSAL.reset(token)
+    assert is_causal_flags == [(True, True), (False, True)]
 
 
 @jax_only
