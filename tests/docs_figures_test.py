@@ -578,6 +578,7 @@ KERAS_HUB_NAMES = {
     "Llama 3": "Llama3",
     "Phi-3": "Phi3",
     "Qwen3-MoE": "Qwen3Moe",
+    "Qwen-MoE": "QwenMoe",
     "Qwen3.5": "Qwen3_5",
 }
 

@@ -1922,7 +1922,7 @@ _KERAS_HUB_ROWS = [
     "FNet",
     "DeBERTa-v3",
     "GPT-NeoX",
-    "Qwen, Qwen2",
+    "Qwen, Qwen2, Qwen-MoE",
     "Bloom, GPT-OSS",
     "ESM, ESM2",
     "Llama, Llama 3, Mistral, Mixtral, Phi-3, Qwen3, Qwen3-MoE, Qwen3.5, "

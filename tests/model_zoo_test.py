@@ -372,7 +372,7 @@ def test_bfloat16_masters_and_state_train_save_and_load(name, tmp_path):
 # position table (Bloom), disentangled attention (DeBERTa-v3), Fourier
 # mixing and no attention (FNet), rotary attention whose query, key and
 # value are one projection (GPT-NeoX). `benchmarks/keras_hub_islands.py`
-# counts the four in 32 backbones: T5 and XLNet have none of them, the
+# counts the four in 33 backbones: T5 and XLNet have none of them, the
 # Llama family (Mixtral's included) and Gemma only their decoders'
 # causal mask (whose values `tests/islands/hub_attention_test.py` checks
 # for each).

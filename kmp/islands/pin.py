@@ -131,8 +131,8 @@ def pin_float32(
       a GPU's matmul adds in its epilogue (`kmp.islands.einsum_bias`;
       the same values, to 16-bit rounding on a GPU); and each exact
       KerasHub `TransformerDecoder`, and each decoder of KerasHub's
-      Llama family (Llama, Mistral, Mixtral, Qwen, Phi-3, SmolLM3,
-      GPT-NeoX) and of Gemma (Gemma 1 to 4's text decoders), tells its
+      Llama family (Llama, Mistral, Mixtral, Qwen, Qwen-MoE, Phi-3,
+      SmolLM3, GPT-NeoX) and of Gemma (Gemma 1 to 4's text decoders), tells its
       self-attention that the mask it builds is causal (`is_causal`
       beside the mask), so that a GPU's flash attention skips the
       blocks the mask hides (`kmp.islands.causal_attention`,
