@@ -111,6 +111,8 @@ def _hosts(decoder):
         def causal(arguments):
             return (
                 arguments.get("use_causal_mask", True) is True
+                # (With a cache index and no cache, KerasHub's attention
+                # raises.)
                 and arguments.get("self_attention_cache") is None
             )
 

@@ -6,10 +6,10 @@ KerasHub's Llama family (Llama and Llama 3, Mistral, Qwen and Qwen2,
 Qwen3, Qwen3-MoE, Qwen3.5's and Qwen3.5-MoE's full-attention layers,
 Phi-3, SmolLM3, and Mixtral, Qwen-MoE and GPT-NeoX) and Gemma (Gemma
 and Gemma 2, Gemma 3's and Gemma 4's text decoders) have decoders and
-attentions of their own. Each decoder builds the causal mask combined with the
-padding (and a sliding window: Mistral's, Mixtral's and Gemma 4's)
-whenever it has no cache, and its attention's `_compute_attention` runs
-on JAX what KerasHub calls its fused branch:
+attentions of their own. Each decoder builds the causal mask combined
+with the padding (and a sliding window: Mistral's, Mixtral's and Gemma
+4's) whenever it has no cache, and its attention's `_compute_attention`
+runs on JAX what KerasHub calls its fused branch:
 
     query, key, value, mask, scale = operands(attention, ...)
     mask = cast(expand_dims(mask, 1), bool)
@@ -29,13 +29,15 @@ everywhere else: in the decoder's other calls, and where the fused
 branch would not run. KerasHub takes it on JAX wherever
 `jax.nn.dot_product_attention` exists for most of the family; Mixtral,
 Qwen-MoE and every Gemma only where their `_use_fused_attention_op()`
-says (a GPU that supports it, no dropout), GPT-NeoX without dropout
-(`GATES`). Qwen-MoE's method passes any further keyword arguments to
+says (a GPU that supports it, or a TPU; no dropout), GPT-NeoX without
+dropout (`GATES`). Qwen-MoE's method passes any further keyword arguments to
 the fused call; a call that gets some keeps KerasHub's path.
 Gemma 2's logit soft cap keeps KerasHub's own path: a GPU never takes
-the fused call with it.
+the fused call with it, and a TPU's kernel was not read.
 
-A causal call: one without a cache; for Gemma 3 and 4 also without a
+A causal call: one without a cache, at the sequence's start (a cache
+index of 0 or None: past it, the mask is shifted, each token seeing as
+many ahead; no KerasHub task calls so); for Gemma 3 and 4 also without a
 vision mask (image tokens attend each other both ways) and not an
 embedding model's (`use_bidirectional_attention`). `DECODERS` lists the
 decoders and `ATTENTIONS` the attentions, by module and class name
@@ -62,21 +64,33 @@ from kmp import backend
 _HUB = "keras_hub.src.models."
 
 
+def at_start(index):
+    """Whether a decoder call's cache index (None, KerasHub's default, or
+    a number) is the sequence's start: the causal mask it builds is
+    shifted by the index, so a call at 2 without a cache lets each token
+    see two ahead. A tensor index is not read (generation's, which
+    always comes with a cache)."""
+    return index is None or (type(index) is int and index == 0)
+
+
 def _without(cache):
     """A decoder call's test: whether it builds a causal mask, that is,
-    runs without its cache argument `cache`."""
+    runs without its cache argument `cache` (whose index argument is
+    named after it) at the sequence's start."""
 
     def causal(decoder, arguments):
-        return arguments.get(cache) is None
+        return arguments.get(cache) is None and at_start(
+            arguments.get(cache + "_update_index")
+        )
 
     return causal
 
 
 def _text(decoder, arguments):
-    """Gemma 3's and 4's test: no cache, no vision mask, and causal at
-    all (not an embedding model's bidirectional mask)."""
+    """Gemma 3's and 4's test: no cache, at the start, no vision mask,
+    and causal at all (not an embedding model's bidirectional mask)."""
     return (
-        arguments.get("cache") is None
+        _without("cache")(decoder, arguments)
         and arguments.get("vision_mask") is None
         and getattr(decoder, "use_bidirectional_attention", None) is False
     )
@@ -229,8 +243,9 @@ def _fused_and_uncapped(attention):
 
 # The attentions that take the fused call only where a test of their own
 # passes (the rest take it on JAX always): Mixtral's, Qwen-MoE's and
-# Gemma's ask their `_use_fused_attention_op` (a GPU that supports it,
-# dropout 0), Gemma's without a soft cap too; GPT-NeoX's its dropout.
+# Gemma's ask their `_use_fused_attention_op` (a GPU that supports it or
+# a TPU, dropout 0), Gemma's without a soft cap too; GPT-NeoX's its
+# dropout.
 GATES = {
     **{
         _HUB + name: lambda attention: attention._use_fused_attention_op()

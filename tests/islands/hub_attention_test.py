@@ -136,7 +136,6 @@ FAMILY = {
 }
 # The backbone class of a name that is a config, not a class.
 CLASS = {"Gemma2": "GemmaBackbone"}
-GEMMA = [name for name in FAMILY if name.startswith("Gemma")]
 
 
 def family_backbone(name, **changes):
@@ -160,11 +159,9 @@ def told(model):
     return [layer for layer in all_layers(model) if attends_causally(layer)]
 
 
-@pytest.fixture
-def gates_open(monkeypatch):
-    """Mixtral's, Qwen-MoE's and Gemma's attentions taking their fused
-    call on this CPU, as on a GPU (KerasHub's own test of the device says
-    no here)."""
+def set_gates(monkeypatch, fused):
+    """Mixtral's, Qwen-MoE's and Gemma's attentions asking their own test
+    of the device (`_use_fused_attention_op`) and hearing `fused`."""
     from keras_hub.src.models.gemma import gemma_attention
     from keras_hub.src.models.gemma3 import gemma3_attention
     from keras_hub.src.models.gemma4 import gemma4_attention
@@ -178,7 +175,14 @@ def gates_open(monkeypatch):
         gemma3_attention.CachedGemma3Attention,
         gemma4_attention.Gemma4TextAttention,
     ):
-        monkeypatch.setattr(cls, "_use_fused_attention_op", lambda self: True)
+        monkeypatch.setattr(cls, "_use_fused_attention_op", lambda self: fused)
+
+
+@pytest.fixture
+def gates_open(monkeypatch):
+    """Those attentions taking their fused call on this CPU, as on a GPU
+    (KerasHub's own test of the device says no here)."""
+    set_gates(monkeypatch, True)
 
 
 @jax_only
@@ -267,16 +271,17 @@ def test_llama_s_file_comes_back_told(tmp_path):
     "name, changes",
     [
         ("MixtralBackbone", {}),
-        ("GPTNeoXBackbone", {"dropout": 0.1}),
         ("Gemma3Backbone", {}),
-        ("GemmaBackbone", {"dropout": 0.1}),
+        ("GPTNeoXBackbone", {"dropout": 0.1}),
     ],
 )
 def test_a_closed_gate_leaves_keras_hub_s_attention(
-    name, changes, is_causal_flags
+    name, changes, is_causal_flags, monkeypatch
 ):
-    # Mixtral and Gemma 3 on a CPU, GPT-NeoX and Gemma with dropout:
-    # KerasHub computes the scores itself, and kmp's wrapper calls it.
+    # Mixtral's and Gemma 3's test of the device saying no (as on a CPU,
+    # or with dropout), GPT-NeoX with dropout: KerasHub computes the
+    # scores itself, and kmp's wrapper calls it.
+    set_gates(monkeypatch, False)
     kmp.enable("mixed_bfloat16")
     backbone = family_backbone(name, **changes)
     kmp.pin_float32(backbone)
@@ -307,6 +312,23 @@ def test_qwen_moe_s_further_arguments_keep_keras_hub_s_path(
     finally:
         causal_attention._CAUSAL.reset(token)
     assert is_causal_flags == [(True, True), (False, True)]
+
+
+@jax_only
+def test_a_call_past_the_start_without_a_cache_is_not_told(
+    is_causal_flags, gates_open
+):
+    # Its causal mask is shifted by the index: each token sees two ahead.
+    kmp.enable("mixed_bfloat16")
+    (decoder,) = told(kmp.pin_float32(family_backbone("GemmaBackbone")))
+    x = np.random.default_rng(0).normal(size=(2, 5, 32)).astype("float32")
+    decoder(x)
+    assert is_causal_flags == [(True, True)]
+    is_causal_flags.clear()
+    got = numpy(decoder(x, cache_update_index=2))
+    assert is_causal_flags == [(False, True)]  # KerasHub's own call
+    del decoder.call
+    np.testing.assert_array_equal(got, numpy(decoder(x, cache_update_index=2)))
 
 
 @jax_only
