@@ -13,8 +13,9 @@ is causal (`attend_causally`). They are
 Keras's and KerasHub's layers, so they reach the models built from them
 and only those. This script builds each
 KerasHub backbone that builds from a vocabulary size, widths and a
-layer count (the text and audio ones), with 2 layers (an
-encoder-decoder's 2 of each), under `mixed_bfloat16`, pins it and counts
+layer count, whatever it names them (the text and audio ones; a
+multimodal one's text backbone), with 2 layers (an encoder-decoder's 2
+of each), under `mixed_bfloat16`, pins it and counts
 the layers of each kind pinning changed. No timing: which layers change
 is the same on any machine. `tests/model_zoo_test.py` checks values and
 gradients on seven of them.
@@ -53,6 +54,7 @@ BACKBONES = {
     "ESMBackbone": POSITIONS,
     "ESM2Backbone": POSITIONS,
     "FNetBackbone": {"max_sequence_length": 32},
+    "FalconBackbone": {"num_attention_heads": 2},
     "GPT2Backbone": POSITIONS,
     "GPTNeoXBackbone": POSITIONS,
     "GemmaBackbone": {**GROUPED, "head_dim": 16},
@@ -89,6 +91,7 @@ BACKBONES = {
         "layer_types": ["linear_attention", "full_attention"],
     },
     "RobertaBackbone": POSITIONS,
+    "RoformerV2Backbone": {**HEADS, "head_size": 16},
     "SmolLM3Backbone": {
         "num_attention_heads": 2,
         "num_key_value_heads": 1,
@@ -107,6 +110,73 @@ BACKBONES = {
     "XLMRobertaBackbone": POSITIONS,
     "XLNetBackbone": HEADS,
 }
+# Backbones whose arguments are named otherwise (or that take no
+# intermediate_dim): their whole config, SMALL's sizes under their names.
+OWN_NAMES = {
+    "EdRecBackbone": {
+        "vocab_size": 64,
+        "num_layers_enc": 2,
+        "num_layers_dec": 2,
+        "hidden_dim": 32,
+        "intermediate_dim": 64,
+        "num_heads": 2,
+    },
+    "ElectraBackbone": {
+        "vocab_size": 64,
+        "num_layers": 2,
+        "num_heads": 2,
+        "hidden_dim": 32,
+        "embedding_dim": 32,
+        "intermediate_dim": 64,
+        "max_sequence_length": 32,
+    },
+    "MoonshineBackbone": {
+        "vocabulary_size": 64,
+        "filter_dim": 32,
+        "encoder_num_layers": 2,
+        "decoder_num_layers": 2,
+        "hidden_dim": 32,
+        "intermediate_dim": 64,
+        "encoder_num_heads": 2,
+        "decoder_num_heads": 2,
+    },
+    "Qwen3_5MoeBackbone": {
+        "vocabulary_size": 64,
+        "num_layers": 2,
+        "hidden_dim": 32,
+        **GROUPED,
+        **EXPERTS,
+        "head_dim": 16,
+        "moe_intermediate_dim": 32,
+        "shared_expert_intermediate_size": 32,
+        "layer_types": ["linear_attention", "full_attention"],
+    },
+    "RWKV7Backbone": {
+        "vocabulary_size": 64,
+        "num_layers": 2,
+        "hidden_size": 32,
+        "head_size": 16,
+        "intermediate_dim": 64,
+    },
+    "T5GemmaBackbone": {
+        "vocabulary_size": 64,
+        **{
+            f"{part}_{key}": value
+            for part in ("encoder", "decoder")
+            for key, value in {
+                "hidden_dim": 32,
+                "intermediate_dim": 64,
+                "num_layers": 2,
+                "num_attention_heads": 2,
+                "num_key_value_heads": 1,
+                "head_dim": 16,
+                "layer_types": ["full_attention"] * 2,
+            }.items()
+        },
+    },
+}
+# Its text backbone (no vision encoder): T5Gemma's arguments.
+OWN_NAMES["T5Gemma2Backbone"] = OWN_NAMES["T5GemmaBackbone"]
 KINDS = {
     "position_embeddings_repeated": kmp.islands.broadcasts_once,
     "gelus_recomputed": kmp.islands.recomputes_gelu,
@@ -119,7 +189,8 @@ def census(name):
     """How many layers of each kind pinning changes in backbone `name`."""
     with kmp.policy_scope("mixed_bfloat16"):
         keras.utils.set_random_seed(0)
-        backbone = getattr(keras_hub.models, name)(**SMALL, **BACKBONES[name])
+        config = OWN_NAMES.get(name) or {**SMALL, **BACKBONES[name]}
+        backbone = getattr(keras_hub.models, name)(**config)
         kmp.pin_float32(backbone)
     layers = all_layers(backbone)
     counts = {kind: sum(map(test, layers)) for kind, test in KINDS.items()}
@@ -131,7 +202,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "--backbones",
-        default=",".join(BACKBONES),
+        default=",".join(sorted({*BACKBONES, *OWN_NAMES})),
         help="comma-separated KerasHub backbone classes",
     )
     parser.add_argument("--out", default=None)
@@ -139,9 +210,10 @@ def main():
     if keras.backend.backend() != "jax":
         parser.error("pin_float32 changes these layers on JAX only")
     names = [n for n in args.backbones.split(",") if n]
-    unknown = sorted(set(names) - set(BACKBONES))
+    known = {*BACKBONES, *OWN_NAMES}
+    unknown = sorted(set(names) - known)
     if unknown:
-        parser.error(f"--backbones takes {sorted(BACKBONES)}; got {unknown}")
+        parser.error(f"--backbones takes {sorted(known)}; got {unknown}")
     records = []
     print(f"{'backbone':22} " + " ".join(f"{k:>28}" for k in KINDS))
     for name in names:
