@@ -18,7 +18,7 @@ multimodal one's text backbone), with 2 layers (an encoder-decoder's 2
 of each), under `mixed_bfloat16`, pins it and counts
 the layers of each kind pinning changed. No timing: which layers change
 is the same on any machine. `tests/model_zoo_test.py` checks values and
-gradients on seven of them.
+gradients on eight of them.
 """
 
 import argparse

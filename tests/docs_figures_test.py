@@ -579,6 +579,11 @@ KERAS_HUB_NAMES = {
     "Phi-3": "Phi3",
     "Qwen3-MoE": "Qwen3Moe",
     "Qwen-MoE": "QwenMoe",
+    "Qwen3.5-MoE": "Qwen3_5Moe",
+    "ELECTRA": "Electra",
+    "RoFormer-v2": "RoformerV2",
+    "T5Gemma 2": "T5Gemma2",
+    "RWKV-7": "RWKV7",
     "Qwen3.5": "Qwen3_5",
 }
 

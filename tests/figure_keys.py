@@ -1918,17 +1918,18 @@ def _f8(model, variant):
 _KERAS_HUB_ROWS = [
     "GPT-2, Bart",
     "OPT",
-    "BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ALBERT, Whisper",
+    "BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ALBERT, ELECTRA, Whisper",
     "FNet",
     "DeBERTa-v3",
     "GPT-NeoX",
     "Qwen, Qwen2, Qwen-MoE",
+    "Falcon",
     "Bloom, GPT-OSS",
-    "ESM, ESM2",
+    "ESM, ESM2, Moonshine",
     "Llama, Llama 3, Mistral, Mixtral, Phi-3, Qwen3, Qwen3-MoE, Qwen3.5, "
-    "SmolLM3",
+    "Qwen3.5-MoE, SmolLM3",
     "Gemma, Gemma 3, Gemma 4",
-    "T5, XLNet",
+    "T5, XLNet, RoFormer-v2, T5Gemma, T5Gemma 2, EdRec, RWKV-7",
 ]
 DOCS_KEYS = {
     ("docs/float32-islands.md", "Which KerasHub models the four reach", 0): {

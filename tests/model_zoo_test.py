@@ -371,11 +371,13 @@ def test_bfloat16_masters_and_state_train_save_and_load(name, tmp_path):
 # and a factorized embedding (ALBERT), attention with ALiBi and no
 # position table (Bloom), disentangled attention (DeBERTa-v3), Fourier
 # mixing and no attention (FNet), rotary attention whose query, key and
-# value are one projection (GPT-NeoX). `benchmarks/keras_hub_islands.py`
-# counts the four in 33 backbones: T5 and XLNet have none of them, the
-# Llama family (Mixtral's included) and Gemma only their decoders'
-# causal mask (whose values `tests/islands/hub_attention_test.py` checks
-# for each).
+# value are one projection (GPT-NeoX), a decoder whose attention adds
+# ALiBi to the scores it computes and whose feed-forward's GELU is a
+# Dense's (Falcon). `benchmarks/keras_hub_islands.py`
+# counts the four in 42 backbones: T5, XLNet and five more have none of
+# them, the Llama family (Mixtral's included) and Gemma only their
+# decoders' causal mask (whose values `tests/islands/hub_attention_test.py`
+# checks for each).
 SMALL = {"vocabulary_size": 64, "hidden_dim": 32, "intermediate_dim": 64}
 ISLAND_BACKBONES = {
     # (config, (position embeddings, GELUs, flattened biases, decoders))
@@ -415,6 +417,10 @@ ISLAND_BACKBONES = {
     "GPTNeoXBackbone": (
         {**SMALL, "num_layers": 1, "num_heads": 2, "max_sequence_length": 16},
         (0, 1, 1, 1),
+    ),
+    "FalconBackbone": (
+        {**SMALL, "num_layers": 1, "num_attention_heads": 2},
+        (0, 1, 3, 0),
     ),
 }
 
