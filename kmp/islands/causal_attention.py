@@ -37,16 +37,16 @@ KerasHub's Llama family and Gemma have decoders and attentions of their
 own, and the same mask; in their causal calls their attention makes
 KerasHub's own fused call with `is_causal=True` added
 (`kmp.islands.hub_attention`, which lists them). Compiled for an H200
-(`benchmarks/gpu_compile.py --programs llama`), KerasHub's Llama at
-width 2048 then gets cuDNN's `CAUSAL` mask type instead of `NO_MASK`,
-the same bytes outside the matmuls.
+(`benchmarks/gpu_compile.py --programs llama,gemma`), KerasHub's Llama
+at width 2048 and Gemma 3 in its 1B shape then get cuDNN's `CAUSAL`
+mask type instead of `NO_MASK`, the same bytes outside the matmuls.
 
 How: an instance-level `call` on the decoder marks its calls that build
 a causal mask, and an instance-level `_compute_attention` on its
 self-attention adds `use_causal_mask=True` (Keras's attention) or
-`is_causal=True` (KerasHub's own attentions) inside them. `get_config` and
-`.keras` files are unchanged; `kmp.pin_float32` applies it on JAX and
-`kmp.load_model` again. `del decoder.call` undoes it (the attention's
+`is_causal=True` (KerasHub's own attentions) inside them. `get_config`
+and `.keras` files are unchanged; `kmp.pin_float32` applies it on JAX
+and `kmp.load_model` again. `del decoder.call` undoes it (the attention's
 wrapper then adds nothing, and applying it again reuses it).
 """
 

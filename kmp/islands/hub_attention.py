@@ -30,10 +30,10 @@ branch would not run. KerasHub takes it on JAX wherever
 `jax.nn.dot_product_attention` exists for most of the family; Mixtral,
 Qwen-MoE and every Gemma only where their `_use_fused_attention_op()`
 says (a GPU that supports it, or a TPU; no dropout), GPT-NeoX without
-dropout (`GATES`). Qwen-MoE's method passes any further keyword arguments to
-the fused call; a call that gets some keeps KerasHub's path.
-Gemma 2's logit soft cap keeps KerasHub's own path: a GPU never takes
-the fused call with it, and a TPU's kernel was not read.
+dropout (`GATES`). Qwen-MoE's method passes any further keyword
+arguments to the fused call; a call that gets some keeps KerasHub's
+path. Gemma 2's logit soft cap keeps KerasHub's own path: a GPU never
+takes the fused call with it, and a TPU's kernel was not read.
 
 A causal call: one without a cache, at the sequence's start (a cache
 index of 0 or None: past it, the mask is shifted, each token seeing as

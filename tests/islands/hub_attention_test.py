@@ -77,7 +77,7 @@ FAMILY = {
         "top_k": 1,
     },
     "Phi3Backbone": {**GROUPED, "max_sequence_length": 32},
-    # Their fused call only on a GPU (the tests open their gate).
+    # Their fused call only on a GPU or a TPU (the tests open their gate).
     "MixtralBackbone": {**GROUPED, "num_experts": 2, "top_k": 1},
     "QwenMoeBackbone": {
         **GROUPED,
@@ -106,10 +106,10 @@ FAMILY = {
         "rope_theta": 10000.0,
         "partial_rotary_factor": 1.0,
     },
-    # Gemma's fused call only on a GPU (the tests open its gate). A head
-    # narrower than hidden_dim / num_query_heads (the value test has
-    # Gemma take its scale from the latter: a call with the default
-    # 1/sqrt(head_dim) would differ).
+    # Gemma's fused call only on a GPU or a TPU (the tests open its
+    # gate). A head narrower than hidden_dim / num_query_heads (the value
+    # test has Gemma take its scale from the latter: a call with the
+    # default 1/sqrt(head_dim) would differ).
     "GemmaBackbone": {**GROUPED, "head_dim": 8},
     # Gemma 2's sliding window, cut into the mask in the attention: 4
     # tokens of 16.
