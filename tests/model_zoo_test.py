@@ -367,7 +367,8 @@ def test_bfloat16_masters_and_state_train_save_and_load(name, tmp_path):
 # layer (an encoder-decoder's one of each), and how many layers of each
 # kind pinning changes. Each reaches them through code of its own: an
 # encoder-decoder with cross-attention (Bart), one on audio features
-# whose key projections have no bias (Whisper), layers shared by a group
+# whose key projections have no bias and whose decoder is a subclass of
+# KerasHub's (Whisper), layers shared by a group
 # and a factorized embedding (ALBERT), attention with ALiBi and no
 # position table (Bloom), disentangled attention (DeBERTa-v3), Fourier
 # mixing and no attention (FNet), rotary attention whose query, key and
@@ -393,7 +394,7 @@ ISLAND_BACKBONES = {
             "max_encoder_sequence_length": 16,
             "max_decoder_sequence_length": 16,
         },
-        (2, 2, 6, 0),
+        (2, 2, 6, 1),
     ),
     "AlbertBackbone": (
         {

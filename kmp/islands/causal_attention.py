@@ -25,9 +25,12 @@ mean of the values over every key with the mask alone and over the keys
 up to it with the causal type; no other position attends to a padded
 one, so only the padded positions' outputs differ (their loss weight is
 0 with KerasHub's preprocessors, which pad on the right anyway).
-`attend_causally(decoder)` applies only where the mask is causal: an
-exact `TransformerDecoder` called with `use_causal_mask=True` (its
-default) and no cache (training, and a full sequence's forward pass),
+`attend_causally(decoder)` applies only where the mask is causal: a
+`TransformerDecoder` whose call and mask are KerasHub's (the class
+itself, or a subclass that overrides neither, as Whisper's decoder,
+which changes only its attention layers' class) called with
+`use_causal_mask=True` (its default) and no cache (training, and a full
+sequence's forward pass),
 whose self-attention is a Keras `MultiHeadAttention` running Keras's
 `_compute_attention`; its cross-attention, an encoder's attention, a
 call with a cache (generation's steps) and a call with
@@ -65,20 +68,29 @@ _CAUSAL = contextvars.ContextVar("kmp_causal_attention", default=None)
 
 
 def is_keras_hub_decoder(layer):
-    """Whether `layer` is exactly KerasHub's `TransformerDecoder` (a
-    subclass keeps its own call). KerasHub is not imported here: a model
-    that has the layer has imported it."""
+    """Whether `layer` is KerasHub's `TransformerDecoder` running its
+    class's `call` and `_compute_self_attention_mask`: the class itself,
+    or a subclass that overrides neither (Whisper's decoder changes its
+    `build`); a subclass with a call or mask of its own (Moonshine's) is
+    not. KerasHub is not imported here: a model that has the layer has
+    imported it."""
     keras_hub = sys.modules.get("keras_hub")
     cls = getattr(
         getattr(keras_hub, "layers", None), "TransformerDecoder", None
     )
-    return cls is not None and type(layer) is cls
+    return (
+        cls is not None
+        and isinstance(layer, cls)
+        and type(layer).call is cls.call
+        and type(layer)._compute_self_attention_mask
+        is cls._compute_self_attention_mask
+    )
 
 
 def is_causal_decoder(layer):
-    """Whether `layer` is a decoder `attend_causally` knows: exactly
-    KerasHub's `TransformerDecoder`, or exactly one of the Llama family's
-    or Gemma's (`hub_attention.DECODERS`)."""
+    """Whether `layer` is a decoder `attend_causally` knows: KerasHub's
+    `TransformerDecoder` (`is_keras_hub_decoder`), or exactly one of the
+    Llama family's or Gemma's (`hub_attention.DECODERS`)."""
     return (
         is_keras_hub_decoder(layer)
         or hub_attention.name(type(layer)) in hub_attention.DECODERS
@@ -157,12 +169,12 @@ def attend_causally(decoder):
     """Tells decoder `decoder`'s self-attention that the mask it builds
     is causal (module docstring).
 
-    Applies to an exact KerasHub `TransformerDecoder` running its class's
-    call, whose self-attention is a Keras `MultiHeadAttention` (KerasHub's
-    cached subclass included) running Keras's `_compute_attention`, which
-    takes `use_causal_mask`; and to an exact decoder of KerasHub's Llama
-    family or Gemma whose attention runs its class's `_compute_attention`
-    (`hub_attention`).
+    Applies to a KerasHub `TransformerDecoder` running that class's call
+    and mask (`is_keras_hub_decoder`), whose self-attention is a Keras
+    `MultiHeadAttention` (KerasHub's cached subclasses included) running
+    Keras's `_compute_attention`, which takes `use_causal_mask`; and to
+    an exact decoder of KerasHub's Llama family or Gemma whose attention
+    runs its class's `_compute_attention` (`hub_attention`).
     Applying it twice changes nothing.
 
     Args:

@@ -129,11 +129,11 @@ def pin_float32(
       bias over them (the query, key and value projections of
       `MultiHeadAttention`) adds its bias on the flattened output, which
       a GPU's matmul adds in its epilogue (`kmp.islands.einsum_bias`;
-      the same values, to 16-bit rounding on a GPU); and each exact
-      KerasHub `TransformerDecoder`, and each decoder of KerasHub's
-      Llama family (Llama, Mistral, Mixtral, Qwen, Qwen-MoE, Phi-3,
-      SmolLM3, GPT-NeoX) and of Gemma (Gemma 1 to 4's text decoders),
-      tells its self-attention that the mask it builds is causal
+      the same values, to 16-bit rounding on a GPU); and each KerasHub
+      `TransformerDecoder` (Whisper's included), and each decoder of
+      KerasHub's Llama family (Llama, Mistral, Mixtral, Qwen, Qwen-MoE,
+      Phi-3, SmolLM3, GPT-NeoX) and of Gemma (Gemma 1 to 4's text
+      decoders), tells its self-attention that the mask it builds is causal
       (`is_causal` beside the mask), so that a GPU's flash attention
       skips the blocks the mask hides (`kmp.islands.causal_attention`,
       `kmp.islands.hub_attention`; the same values, but on cuDNN for a

@@ -88,13 +88,26 @@ def test_pin_float32_applies_it_to_keras_hub_s_decoders_only():
 
 
 def test_subclasses_other_wrappers_and_other_layers_keep_their_call():
-    class Decoder(keras_hub.layers.TransformerDecoder):
+    stock = keras_hub.layers.TransformerDecoder
+
+    class Calls(stock):  # a call of its own, which may mask otherwise
+        def call(self, decoder_sequence, encoder_sequence=None, **kwargs):
+            return super().call(decoder_sequence, encoder_sequence, **kwargs)
+
+    class Masks(stock):  # a mask of its own
+        def _compute_self_attention_mask(self, *args, **kwargs):
+            return super()._compute_self_attention_mask(*args, **kwargs)
+
+    class Builds(stock):  # KerasHub's call and mask (Whisper's decoder)
         pass
 
     x = np.zeros((1, 4, 8), "float32")
-    subclass = Decoder(intermediate_dim=8, num_heads=2)
-    subclass(x)
-    assert not attend_causally(subclass)
+    told = []
+    for cls in (Calls, Masks, Builds):
+        subclass = cls(intermediate_dim=8, num_heads=2)
+        subclass(x)
+        told.append(attend_causally(subclass))
+    assert told == [False, False, True]
     wrapped = keras_hub.layers.TransformerDecoder(
         intermediate_dim=8, num_heads=2
     )
