@@ -705,34 +705,26 @@ def main():
             counts = hlo_kernels.summary(hlo, bandwidth)
             counts["cudnn_norms"] = hlo.count('"__cudnn$norm"')
             add("norm", config, variant, counts)
-    if "llama" in programs:
+    # KerasHub's own decoders: each program's variants, a block's width.
+    hub_programs = {
+        "llama": (llama_program, ("pinned", "hubcausal", "ungrouped"), 2048),
+        "gemma": (gemma_program, ("pinned", "hubcausal"), 1152),
+    }
+    for name, (program, variants, width) in hub_programs.items():
+        if name not in programs:
+            continue
         answer_cudnn_checks()
         batch, sequence = 8, 1024
-        for variant in ("pinned", "hubcausal", "ungrouped"):
+        for variant in variants:
             counts = [
                 hlo_kernels.summary(
-                    llama_program(device, n, batch, sequence, variant),
-                    bandwidth,
+                    program(device, n, batch, sequence, variant), bandwidth
                 )
                 for n in (2, 1)
             ]
             record = dict(counts[0], per_block=per_block(*counts))
-            config = f"width 2048, 2 blocks, batch {batch} x {sequence}"
-            add("llama", config, variant, record)
-    if "gemma" in programs:
-        answer_cudnn_checks()
-        batch, sequence = 8, 1024
-        for variant in ("pinned", "hubcausal"):
-            counts = [
-                hlo_kernels.summary(
-                    gemma_program(device, n, batch, sequence, variant),
-                    bandwidth,
-                )
-                for n in (2, 1)
-            ]
-            record = dict(counts[0], per_block=per_block(*counts))
-            config = f"width 1152, 2 blocks, batch {batch} x {sequence}"
-            add("gemma", config, variant, record)
+            config = f"width {width}, 2 blocks, batch {batch} x {sequence}"
+            add(name, config, variant, record)
     if "lm" in programs:
         if any("flash" in v for v in args.variants.split(",")):
             answer_cudnn_checks()

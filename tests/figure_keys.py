@@ -1523,43 +1523,57 @@ _FAMILY_VARIANTS = {  # BENCHMARKS.md's label -> gpu_compile.py's variant
     "the mask alone (KerasHub)": "hubcausal",
     "the mask and is_causal, keys and values grouped": "ungrouped",
 }
-_PART9[(_FAMILY, 0)] = {
-    "rows": {
-        label: _compiled_row(
-            "llama",
-            "width 2048, 2 blocks, batch 8 x 1024",
-            variant,
-            {
-                "kernels outside GEMMs": "kernels_outside_gemms",
-                "GB outside GEMMs": "gb_outside_gemms",
-                "GB in GEMMs": "gemm_operand_gb",
-                "16-bit GEMM TFLOP": "gemm_16bit_tflop",
-            },
-            "per_block",
-            file="gpu_compile_h200_llama.json",
+
+
+def _hub_compiled(program, width, variants):
+    """A table of gpu_compile.py's `llama` or `gemma` program: a decoder
+    block's kernels and bytes for each of `variants` (label -> variant)."""
+    return {
+        "rows": {
+            label: _compiled_row(
+                program,
+                f"width {width}, 2 blocks, batch 8 x 1024",
+                variant,
+                {
+                    "kernels outside GEMMs": "kernels_outside_gemms",
+                    "GB outside GEMMs": "gb_outside_gemms",
+                    "GB in GEMMs": "gemm_operand_gb",
+                    "16-bit GEMM TFLOP": "gemm_16bit_tflop",
+                },
+                "per_block",
+                file=f"gpu_compile_h200_{program}.json",
+            )
+            for label, variant in variants.items()
+        },
+    }
+
+
+def _hub_block_bytes(program, width):
+    """A README row's figures from that program: a block's GB outside
+    the GEMMs, kmp's call and KerasHub's."""
+    return [
+        (
+            f"gpu_compile_h200_{program}.json",
+            (
+                "records",
+                {
+                    "program": program,
+                    "config": f"width {width}, 2 blocks, batch 8 x 1024",
+                    "variant": variant,
+                },
+                "per_block",
+                "gb_outside_gemms",
+            ),
         )
-        for label, variant in _FAMILY_VARIANTS.items()
-    },
-}
+        for variant in ("pinned", "hubcausal")
+    ]
+
+
+_PART9[(_FAMILY, 0)] = _hub_compiled("llama", 2048, _FAMILY_VARIANTS)
 _GEMMA = "Gemma's causal mask, read on a CPU (2026-11-29)"
-_PART9[(_GEMMA, 0)] = {
-    "rows": {
-        label: _compiled_row(
-            "gemma",
-            "width 1152, 2 blocks, batch 8 x 1024",
-            variant,
-            {
-                "kernels outside GEMMs": "kernels_outside_gemms",
-                "GB outside GEMMs": "gb_outside_gemms",
-                "GB in GEMMs": "gemm_operand_gb",
-                "16-bit GEMM TFLOP": "gemm_16bit_tflop",
-            },
-            "per_block",
-            file="gpu_compile_h200_gemma.json",
-        )
-        for label, variant in list(_FAMILY_VARIANTS.items())[:2]
-    },
-}
+_PART9[(_GEMMA, 0)] = _hub_compiled(
+    "gemma", 1152, dict(list(_FAMILY_VARIANTS.items())[:2])
+)
 BENCHMARKS_KEYS = {
     **_PART1,
     **_PART2,
@@ -1864,43 +1878,13 @@ README_KEYS = {
     "key/value heads, batch 8 x 1024) compiled the same way: cuDNN's "
     "attention mask type and the GB moved outside the GEMMs, with "
     "`kmp.pin_float32`'s decoders telling their attention the mask is "
-    "causal / with KerasHub's mask alone": [
-        (
-            "gpu_compile_h200_llama.json",
-            (
-                "records",
-                {
-                    "program": "llama",
-                    "config": "width 2048, 2 blocks, batch 8 x 1024",
-                    "variant": v,
-                },
-                "per_block",
-                "gb_outside_gemms",
-            ),
-        )
-        for v in ("pinned", "hubcausal")
-    ],
+    "causal / with KerasHub's mask alone": _hub_block_bytes("llama", 2048),
     "a decoder block of KerasHub's Gemma 3 text backbone in its 1B model's "
     "shape (width 1152, 4 query heads and 1 key/value head of 256, a window "
     "of 512 tokens, batch 8 x 1024) compiled the same way: cuDNN's "
     "attention mask type and the GB moved outside the GEMMs, with "
     "`kmp.pin_float32`'s decoders telling their attention the mask is "
-    "causal / with KerasHub's mask alone": [
-        (
-            "gpu_compile_h200_gemma.json",
-            (
-                "records",
-                {
-                    "program": "gemma",
-                    "config": "width 1152, 2 blocks, batch 8 x 1024",
-                    "variant": v,
-                },
-                "per_block",
-                "gb_outside_gemms",
-            ),
-        )
-        for v in ("pinned", "hubcausal")
-    ],
+    "causal / with KerasHub's mask alone": _hub_block_bytes("gemma", 1152),
 }
 
 

@@ -86,11 +86,14 @@ def _without(cache):
     return causal
 
 
+_no_cache = _without("cache")  # Gemma's
+
+
 def _text(decoder, arguments):
     """Gemma 3's and 4's test: no cache, at the start, no vision mask,
     and causal at all (not an embedding model's bidirectional mask)."""
     return (
-        _without("cache")(decoder, arguments)
+        _no_cache(decoder, arguments)
         and arguments.get("vision_mask") is None
         and getattr(decoder, "use_bidirectional_attention", None) is False
     )
@@ -129,7 +132,7 @@ DECODERS = {
         ),
         (
             "gemma.gemma_decoder_block.GemmaDecoderBlock",
-            ("attention", _without("cache")),
+            ("attention", _no_cache),
         ),
         (
             "gemma3.gemma3_decoder_block.Gemma3DecoderBlock",
