@@ -61,7 +61,12 @@ feed forward 6912, post-norms, a sliding window of 512 tokens; a
 vocabulary of 32,000 as `llama`'s, not its 262,144) at 2 and 1 blocks
 (both windowed, as five of each six are), `pinned` and `hubcausal`,
 its attention taking KerasHub's fused call as on a GPU (KerasHub asks
-for one before it; this machine has none).
+for one before it; this machine has none). With `--cudnn 9.10.2` (the
+target's cuDNN; 9.8 by default), from which cuDNN takes a sliding
+window beside a mask, `pinned` tells cuDNN the window too
+(`kmp.backend.causal_attention`; on a GPU kmp compiles that attention
+alone first, here answered yes): each record counts cuDNN's attention
+calls by window (`attention_windows`, `windowed_attention_calls`).
 
 What it cannot say: time. And XLA decides some things only on the
 device: autotuning, which picks each GEMM's kernel by timing it, is off
@@ -158,48 +163,60 @@ LM_VARIANTS = ",".join(
 LM_BATCH = {1024: 32, 2048: 16, 4096: 8}
 
 
-def target_config(name):
-    """The GpuTargetConfig text of target `name`."""
+def target_config(name, cudnn=(9, 8, 0)):
+    """The GpuTargetConfig text of target `name` with cuDNN `cudnn`
+    (major, minor, patch)."""
     description, info = TARGETS[name]
     fields = "".join(f"  {key}: {value}\n" for key, value in info.items())
+    major, minor, patch = cudnn
+    dnn = f"major: {major} minor: {minor}" + (f" patch: {patch}" * bool(patch))
     return (
         "gpu_device_info {\n"
         f"{fields}"
         "  cuda_compute_capability { major: 9 }\n"
         "}\n"
         'platform_name: "CUDA"\n'
-        "dnn_version_info { major: 9 minor: 8 }\n"
+        f"dnn_version_info {{ {dnn} }}\n"
         "runtime_version { major: 12 minor: 8 }\n"
         f'device_description_str: "{description}"\n'
     )
 
 
-def answer_cudnn_checks():
+def answer_cudnn_checks(cudnn=(9, 8, 0)):
     """Lets JAX emit cuDNN's fused attention for the target: its checks
     of the machine's cuDNN version and GPU (private functions of
-    `jax._src.cudnn`, which Keras's flash check calls too) get the
-    target's answers, cuDNN 9.8 and compute capability 9.0."""
+    `jax._src.cudnn`, which Keras's flash check and
+    `kmp.backend.causal_attention` call too) get the target's answers,
+    cuDNN `cudnn` (9.8 unless `--cudnn` says) and compute capability
+    9.0; and kmp's check that cuDNN compiles an attention with a sliding
+    window on this machine (which has no GPU) says yes, as the target's
+    cuDNN (9.10.2 or later) would where it supports the shapes."""
     from jax._src.cudnn import fused_attention_stablehlo as fused
+
+    from kmp.backend import attention
 
     target = (9, 0)
 
     def capability(text):
         return tuple(int(v) for v in text.split("."))
 
-    fused.check_cudnn_version = lambda: 90800
+    major, minor, patch = cudnn
+    fused.check_cudnn_version = lambda: major * 10000 + minor * 100 + patch
+    attention._compiles = lambda shapes, window: True
     fused.check_compute_capability = lambda c: target >= capability(c)
     fused.is_cuda_compute_capability_equal = lambda c: target == capability(c)
 
 
-def gpu_device(name):
-    """The one device of a deviceless topology for target `name`."""
+def gpu_device(name, cudnn=(9, 8, 0)):
+    """The one device of a deviceless topology for target `name` with
+    cuDNN `cudnn`."""
     from jax.experimental import topologies
 
     try:
         topology = topologies.get_topology_desc(
             platform="cuda",
             topology_name="",
-            target_config=target_config(name),
+            target_config=target_config(name, cudnn),
             topology="1x1x1",
         )
     except Exception as error:
@@ -613,6 +630,11 @@ def main():
     )
     parser.add_argument("--sequence_length", type=int, default=512)
     parser.add_argument("--variants", default=LM_VARIANTS, help="the LM's")
+    parser.add_argument(
+        "--cudnn",
+        default="9.8.0",
+        help="the target's cuDNN (a sliding window beside a mask: 9.10.2)",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     programs = [p for p in args.programs.split(",") if p]
@@ -629,7 +651,11 @@ def main():
     unknown = sorted(set(programs) - known)
     if unknown:
         parser.error(f"--programs takes {sorted(known)}; got {unknown}")
-    device = gpu_device(args.target)
+    cudnn = tuple(args.cudnn.split("."))
+    if len(cudnn) != 3 or not all(v.isdigit() for v in cudnn):
+        parser.error(f"--cudnn takes MAJOR.MINOR.PATCH; got {args.cudnn!r}")
+    cudnn = tuple(int(v) for v in cudnn)
+    device = gpu_device(args.target, cudnn)
     bandwidth = TARGETS[args.target][1]["memory_bandwidth"]
     print(
         f"target: {TARGETS[args.target][0]} ({device}), jax {jax.__version__}"
@@ -638,7 +664,7 @@ def main():
     result = {
         "benchmark": "gpu_compile",
         "target": args.target,
-        "target_config": target_config(args.target),
+        "target_config": target_config(args.target, cudnn),
         "xla_flags": os.environ["XLA_FLAGS"].strip(),
         "packages": _packages(),
         "records": records,
@@ -713,7 +739,7 @@ def main():
     for name, (program, variants, width) in hub_programs.items():
         if name not in programs:
             continue
-        answer_cudnn_checks()
+        answer_cudnn_checks(cudnn)
         batch, sequence = 8, 1024
         for variant in variants:
             counts = [
@@ -727,7 +753,7 @@ def main():
             add(name, config, variant, record)
     if "lm" in programs:
         if any("flash" in v for v in args.variants.split(",")):
-            answer_cudnn_checks()
+            answer_cudnn_checks(cudnn)
         for text in args.configs.split(","):
             hidden, layers, *batch = (int(v) for v in text.lower().split("x"))
             if layers < 2 or len(batch) > 1:

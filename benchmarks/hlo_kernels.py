@@ -107,6 +107,9 @@ def summary(hlo, bandwidth):
     gemms = [k for k in found if k["kind"] in (GEMM, FP8_GEMM)]
     other = [k for k in found if k["kind"] not in (GEMM, FP8_GEMM)]
     other_bytes = sum(k["bytes"] for k in other)
+    windows = collections.Counter(
+        re.findall(r'"sliding_window_length":\s*"?(\d+)', hlo)
+    )
     return {
         "fp8_gemms": sum(k["kind"] == FP8_GEMM for k in gemms),
         "gemms_16bit": sum(k["kind"] == GEMM for k in gemms),
@@ -138,5 +141,11 @@ def summary(hlo, bandwidth):
         # computes them all (a mask then comes as a bias).
         "attention_mask_types": dict(
             collections.Counter(re.findall(r'"mask_type":\s*"([A-Z_]+)"', hlo))
+        ),
+        # Their sliding windows (keys each query sees; 0: none), whose
+        # blocks below the window cuDNN skips too, and how many have one.
+        "attention_windows": dict(windows),
+        "windowed_attention_calls": sum(
+            count for window, count in windows.items() if window != "0"
         ),
     }

@@ -391,6 +391,22 @@ def is_causal_calls(monkeypatch):
     return calls
 
 
+def window_calls(monkeypatch):
+    """A list that gets each `jax.nn.dot_product_attention` call's
+    `local_window_size` (None where not given), in order."""
+    import jax
+
+    calls = []
+    stock = jax.nn.dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("local_window_size"))
+        return stock(*args, **kwargs)
+
+    monkeypatch.setattr(jax.nn, "dot_product_attention", spy)
+    return calls
+
+
 def random_weights(model, seed=1):
     """Gives every trainable variable of `model` normal values (standard
     deviation 0.2), not its initializer's: KerasHub's biases start at

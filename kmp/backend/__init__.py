@@ -25,6 +25,8 @@ Keras API; what cannot be branches here, each function once, on
                  does not lay out batch-innermost on a GPU (JAX)
     activations  an activation recomputed in the backward pass, which
                  XLA fuses into the matmul before it on a GPU (JAX)
+    attention    causal attention that tells cuDNN's flash attention
+                 its sliding window, where cuDNN takes it (JAX)
     normalization  batch normalization in one fused kernel (torch's;
                  XLA fuses Keras's ops on TensorFlow and JAX)
     steps        a train step's extra logs, gradients by intermediate
@@ -58,6 +60,7 @@ The rest of kmp calls these functions through this package
 from kmp.backend._current import is_stateless
 from kmp.backend._current import name
 from kmp.backend.activations import recompute_in_backward
+from kmp.backend.attention import causal_attention
 from kmp.backend.distribution import all_replicas_agree
 from kmp.backend.distribution import distribution_name
 from kmp.backend.distribution import gather_over_processes
@@ -128,6 +131,7 @@ __all__ = [
     "add_train_step_logs",
     "all_replicas_agree",
     "broadcast_over_batch",
+    "causal_attention",
     "cond",
     "crossentropy_reads_logits",
     "device_memory_limit",

@@ -132,11 +132,11 @@ def _hosts(decoder):
     hosted = hub_attention.host(decoder)
     if hosted is None:
         return None
-    attention, causal = hosted
+    attention, causal, window = hosted
 
     def telling(attention):
         return hub_attention.telling(
-            attention, lambda: _CAUSAL.get() is attention
+            attention, lambda: _CAUSAL.get() is attention, window
         )
 
     return attention, causal, telling

@@ -17,14 +17,16 @@ runs on JAX what KerasHub calls its fused branch:
         query, key, value, mask=mask, scale=scale)
 
 The operands are the attention's own, except: the Llama family's scale
-is the layer's `_inv_norm_factor`; Gemma's (and Gemma 3's) is
-`1 / sqrt(head_dim)` or `1 / sqrt(hidden_dim // num_query_heads)` as
-its `query_head_dim_normalize` says, and its sliding window is cut into
-the mask there (`_mask_sliding_window`); Gemma 4's is 1 (its query and
-key are normalized) and its key and value are repeated to the query's
-heads. In a causal call of its decoder the attention makes that call
-with `is_causal=True` added (the mask stays: padding, and a window,
-within the causal blocks), and KerasHub's own `_compute_attention` runs
+is the layer's `_inv_norm_factor`; Gemma's (and Gemma 3's) is `1 /
+sqrt(head_dim)` or `1 / sqrt(hidden_dim // num_query_heads)` as its
+`query_head_dim_normalize` says, and its sliding window is cut into the
+mask there (`_mask_sliding_window`); Gemma 4's is 1 (its query and key
+are normalized) and its key and value are repeated to the query's heads.
+In a causal call of its decoder the attention makes that call with
+`is_causal=True` added (the mask stays: padding, and a window, within
+the causal blocks) through `kmp.backend.causal_attention`, which tells
+cuDNN the decoder's sliding window too where cuDNN takes one (`DECODERS`
+says each decoder's), and KerasHub's own `_compute_attention` runs
 everywhere else: in the decoder's other calls, and where the fused
 branch would not run. KerasHub takes it on JAX wherever
 `jax.nn.dot_product_attention` exists for most of the family; Mixtral,
@@ -99,17 +101,46 @@ def _text(decoder, arguments):
     )
 
 
-# Most decoders': their attention's attribute, their call's test.
-_SELF = ("_self_attention_layer", _without("self_attention_cache"))
+def _no_window(decoder):
+    return None
+
+
+def _decoder_window(decoder):
+    """Mistral's and Mixtral's window, cut into the mask by the decoder
+    (None: none)."""
+    return decoder.sliding_window
+
+
+def _attention_window(decoder):
+    """Gemma's and Gemma 3's window, cut into the mask by the attention
+    where it has one."""
+    attention = decoder.attention
+    windowed = attention.use_sliding_window_attention
+    return attention.sliding_window_size if windowed else None
+
+
+def _gemma4_window(decoder):
+    """Gemma 4's, cut into the mask by the decoder in its local layers."""
+    local = decoder.use_sliding_window_attention
+    local = local and not decoder.is_global_attention
+    return decoder.attention.sliding_window_size if local else None
+
+
+# Most decoders': their attention's attribute, their call's test, their
+# window.
+_SELF = ("_self_attention_layer", _without("self_attention_cache"), _no_window)
+_WINDOWED = (*_SELF[:2], _decoder_window)
 # The decoders, by class: the attribute that holds the self-attention,
-# and whether a call (its bound arguments) builds a causal mask.
+# whether a call (its bound arguments) builds a causal mask, and the
+# sliding window cut into that mask (how many keys each query sees, or
+# None), which `kmp.backend.causal_attention` tells cuDNN.
 DECODERS = {
     _HUB + name: host
     for name, host in (
         ("llama.llama_decoder.LlamaTransformerDecoder", _SELF),
         (
             "mistral.mistral_transformer_decoder.MistralTransformerDecoder",
-            _SELF,
+            _WINDOWED,
         ),
         ("qwen.qwen_decoder.QwenTransformerDecoder", _SELF),
         ("qwen3.qwen3_decoder.Qwen3TransformerDecoder", _SELF),
@@ -119,28 +150,28 @@ DECODERS = {
             "qwen3_5_moe.qwen3_5_moe_decoder.Qwen3_5MoeTransformerDecoder",
             _SELF,
         ),
-        ("mixtral.mixtral_decoder.MixtralTransformerDecoder", _SELF),
+        ("mixtral.mixtral_decoder.MixtralTransformerDecoder", _WINDOWED),
         ("qwen_moe.qwen_moe_decoder.QwenMoeTransformerDecoder", _SELF),
         ("gpt_neo_x.gpt_neo_x_decoder.GPTNeoXDecoder", _SELF),
         (
             "phi3.phi3_decoder.Phi3Decoder",
-            ("attention", _without("attention_cache")),
+            ("attention", _without("attention_cache"), _no_window),
         ),
         (
             "smollm3.smollm3_layers.SmolLM3DecoderLayer",
-            ("self_attn", _without("self_attention_cache")),
+            ("self_attn", _without("self_attention_cache"), _no_window),
         ),
         (
             "gemma.gemma_decoder_block.GemmaDecoderBlock",
-            ("attention", _no_cache),
+            ("attention", _no_cache, _attention_window),
         ),
         (
             "gemma3.gemma3_decoder_block.Gemma3DecoderBlock",
-            ("attention", _text),
+            ("attention", _text, _attention_window),
         ),
         (
             "gemma4.gemma4_decoder_block.Gemma4TextDecoderBlock",
-            ("attention", _text),
+            ("attention", _text, _gemma4_window),
         ),
     )
 }
@@ -301,11 +332,14 @@ def digest(function):
 
 
 def host(decoder):
-    """`(attention, causal)` for a decoder of `DECODERS` whose attention
-    is one of `ATTENTIONS` running the method read, else None:
+    """`(attention, causal, window)` for a decoder of `DECODERS` whose
+    attention is one of `ATTENTIONS` running the method read, else None:
     `causal(arguments)` says whether a call with those bound arguments
-    builds a causal mask."""
-    attribute, test = DECODERS.get(name(type(decoder)), (None, None))
+    builds a causal mask, and `window()` the sliding window cut into it
+    (None: none)."""
+    attribute, test, window = DECODERS.get(
+        name(type(decoder)), (None, None, None)
+    )
     attention = getattr(decoder, attribute, None) if attribute else None
     compute = getattr(type(attention), "_compute_attention", None)
     # The class itself (a subclass may call it otherwise), its method as
@@ -313,14 +347,19 @@ def host(decoder):
     _, digests = ATTENTIONS.get(name(type(attention)), (None, ()))
     if digest(compute) not in digests:
         return None
-    return attention, functools.partial(test, decoder)
+    return (
+        attention,
+        functools.partial(test, decoder),
+        functools.partial(window, decoder),
+    )
 
 
-def telling(attention, causal_now):
+def telling(attention, causal_now, window=lambda: None):
     """The instance `_compute_attention` for `attention` (one of
     `ATTENTIONS`): while `causal_now()`, on JAX, where the attention's
-    gate passes, its fused call with `is_causal=True` (the module
-    docstring); KerasHub's own everywhere else."""
+    gate passes, its fused call with `is_causal=True` and the decoder's
+    `window()` told to cuDNN where it takes it (the module docstring);
+    KerasHub's own everywhere else."""
     cls = type(attention)
     operands, _ = ATTENTIONS[name(cls)]
     gate = GATES.get(name(cls), lambda attention: True)
@@ -344,8 +383,8 @@ def telling(attention, causal_now):
             if fused is not None:
                 query, key, value, mask, scale = fused
                 mask = ops.cast(ops.expand_dims(mask, axis=1), "bool")
-                return ops.dot_product_attention(
-                    query, key, value, mask=mask, scale=scale, is_causal=True
+                return backend.causal_attention(
+                    query, key, value, mask, scale, window()
                 )
         # The class's `_compute_attention` as it is when the layer runs.
         return type(attention)._compute_attention(

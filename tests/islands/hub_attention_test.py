@@ -16,6 +16,7 @@ from util import is_causal_calls
 from util import loss_and_gradients
 from util import padded_tokens
 from util import random_weights
+from util import window_calls
 
 import kmp
 from kmp import backend
@@ -219,6 +220,52 @@ def test_each_family_keeps_its_values_and_gets_is_causal(
         np.testing.assert_array_equal(a, b)
 
 
+# Each family's window in FAMILY's configs (4 keys of the 16 tokens;
+# Mixtral's 512 by default, longer than the tokens: nothing to skip),
+# and one without: what cuDNN is told.
+WINDOWS = [
+    ("MistralBackbone", {}, 4),
+    ("MixtralBackbone", {"sliding_window": 4}, 4),
+    ("MixtralBackbone", {}, None),
+    ("Gemma2", {}, 4),
+    ("Gemma3Backbone", {}, 4),
+    ("Gemma3Backbone", {"use_sliding_window_attention": False}, None),
+    ("Gemma4Backbone", {}, 4),
+    ("LlamaBackbone", {}, None),
+]
+
+
+@jax_only
+@pytest.mark.parametrize("name, changes, window", WINDOWS)
+def test_windowed_families_tell_cudnn_their_window(
+    name, changes, window, gates_open, monkeypatch
+):
+    # As on a GPU whose cuDNN takes a window (kmp.backend.attention),
+    # with JAX's own attention standing in for cuDNN's on this CPU.
+    from kmp.backend import attention
+
+    monkeypatch.setattr(attention, "_takes_window", lambda *args: True)
+    monkeypatch.setattr(attention, "IMPLEMENTATION", "xla")
+    windows = window_calls(monkeypatch)
+    kmp.enable("mixed_bfloat16")
+    backbone = family_backbone(name, **changes)
+    for layer in all_layers(backbone):  # float32 arithmetic: exact
+        layer.dtype_policy = "float32"
+    kmp.pin_float32(backbone)
+    (decoder,) = told(backbone)
+    x = inputs(name, "left")
+    got = loss_and_gradients(backbone, x)
+    told_window = None if window is None else (window - 1, 0)
+    assert set(windows) == {told_window}
+    windows.clear()
+    del decoder.call
+    want = loss_and_gradients(backbone, x)
+    assert set(windows) == {None}  # KerasHub's own call
+    # The window is in KerasHub's mask already: the same values.
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+
+
 @jax_only
 @pytest.mark.parametrize(
     # Four names of the cache argument: `self_attention_cache`,
@@ -356,7 +403,7 @@ def test_gemma_3_s_and_4_s_causal_calls_are_text_ones(
     kmp.enable("mixed_bfloat16")
     for name in ("Gemma3Backbone", "Gemma4Backbone"):
         (decoder,) = told(kmp.pin_float32(family_backbone(name)))
-        _, causal = hub_attention.host(decoder)
+        _, causal, _ = hub_attention.host(decoder)
         assert causal({"cache": None})
         assert not causal({"cache": np.zeros(1)})
         assert not causal({"cache": None, "vision_mask": np.zeros(1)})
