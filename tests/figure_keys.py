@@ -1525,35 +1525,40 @@ _FAMILY_VARIANTS = {  # BENCHMARKS.md's label -> gpu_compile.py's variant
 }
 
 
-def _hub_compiled(program, width, variants):
+_HUB_COLUMNS = {
+    "kernels outside GEMMs": "kernels_outside_gemms",
+    "GB outside GEMMs": "gb_outside_gemms",
+    "GB in GEMMs": "gemm_operand_gb",
+    "16-bit GEMM TFLOP": "gemm_16bit_tflop",
+}
+
+
+def _hub_compiled(program, width, variants, file=None, columns=None):
     """A table of gpu_compile.py's `llama` or `gemma` program: a decoder
-    block's kernels and bytes for each of `variants` (label -> variant)."""
+    block's kernels and bytes for each of `variants` (label -> variant),
+    from `file` (the program's by default)."""
     return {
         "rows": {
             label: _compiled_row(
                 program,
                 f"width {width}, 2 blocks, batch 8 x 1024",
                 variant,
-                {
-                    "kernels outside GEMMs": "kernels_outside_gemms",
-                    "GB outside GEMMs": "gb_outside_gemms",
-                    "GB in GEMMs": "gemm_operand_gb",
-                    "16-bit GEMM TFLOP": "gemm_16bit_tflop",
-                },
+                columns or _HUB_COLUMNS,
                 "per_block",
-                file=f"gpu_compile_h200_{program}.json",
+                file=file or f"gpu_compile_h200_{program}.json",
             )
             for label, variant in variants.items()
         },
     }
 
 
-def _hub_block_bytes(program, width):
-    """A README row's figures from that program: a block's GB outside
-    the GEMMs, kmp's call and KerasHub's."""
+def _hub_block_bytes(program, width, key="gb_outside_gemms", file=""):
+    """A README row's figures from that program's file (with `file`'s
+    suffix): a block's `key`, kmp's call's and KerasHub's (GB outside
+    the GEMMs unless it says)."""
     return [
         (
-            f"gpu_compile_h200_{program}.json",
+            f"gpu_compile_h200_{program}{file}.json",
             (
                 "records",
                 {
@@ -1562,7 +1567,7 @@ def _hub_block_bytes(program, width):
                     "variant": variant,
                 },
                 "per_block",
-                "gb_outside_gemms",
+                key,
             ),
         )
         for variant in ("pinned", "hubcausal")
@@ -1573,6 +1578,21 @@ _PART9[(_FAMILY, 0)] = _hub_compiled("llama", 2048, _FAMILY_VARIANTS)
 _GEMMA = "Gemma's causal mask, read on a CPU (2026-11-29)"
 _PART9[(_GEMMA, 0)] = _hub_compiled(
     "gemma", 1152, dict(list(_FAMILY_VARIANTS.items())[:2])
+)
+_PART9[
+    ("Gemma's sliding window told to cuDNN, read on a CPU (2026-11-29)", 0)
+] = _hub_compiled(
+    "gemma",
+    1152,
+    {
+        "the mask, is_causal and the window (kmp)": "pinned",
+        "the mask alone (KerasHub)": "hubcausal",
+    },
+    file="gpu_compile_h200_gemma_window.json",
+    columns={
+        "cuDNN calls told a window": "windowed_attention_calls",
+        **{k: v for k, v in _HUB_COLUMNS.items() if "TFLOP" not in k},
+    },
 )
 BENCHMARKS_KEYS = {
     **_PART1,
@@ -1885,6 +1905,14 @@ README_KEYS = {
     "attention mask type and the GB moved outside the GEMMs, with "
     "`kmp.pin_float32`'s decoders telling their attention the mask is "
     "causal / with KerasHub's mask alone": _hub_block_bytes("gemma", 1152),
+    "the same Gemma 3 block compiled with the target's cuDNN at 9.10.2, "
+    "from which cuDNN takes a sliding window beside a mask: cuDNN's "
+    "attention calls (forward and backward) told the window of 512 tokens "
+    "and the GB moved outside the GEMMs, with `kmp.pin_float32`'s decoders "
+    "(`kmp.backend.causal_attention`) / with KerasHub's mask alone": [
+        *_hub_block_bytes("gemma", 1152, "windowed_attention_calls", "_window"),
+        *_hub_block_bytes("gemma", 1152, file="_window"),
+    ],
 }
 
 

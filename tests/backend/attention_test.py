@@ -131,13 +131,30 @@ def test_cudnn_s_version_gpu_and_compile_decide(monkeypatch):
 
 
 @jax_only
-def test_the_compile_check_compiles_forward_and_backward(monkeypatch):
-    # With JAX's own attention (this CPU's), the check compiles.
+def test_in_a_traced_step_the_checks_pass_and_the_window_is_told(
+    monkeypatch, windows
+):
+    # The whole path on this CPU: cuDNN's checks answered as a GPU's,
+    # JAX's own attention standing in for cuDNN's, whose compile check
+    # (forward and backward) runs inside the step's trace.
+    import jax
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn
+
+    monkeypatch.setattr(cudnn, "check_cudnn_version", lambda: 91002)
+    monkeypatch.setattr(cudnn, "check_compute_capability", lambda c: True)
     monkeypatch.setattr(attention, "IMPLEMENTATION", "xla")
     attention._compiles.cache_clear()
     query, key, value = operands()
-    shapes = tuple(
-        (tuple(x.shape), str(x.dtype)) for x in (query, key, value, mask())
-    )
-    assert attention._compiles(shapes, 3)
+
+    @jax.jit
+    def step(query, key, value):
+        return backend.causal_attention(
+            query, key, value, mask(), 0.3, window=3
+        )
+
+    got = step(query, key, value)
+    assert attention._compiles.cache_info().misses == 1
+    assert windows[-1] == (2, 0)  # the step's call, after the check's
+    want = keras_s(query, key, value, 3)
+    np.testing.assert_allclose(numpy(got), numpy(want), rtol=1e-6)
     attention._compiles.cache_clear()
