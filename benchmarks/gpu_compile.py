@@ -85,6 +85,7 @@ outside the GEMMs, with the bytes of their operands and results.
 """
 
 import argparse
+import functools
 import os
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
@@ -379,19 +380,9 @@ def llama_program(device, layers, batch, sequence, variant):
     """The compiled HLO of KerasHub Llama's train step (the module
     docstring's `llama`), `variant` `pinned`, `hubcausal` or
     `ungrouped`."""
-    import keras_hub
+    import hub_attention_speed
 
-    def build():
-        backbone = keras_hub.models.LlamaBackbone(
-            vocabulary_size=32000,
-            num_layers=layers,
-            num_query_heads=16,
-            num_key_value_heads=4,
-            hidden_dim=2048,
-            intermediate_dim=5632,
-        )
-        return keras_hub.models.LlamaCausalLM(backbone, preprocessor=None)
-
+    build = functools.partial(hub_attention_speed.llama, layers)
     return _hub_program(device, build, batch, sequence, variant)
 
 
@@ -399,60 +390,27 @@ def gemma_program(device, layers, batch, sequence, variant):
     """The compiled HLO of KerasHub Gemma 3's train step (the module
     docstring's `gemma`), `variant` `pinned` or `hubcausal`, its
     attention's fused call taken as on a GPU."""
-    import keras_hub
-    from keras_hub.src.models.gemma3 import gemma3_attention
+    import hub_attention_speed
 
-    # KerasHub asks the machine for a GPU (`running_on_gpu`) before its
-    # fused call; this machine has none, the target has.
-    gemma3_attention.CachedGemma3Attention._use_fused_attention_op = (
-        lambda self: self.dropout == 0
-    )
-
-    def build():
-        backbone = keras_hub.models.Gemma3Backbone(
-            vocabulary_size=32000,
-            image_size=16,  # no vision encoder: the text backbone
-            num_layers=layers,
-            num_query_heads=4,
-            num_key_value_heads=1,
-            hidden_dim=1152,
-            intermediate_dim=6912,
-            head_dim=256,
-            use_post_ffw_norm=True,
-            use_post_attention_norm=True,
-            use_sliding_window_attention=True,
-            sliding_window_size=512,
-        )
-        return keras_hub.models.Gemma3CausalLM(
-            backbone=backbone, preprocessor=None
-        )
-
+    build = functools.partial(hub_attention_speed.gemma, layers)
     return _hub_program(device, build, batch, sequence, variant)
 
 
 def _hub_program(device, build, batch, sequence, variant):
     """The compiled HLO of the train step of the causal LM `build()`
-    makes, pinned under `mixed_bfloat16`, AdamW under `kmp.wrap`;
-    `variant` `hubcausal` undoes `attend_causally`, `ungrouped` passes
-    the keys and values grouped."""
-    import keras
+    makes, as `hub_attention_speed.py` compiles it (pinned under
+    `mixed_bfloat16`, AdamW under `kmp.wrap`); `variant` `hubcausal`
+    undoes `attend_causally`, `ungrouped` passes the keys and values
+    grouped."""
+    import hub_attention_speed
 
     import kmp
 
-    with kmp.policy_scope("mixed_bfloat16"):
-        keras.utils.set_random_seed(0)
-        model = build()
-        kmp.pin_float32(model)
+    told = "hubcausal" if variant == "hubcausal" else "pinned"
+    model = hub_attention_speed.compiled_model(build, told)
     for layer in model._flatten_layers():
-        if variant == "hubcausal" and kmp.islands.attends_causally(layer):
-            del layer.call
         if variant == "ungrouped" and kmp.islands.attends_causally(layer):
             _ungroup(layer._self_attention_layer)
-    model.compile(
-        optimizer=kmp.wrap(keras.optimizers.AdamW(1e-4)),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    )
-    model.optimizer.build(model.trainable_variables)
     return compiled_train_step(device, model, batch, sequence)
 
 
