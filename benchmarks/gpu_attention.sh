@@ -11,8 +11,8 @@
 #      step compiled and its cuDNN calls counted by mask type and window
 #      (`pinned`: kmp's; `nowindow`: Gemma without the window told;
 #      `hubcausal`: KerasHub's mask alone), then timed interleaved;
-#   2. the same Gemma at 4 x 4096 tokens, where the window skips 77 % of
-#      the causal blocks, not a quarter.
+#   2. the same Gemma at 4 x 4096 tokens, where the window skips 72 % of
+#      the causal 128 x 128 tiles, not a sixth.
 #
 # After benchmarks/gpu_speed.sh and benchmarks/gpu_fit.sh (issue 41's
 # items), in the same way (../shared/GPU.md):

@@ -105,6 +105,23 @@ def test_here_the_window_gets_keras_s_call(windows):
     assert windows == ([None] if ON_JAX else [])
 
 
+def test_a_length_unknown_while_shapes_are_inferred_gets_keras_s_call(
+    told,
+):
+    # keras.Input((None,)) through a layer without compute_output_shape:
+    # Keras infers the output on symbolic shapes (JAX's symbolic
+    # dimensions), where `window < length` cannot be decided.
+    import keras
+
+    def attend(query, key, value):
+        mask = ops.ones((1, 1, 1, 1), "bool")
+        return backend.causal_attention(query, key, value, mask, 0.3, 3)
+
+    spec = keras.KerasTensor((None, None, HEADS, HEAD_DIM))
+    out = keras.src.backend.compute_output_spec(attend, spec, spec, spec)
+    assert tuple(out.shape) == (None, None, HEADS, HEAD_DIM)
+
+
 @jax_only
 def test_cudnn_s_version_gpu_and_compile_decide(monkeypatch):
     from jax._src.cudnn import fused_attention_stablehlo as cudnn
@@ -116,9 +133,11 @@ def test_cudnn_s_version_gpu_and_compile_decide(monkeypatch):
     monkeypatch.setattr(
         cudnn, "check_compute_capability", lambda c: capability[0]
     )
-    # Here cuDNN's attention does not compile: Keras's call stays.
+    # Here cuDNN's attention does not compile: Keras's call stays, and
+    # a warning says so once.
     attention._compiles.cache_clear()
-    assert not attention._takes_window(*given)
+    with pytest.warns(UserWarning, match="did not compile"):
+        assert not attention._takes_window(*given)
     assert attention._compiles.cache_info().misses == 1
     attention._takes_window(*given)  # once for these shapes
     assert attention._compiles.cache_info().misses == 1

@@ -220,25 +220,39 @@ def test_each_family_keeps_its_values_and_gets_is_causal(
         np.testing.assert_array_equal(a, b)
 
 
-# Each family's window in FAMILY's configs (4 keys of the 16 tokens;
-# Mixtral's 512 by default, longer than the tokens: nothing to skip),
-# and one without: what cuDNN is told.
+# Each family's windows, decoder by decoder (FAMILY's configs: 4 keys of
+# the 16 tokens; Mixtral's 512 by default and a window of 16 are not
+# shorter than the tokens: nothing to skip): what cuDNN is told. Gemma
+# 2's global layers are the odd ones, Gemma 3's each sixth, Gemma 4's as
+# its pattern says.
 WINDOWS = [
-    ("MistralBackbone", {}, 4),
-    ("MixtralBackbone", {"sliding_window": 4}, 4),
-    ("MixtralBackbone", {}, None),
-    ("Gemma2", {}, 4),
-    ("Gemma3Backbone", {}, 4),
-    ("Gemma3Backbone", {"use_sliding_window_attention": False}, None),
-    ("Gemma4Backbone", {}, 4),
-    ("LlamaBackbone", {}, None),
+    ("MistralBackbone", {}, [4]),
+    ("MistralBackbone", {"sliding_window": 15}, [15]),
+    ("MistralBackbone", {"sliding_window": 16}, [None]),
+    ("MistralBackbone", {"sliding_window": None}, [None]),
+    ("MixtralBackbone", {"sliding_window": 4}, [4]),
+    ("MixtralBackbone", {}, [None]),
+    ("Gemma2", {"num_layers": 2}, [4, None]),
+    ("Gemma3Backbone", {"num_layers": 6}, [4] * 5 + [None]),
+    ("Gemma3Backbone", {"use_sliding_window_attention": False}, [None]),
+    (
+        "Gemma4Backbone",
+        {"num_layers": 2, "sliding_window_pattern": 2},
+        [4, None],
+    ),
+    (
+        "Gemma4Backbone",
+        {"num_layers": 2, "use_sliding_window_attention": False},
+        [None, None],
+    ),
+    ("LlamaBackbone", {}, [None]),
 ]
 
 
 @jax_only
-@pytest.mark.parametrize("name, changes, window", WINDOWS)
+@pytest.mark.parametrize("name, changes, want", WINDOWS)
 def test_windowed_families_tell_cudnn_their_window(
-    name, changes, window, gates_open, monkeypatch
+    name, changes, want, gates_open, monkeypatch
 ):
     # As on a GPU whose cuDNN takes a window (kmp.backend.attention),
     # with JAX's own attention standing in for cuDNN's on this CPU.
@@ -252,17 +266,22 @@ def test_windowed_families_tell_cudnn_their_window(
     for layer in all_layers(backbone):  # float32 arithmetic: exact
         layer.dtype_policy = "float32"
     kmp.pin_float32(backbone)
-    (decoder,) = told(backbone)
+    decoders = told(backbone)
+    assert len(decoders) == len(want)
     x = inputs(name, "left")
     got = loss_and_gradients(backbone, x)
-    told_window = None if window is None else (window - 1, 0)
-    assert set(windows) == {told_window}
+    # Each pass's calls (the loss's and the gradients'), decoder by
+    # decoder.
+    told_windows = [None if w is None else (w - 1, 0) for w in want]
+    passes = len(windows) // len(want)
+    assert passes and windows == told_windows * passes
     windows.clear()
-    del decoder.call
-    want = loss_and_gradients(backbone, x)
+    for decoder in decoders:
+        del decoder.call
+    want_values = loss_and_gradients(backbone, x)
     assert set(windows) == {None}  # KerasHub's own call
     # The window is in KerasHub's mask already: the same values.
-    for a, b in zip(got, want):
+    for a, b in zip(got, want_values):
         np.testing.assert_array_equal(a, b)
 
 
