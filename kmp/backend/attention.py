@@ -31,16 +31,15 @@ for `is_causal` (`kmp.islands.causal_attention`): a query that may
 attend no key at all (a padded position, with left padding longer than
 the window) gets, from cuDNN, the mean of the values over the keys its
 kernel computed, not over all of them; only padded positions' outputs
-differ. cuDNN takes a
-window beside a mask (which JAX passes as a bias) from 9.10.2 on
-(cuDNN frontend's support check, `sdpa_support_surface.h`); the
-version and compute capability are read as Keras's flash attention
-check reads them (`jax._src.cudnn`, JAX's own names for them). A GPU
-builds cuDNN's kernels when XLA compiles the step, where an
-unsupported graph fails the whole step; so the attention, forward and
-backward, is compiled once alone for each shape, dtype and window
-first (`_compiles`), and a failure keeps Keras's call. On a TPU Keras
-takes its own Splash kernel, which the mask already serves.
+differ. cuDNN takes a window beside a mask (which JAX passes as a bias)
+from 9.10.2 on (cuDNN frontend's support check,
+`sdpa_support_surface.h`); the version and compute capability are read
+as Keras's flash attention check reads them (`jax._src.cudnn`, JAX's own
+names for them). A GPU builds cuDNN's kernels when XLA compiles the
+step, where an unsupported graph fails the whole step; so the attention,
+forward and backward, is compiled once alone for each shape, dtype and
+window first (`_compiles`), and a failure keeps Keras's call. On a TPU
+Keras takes its own Splash kernel, which the mask already serves.
 """
 
 import functools
