@@ -29,7 +29,9 @@ which XLA fuses into their matmul on a GPU; and KerasHub's
 `TransformerDecoder` and the Llama family's and Gemma's decoders tell
 their self-attention that the mask they build is causal
 (`causal_attention`), so that a GPU's flash attention skips the masked
-half of the scores.
+half of the scores, and their sliding window where cuDNN takes one
+(`kmp.backend.causal_attention`), so that it skips the blocks below the
+window too.
 """
 
 from typing import Iterable
@@ -137,7 +139,9 @@ def pin_float32(
       (`is_causal` beside the mask), so that a GPU's flash attention
       skips the blocks the mask hides (`kmp.islands.causal_attention`,
       `kmp.islands.hub_attention`; the same values, but on cuDNN for a
-      left-padded query with no key to attend).
+      left-padded query with no key to attend), and Mistral's,
+      Mixtral's and Gemma's tell cuDNN their sliding window too, where
+      it takes one (cuDNN 9.10.2 or later; `kmp.backend.causal_attention`).
 
     Normalization layers keep their policy: Keras computes them in
     float32 already. On torch each exact `BatchNormalization` becomes
