@@ -50,6 +50,7 @@ import hlo_kernels  # noqa: E402
 import jax  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from lm_speed import train_state  # noqa: E402
 
 import kmp  # noqa: E402
 from kmp import backend  # noqa: E402
@@ -142,16 +143,6 @@ def window_untold():
         yield
     finally:
         attention._takes_window = takes
-
-
-def train_state(model):
-    """The state Keras's JAX `train_step` takes (what `fit` passes)."""
-    return model._get_jax_state(
-        trainable_variables=True,
-        non_trainable_variables=True,
-        optimizer_variables=True,
-        metrics_variables=True,
-    )
 
 
 def prepared(name, variant, size):

@@ -374,37 +374,40 @@ def padded_tokens(side="right"):
     return {"token_ids": ids, "padding_mask": mask}
 
 
-def is_causal_calls(monkeypatch):
-    """A list that gets, for each `jax.nn.dot_product_attention` call (what
-    Keras's JAX attention calls), its `is_causal` and whether it got a
-    mask, in order (a test's fixture returns it)."""
+def attention_calls(monkeypatch, record):
+    """A list that gets `record(kwargs)` for each
+    `jax.nn.dot_product_attention` call (what Keras's JAX attention and
+    `kmp.backend.causal_attention` call), in order."""
     import jax
 
     calls = []
     stock = jax.nn.dot_product_attention
 
     def spy(*args, **kwargs):
-        calls.append((kwargs.get("is_causal"), kwargs.get("mask") is not None))
+        calls.append(record(kwargs))
         return stock(*args, **kwargs)
 
     monkeypatch.setattr(jax.nn, "dot_product_attention", spy)
     return calls
+
+
+def is_causal_calls(monkeypatch):
+    """Each attention call's `is_causal` and whether it got a mask (a
+    test's fixture returns the list)."""
+    return attention_calls(
+        monkeypatch,
+        lambda kwargs: (
+            kwargs.get("is_causal"),
+            kwargs.get("mask") is not None,
+        ),
+    )
 
 
 def window_calls(monkeypatch):
-    """A list that gets each `jax.nn.dot_product_attention` call's
-    `local_window_size` (None where not given), in order."""
-    import jax
-
-    calls = []
-    stock = jax.nn.dot_product_attention
-
-    def spy(*args, **kwargs):
-        calls.append(kwargs.get("local_window_size"))
-        return stock(*args, **kwargs)
-
-    monkeypatch.setattr(jax.nn, "dot_product_attention", spy)
-    return calls
+    """Each attention call's `local_window_size` (None where not given)."""
+    return attention_calls(
+        monkeypatch, lambda kwargs: kwargs.get("local_window_size")
+    )
 
 
 def random_weights(model, seed=1):
