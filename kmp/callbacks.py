@@ -1,13 +1,22 @@
-"""Callbacks that make mixed-precision training visible.
+"""Callbacks for a long mixed-precision run: what it does, seen, and what
+it did, kept.
 
 `LossScaleMonitor` puts the loss scale and the count of skipped steps into
 the logs of `model.fit`, so they appear in the progress bar, in
 `History.history`, in `CSVLogger` files and as TensorBoard scalars, like
 any metric; and it stops a run that no loss scale can save.
 `ProgressBar` is Keras's progress bar, except that `fit` need not wait
-for each step's logs to draw it.
+for each step's logs to draw it. `BackupAndRestore` is Keras's backup,
+except that a run killed while it writes leaves one a rerun restores.
 """
 
+import contextlib
+import glob
+import json
+import os
+import re
+import secrets
+import shutil
 import threading
 import warnings
 
@@ -251,3 +260,116 @@ class ProgressBar(keras.callbacks.ProgbarLogger):
                 return
             self._drawn = batch
             super().on_train_batch_end(batch, logs)
+
+
+# The key of Keras's backup record (`training_metadata.json`) that names
+# the weights a save staged; Keras reads only the record's "epoch".
+_STAGED = "kmp_staged_weights"
+_STAGED_PATTERN = "next-*.weights.h5"
+
+
+class BackupAndRestore(keras.callbacks.BackupAndRestore):
+    """Keras's `BackupAndRestore`, whose backup a kill cannot break.
+
+    Keras writes the backup's two files in place: the weights (and the
+    optimizer's state), then the record of the epochs done
+    (`training_metadata.json`). A run killed while it writes (a Ctrl-C as
+    an epoch ends, a preemption's SIGKILL, the out-of-memory killer)
+    leaves weights a rerun cannot load (`OSError: truncated file`), or
+    the next epoch's weights beside the last epoch's record, from which
+    the rerun trains that epoch again, silently. This class writes the
+    weights whole under a name of their own, then puts the record, which
+    names them, in place by a rename (the commit), then the weights by
+    another: a kill at any moment leaves the backup of before the save or
+    of after it, and the next `fit` finishes a committed save before
+    Keras restores (`on_train_begin`).
+
+    Everything else is Keras's: `save_freq`, `double_checkpoint`,
+    `delete_checkpoint`, the files' names and their format (a backup of
+    either class restores with the other). A remote `backup_dir`
+    (`gs://...`) is written as Keras writes it. With the default
+    `save_freq="epoch"` the callback is `async_safe` (see `ProgressBar`):
+    its batch-end method saves nothing.
+
+    Args:
+        backup_dir: Where the backup lives (one run's, nothing else's).
+        save_freq: `"epoch"`, or an integer: save every that many batches.
+        double_checkpoint: Also keep the backup before the last one.
+        delete_checkpoint: Delete the backup when `fit` ends.
+
+    Example:
+
+    ```python
+    model.fit(x, y, epochs=100,
+              callbacks=[kmp.callbacks.BackupAndRestore("/shared/backup")])
+    # killed at any moment; the same call again resumes after the last
+    # epoch backed up
+    ```
+    """
+
+    @property
+    def async_safe(self):
+        return self.save_freq == "epoch"
+
+    def on_train_begin(self, logs=None):
+        if not _is_remote(self.backup_dir):
+            self._settle()
+        super().on_train_begin(logs)
+
+    def _save_model(self):
+        if _is_remote(self.backup_dir):
+            return super()._save_model()
+        os.makedirs(self.backup_dir, exist_ok=True)
+        staged = _STAGED_PATTERN.replace("*", secrets.token_hex(4))
+        self.model.save_weights(os.path.join(self.backup_dir, staged))
+        if self.double_checkpoint:
+            _copy_whole(self._weights_path, self._prev_weights_path)
+            _copy_whole(
+                self._training_metadata_path,
+                self._prev_training_metadata_path,
+            )
+        record = {
+            "epoch": self._current_epoch,
+            "batch": self._last_batch_seen,
+            _STAGED: staged,
+        }
+        _write_whole(self._training_metadata_path, json.dumps(record))
+        os.replace(os.path.join(self.backup_dir, staged), self._weights_path)
+
+    def _settle(self):
+        """Puts in place the weights the record names, if a kill came
+        between the commit and their rename, and deletes what saves that
+        never committed left."""
+        try:
+            with open(self._training_metadata_path) as f:
+                staged = json.load(f).get(_STAGED)
+        except (OSError, ValueError, AttributeError):
+            staged = None  # no backup, or Keras's: nothing was staged
+        # FileNotFoundError: another worker sharing the directory did it.
+        if staged:
+            with contextlib.suppress(FileNotFoundError):
+                path = os.path.join(self.backup_dir, staged)
+                os.replace(path, self._weights_path)
+        leftovers = glob.glob(os.path.join(self.backup_dir, _STAGED_PATTERN))
+        leftovers += glob.glob(os.path.join(self.backup_dir, "*.part"))
+        for path in leftovers:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+
+
+def _is_remote(path) -> bool:
+    """`gs://...`, `s3://...`: an object store, where each object appears
+    whole (and a rename is a copy)."""
+    return re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", str(path)) is not None
+
+
+def _write_whole(path, text) -> None:
+    with open(path + ".part", "w") as f:
+        f.write(text)
+    os.replace(path + ".part", path)
+
+
+def _copy_whole(source, destination) -> None:
+    if os.path.exists(source):
+        shutil.copyfile(source, destination + ".part")
+        os.replace(destination + ".part", destination)

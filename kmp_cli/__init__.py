@@ -9,8 +9,8 @@ stderr, imports kmp and runs the command (`kmp.app.cli.run`).
 
     parser      the command line: argparse, and each command's checks
     logs        stderr: TensorFlow's C++ log lines filtered while it loads
-    interrupts  Ctrl-C: one line (where a run stopped, how it resumes),
-                exit status 130, on every backend
+    interrupts  Ctrl-C and SIGTERM: one line (where a run stopped, how
+                it resumes), exit status 130 or 143, on every backend
 
 The flags of `kmp train` and `kmp doctor`, the examples' settings they
 fill and `fail` are the leaf's (`kmp_config`), which the application
@@ -45,12 +45,12 @@ def main(argv=None) -> int:
     with interrupts.handled():
         try:
             return _run(args)
-        except KeyboardInterrupt:
-            # Ctrl-C: one line, not a traceback through fit; a progress
-            # bar may have left the terminal's line unfinished.
+        except KeyboardInterrupt as interrupt:
+            # Ctrl-C or SIGTERM: one line, not a traceback through fit; a
+            # progress bar may have left the terminal's line unfinished.
             start = "\n" if sys.stderr.isatty() else ""
-            print(start + interrupts.line(args), file=sys.stderr)
-            return 130  # the shell's status for a SIGINT
+            print(start + interrupts.line(args, interrupt), file=sys.stderr)
+            return interrupts.status(interrupt)  # 130, or 143 for SIGTERM
 
 
 def _run(args) -> int:

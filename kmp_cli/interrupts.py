@@ -1,4 +1,5 @@
-"""Ctrl-C: the command stops within a step, in one line, exit status 130.
+"""Ctrl-C, or a scheduler's SIGTERM: the command stops within a step, in
+one line, exit status 130 (143 for SIGTERM).
 
 Python turns SIGINT into a `KeyboardInterrupt` in the code the main
 thread runs next, and the command ends on it (`kmp_cli.main` prints
@@ -13,8 +14,16 @@ interrupt at once, except inside that function: there it raises it in
 the function's caller, on the line after the call, through a trace
 function that lives until then (how `pdb.set_trace` stops a frame).
 
-    handled   the SIGINT handler, in a `with` block
-    line      the command's last line: where it stopped, how to resume
+A SIGTERM (what Slurm, Kubernetes or a preemptible VM sends before it
+kills a job) is handled alike, as `Terminated`, a `KeyboardInterrupt`:
+Python's default for it ends the process on the spot, without a word
+of where the run stopped. The backup a kill may cut short is kmp's
+(`kmp.callbacks.BackupAndRestore`), whole wherever the signal lands.
+
+    handled     the SIGINT and SIGTERM handler, in a `with` block
+    Terminated  what a SIGTERM raises
+    status      the exit status for an interrupt: 128 + its signal
+    line        the command's last line: where it stopped, how to resume
 """
 
 import contextlib
@@ -30,27 +39,44 @@ _SWALLOWING = (("keras/src/utils/python_utils.py", "pythonify_logs"),)
 _KERAS_BACKUP_RECORD = "training_metadata.json"
 
 
+class Terminated(KeyboardInterrupt):
+    """A SIGTERM, raised where a Ctrl-C's `KeyboardInterrupt` would be."""
+
+    signum = signal.SIGTERM
+
+
 @contextlib.contextmanager
 def handled():
-    """Inside, SIGINT is handled as the module says; the handler before
-    comes back after (a no-op outside the main thread, where Python
-    allows no handler)."""
+    """Inside, SIGINT and SIGTERM are handled as the module says; the
+    handlers before come back after (a no-op outside the main thread,
+    where Python allows no handler)."""
     try:
-        previous = signal.signal(signal.SIGINT, _interrupt)
+        previous = {
+            signum: signal.signal(signum, _interrupt)
+            for signum in (signal.SIGINT, signal.SIGTERM)
+        }
     except ValueError:  # not the main thread
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def status(interrupt: KeyboardInterrupt) -> int:
+    """The shell's exit status for a process ended by the signal behind
+    `interrupt`: 130 for SIGINT, 143 for SIGTERM."""
+    return 128 + getattr(interrupt, "signum", signal.SIGINT)
 
 
 def _interrupt(signum, frame):
+    error = Terminated if signum == signal.SIGTERM else KeyboardInterrupt
     outer = _swallowing_frame(frame)
     if outer is None or outer.f_back is None:
-        raise KeyboardInterrupt
-    _raise_on_next_line(outer.f_back)
+        raise error
+    _raise_on_next_line(outer.f_back, error)
 
 
 def _swallowing_frame(frame):
@@ -69,9 +95,9 @@ def _swallowing_frame(frame):
     return found
 
 
-def _raise_on_next_line(frame):
-    """Raises `KeyboardInterrupt` in `frame` when it runs its next line
-    (or returns, if no line is left).
+def _raise_on_next_line(frame, error):
+    """Raises `error` in `frame` when it runs its next line (or returns,
+    if no line is left).
 
     A frame's `f_trace` is called only while a global trace function is
     set; this one traces nothing else (it returns None for every new
@@ -81,7 +107,7 @@ def _raise_on_next_line(frame):
         if event in ("line", "return"):
             sys.settrace(None)
             traced.f_trace = None
-            raise KeyboardInterrupt
+            raise error
         return raise_here
 
     frame.f_trace = raise_here
@@ -100,12 +126,17 @@ def epochs_backed_up(backup_dir) -> int:
         return 0
 
 
-def line(args) -> str:
+def line(args, interrupt=None) -> str:
     """What an interrupted `kmp` command prints last: for `kmp train`,
     the epochs done and backed up and how to resume; else that it was
-    interrupted."""
+    interrupted (or, for `Terminated`, stopped by SIGTERM)."""
+    how = (
+        "stopped by SIGTERM"
+        if isinstance(interrupt, Terminated)
+        else "interrupted"
+    )
     if args.command != "train" or getattr(args, "config", None) is None:
-        return f"kmp {args.command}: interrupted."
+        return f"kmp {args.command}: {how}."
     config = args.config
     name = f"kmp train {args.example}"
     backup_dir = os.path.join(config.output_dir, "backup")
@@ -117,10 +148,10 @@ def line(args) -> str:
     )
     if done == 0:
         return (
-            f"{name}: interrupted before its first epoch ended; nothing is "
+            f"{name}: {how} before its first epoch ended; nothing is "
             f"backed up: {rerun} starts over."
         )
     return (
-        f"{name}: interrupted after {done} of {config.epochs} epochs, "
+        f"{name}: {how} after {done} of {config.epochs} epochs, "
         f"backed up in {backup_dir}: {rerun} resumes at epoch {done + 1}."
     )

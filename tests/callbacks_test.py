@@ -1,5 +1,7 @@
 import csv
 import glob
+import os
+from unittest import mock
 
 import keras
 import numpy as np
@@ -230,3 +232,167 @@ def test_the_progress_bar_never_steps_back(monkeypatch):
         bar.on_train_batch_end(batch, {})
     assert drawn == [0, 2, 3]
     assert kmp.callbacks.ProgressBar.async_safe
+
+
+# --- BackupAndRestore: a kill while it writes ---
+
+
+class Killed(Exception):
+    """A kill, as the backup's files see one: nothing runs after it."""
+
+
+# Where in the save of the second epoch's backup the run is killed.
+WHILE_WRITING_WEIGHTS = "while the weights are written"
+AFTER_THE_WEIGHTS = "once the weights are written"
+AT_THE_COMMIT = "as the record is put in place"  # kmp's first rename
+AFTER_THE_COMMIT = "as the weights are put in place"  # its second
+
+
+class _Kill(keras.callbacks.Callback):
+    """Before the backup in `fit`'s callbacks: at the end of epoch 2 it
+    arms `point`, which raises `Killed` inside the backup's save that
+    follows, leaving its files as a kill there would."""
+
+    def __init__(self, point):
+        super().__init__()
+        self.point, self.patchers = point, []
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch != 1:
+            return
+        if self.point in (WHILE_WRITING_WEIGHTS, AFTER_THE_WEIGHTS):
+            save = self.model.save_weights
+
+            def killed_saving(filepath, *args, **kwargs):
+                save(filepath, *args, **kwargs)
+                if self.point == WHILE_WRITING_WEIGHTS:
+                    os.truncate(filepath, os.path.getsize(filepath) // 2)
+                raise Killed
+
+            self.model.save_weights = killed_saving
+        else:
+            renames, replace = [], os.replace
+            killed_at = 1 if self.point == AT_THE_COMMIT else 2
+
+            def killed_renaming(source, destination):
+                renames.append(destination)
+                if len(renames) == killed_at:
+                    raise Killed
+                replace(source, destination)
+
+            patcher = mock.patch.object(os, "replace", killed_renaming)
+            patcher.start()
+            self.patchers.append(patcher)
+
+    def stop(self):
+        for patcher in self.patchers:
+            patcher.stop()
+
+
+def _state(model):
+    return [
+        keras.ops.convert_to_numpy(v)
+        for v in model.weights + model.optimizer.variables
+    ]
+
+
+class _States(keras.callbacks.Callback):
+    """The weights and the optimizer's state at each epoch's end, and,
+    when `fit` begins, its first epoch and the state then (after a
+    restore)."""
+
+    def __init__(self, folder=None):
+        super().__init__()
+        self.ended, self.first, self.folder = {}, None, folder
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self.first is None:
+            self.first = (epoch, _state(self.model))
+            if self.folder:
+                self.files = sorted(os.listdir(self.folder))
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.ended[epoch] = _state(self.model)
+
+
+def _fit_with_backup(backup, seed, *callbacks):
+    model = mlp(seed=seed)
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
+        loss="sparse_categorical_crossentropy",
+    )
+    x, y = classification_data(n=64)
+    model.fit(
+        x, y, batch_size=16, epochs=3, verbose=0, callbacks=[*callbacks, backup]
+    )
+
+
+def _killed_in_the_second_save(backup_class, folder, point):
+    states, kill = _States(), _Kill(point)
+    try:
+        with pytest.raises(Killed):
+            _fit_with_backup(backup_class(folder), 0, states, kill)
+    finally:
+        kill.stop()
+    return states.ended
+
+
+@pytest.mark.backend_independent("torch")
+@pytest.mark.parametrize(
+    "point, resumed",
+    [
+        (WHILE_WRITING_WEIGHTS, 1),
+        (AFTER_THE_WEIGHTS, 1),
+        (AT_THE_COMMIT, 1),
+        (AFTER_THE_COMMIT, 2),
+    ],
+)
+def test_a_kill_anywhere_in_a_save_leaves_a_backup_that_resumes(
+    tmp_path, point, resumed
+):
+    folder = str(tmp_path / "backup")
+    ended = _killed_in_the_second_save(
+        kmp.callbacks.BackupAndRestore, folder, point
+    )
+    rerun = _States(folder)
+    _fit_with_backup(kmp.callbacks.BackupAndRestore(folder), 1, rerun)
+    # What the killed save left staged is gone once Keras restored.
+    assert rerun.files == ["latest.weights.h5", "training_metadata.json"]
+    # Before the save (1 epoch done) or after it (2), never between: the
+    # weights and the optimizer's state are those of the epoch resumed
+    # after, exactly.
+    epoch, state = rerun.first
+    assert epoch == resumed
+    for now, then in zip(state, ended[resumed - 1], strict=True):
+        np.testing.assert_array_equal(now, then)
+    assert not os.path.exists(folder)  # fit ended: deleted, as Keras does
+
+
+@pytest.mark.backend_independent("torch")
+def test_stock_backup_killed_while_writing_fails_or_resumes_wrong(tmp_path):
+    folder = str(tmp_path / "half")
+    _killed_in_the_second_save(
+        keras.callbacks.BackupAndRestore, folder, WHILE_WRITING_WEIGHTS
+    )
+    with pytest.raises(OSError, match="truncated file"):
+        _fit_with_backup(keras.callbacks.BackupAndRestore(folder), 1)
+
+    folder = str(tmp_path / "written")
+    ended = _killed_in_the_second_save(
+        keras.callbacks.BackupAndRestore, folder, AFTER_THE_WEIGHTS
+    )
+    rerun = _States()
+    _fit_with_backup(keras.callbacks.BackupAndRestore(folder), 1, rerun)
+    epoch, state = rerun.first
+    # The record says one epoch done; the weights are the second's: epoch
+    # 2 trains again from its own end, silently.
+    assert epoch == 1
+    for now, then in zip(state, ended[1], strict=True):
+        np.testing.assert_array_equal(now, then)
+
+
+@pytest.mark.backend_independent("torch")
+def test_the_backup_is_async_safe_only_when_batches_save_nothing(tmp_path):
+    assert kmp.callbacks.BackupAndRestore(str(tmp_path)).async_safe
+    every_4 = kmp.callbacks.BackupAndRestore(str(tmp_path), save_freq=4)
+    assert not every_4.async_safe

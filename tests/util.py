@@ -2,6 +2,7 @@
 
 import concurrent.futures
 import functools
+import importlib
 import json
 import os
 import pathlib
@@ -12,6 +13,7 @@ import sys
 import keras
 import numpy as np
 import pytest
+import tomllib
 from hypothesis import strategies as st
 
 from kmp import backend
@@ -28,6 +30,37 @@ torch_only = pytest.mark.skipif(
 not_tf = pytest.mark.skipif(
     backend.name() == "tensorflow", reason="backends other than TensorFlow"
 )
+
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def keras_tested_with() -> str:
+    """The Keras version the `test` extra pins (pyproject.toml)."""
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    pins = [p.replace(" ", "") for p in extras["test"]]
+    return [p for p in pins if p.startswith("keras==")][0].split("==")[1]
+
+
+def keras_own_tests(name):
+    """Keras's own test module `name` (e.g.
+    "keras.src.callbacks.backup_and_restore_test"), for a file that runs
+    it against kmp's class; call it at the file's import. The pinned
+    Keras's wheel ships its tests: their absence there is an error (a
+    broken install or a renamed module), to be seen, not skipped. With
+    another Keras the calling file (that file only) is skipped, saying
+    so."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError:
+        if keras.__version__ == keras_tested_with():
+            raise
+    pytest.skip(
+        f"Keras {keras.__version__} ships no {name}; the suite runs "
+        f"against the pinned Keras {keras_tested_with()}",
+        allow_module_level=True,
+    )
 
 
 # The `jit_compile` values fit tests run with: XLA and TensorFlow's graph

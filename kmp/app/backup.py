@@ -1,8 +1,9 @@
 """The backup an interrupted run resumes from, and what it belongs to.
 
-`keras.callbacks.BackupAndRestore` saves the weights and the optimizer's
-state at the end of every epoch, and a rerun restores them and goes on
-from the next epoch. Alone, it knows neither the configuration it was
+`kmp.callbacks.BackupAndRestore` (Keras's, whose files a kill while it
+writes cannot break) saves the weights and the optimizer's state at the
+end of every epoch, and a rerun restores them and goes on from the next
+epoch. Alone, it knows neither the configuration it was
 made with (a rerun with another `--width` ends in a ValueError listing
 every weight that "could not be loaded") nor the epochs before the
 interruption (the rerun's History starts at the resumed epoch).
@@ -117,7 +118,9 @@ class Backup:
         # Where the data starts (`resumed_epoch`), read before Keras's
         # restore.
         self.initial_epoch = _epochs_done(backup_dir)
-        keras_backup = _EpochBackup(backup_dir)
+        # A backup an epoch, which a kill while it writes cannot break;
+        # `async_safe`, so Keras need not wait for each step's logs.
+        keras_backup = kmp.callbacks.BackupAndRestore(backup_dir)
         self.record = _EpochRecord(self, per_step)
         self.callbacks = [
             # Before Keras's restore, whose weight loading is collective:
@@ -199,18 +202,6 @@ class Backup:
         with open(path + ".tmp", "w") as f:
             json.dump(record, f)
         os.replace(path + ".tmp", path)
-
-
-class _EpochBackup(keras.callbacks.BackupAndRestore):
-    """Keras's `BackupAndRestore` at its default, a backup an epoch, said
-    to be `async_safe`: its batch-end method saves nothing then, and
-    without the word Keras would wait for each step's logs before the
-    next step (`kmp.callbacks.ProgressBar` says what that costs)."""
-
-    async_safe = True
-
-    def __init__(self, backup_dir):
-        super().__init__(backup_dir, save_freq="epoch")
 
 
 class _EpochRecord(keras.callbacks.Callback):

@@ -1,7 +1,8 @@
-"""Ctrl-C (`kmp_cli.interrupts`): one line that says where the run
-stopped and how it resumes, exit status 130, on every backend; and the
-interrupt that Keras's `pythonify_logs` swallowed (where JAX's main
-thread waits for its step) is raised all the same."""
+"""Ctrl-C and SIGTERM (`kmp_cli.interrupts`): one line that says where
+the run stopped and how it resumes, exit status 130 (143 for SIGTERM),
+on every backend; and the interrupt that Keras's `pythonify_logs`
+swallowed (where JAX's main thread waits for its step) is raised all
+the same."""
 
 import json
 import os
@@ -13,6 +14,7 @@ import types
 
 import pytest
 
+import kmp_cli
 from kmp_cli import interrupts
 from kmp_config import configs
 
@@ -46,6 +48,35 @@ def test_the_line_says_the_epochs_backed_up_and_how_to_resume(tmp_path):
     )
     bench = types.SimpleNamespace(command="bench")
     assert interrupts.line(bench) == "kmp bench: interrupted."
+
+
+def test_a_sigterm_stops_a_command_in_one_line_with_status_143(
+    tmp_path, monkeypatch, capsys
+):
+    # What Slurm, Kubernetes or a preemptible VM sends before the kill:
+    # Python's default would end the process on the spot, without a line.
+    backup = tmp_path / "backup"
+    backup.mkdir()
+    (backup / "training_metadata.json").write_text(json.dumps({"epoch": 1}))
+
+    def training(args):
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000):  # Python runs the handler between bytecodes
+            pass
+        raise AssertionError("the SIGTERM did not stop the command")
+
+    monkeypatch.setattr(kmp_cli, "_run", training)
+    before = signal.getsignal(signal.SIGTERM)
+    status = kmp_cli.main(
+        ["train", "cifar10", "--epochs=3", f"--output_dir={tmp_path}"]
+    )
+    assert status == 143
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"kmp train cifar10: stopped by SIGTERM after 1 of 3 epochs, "
+        f"backed up in {backup}: the same command resumes at epoch 2."
+    )
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert interrupts.status(KeyboardInterrupt()) == 130
 
 
 class _SignalsWhenRead:

@@ -47,6 +47,7 @@ _INITIALIZATION = (
     "JAX's first values in one program, backend.initialized_together "
     "(kmp/backend/initialization.py)"
 )
+_BACKUP = "kmp.callbacks.BackupAndRestore's whole saves (kmp/callbacks.py)"
 _STATELESS = "keras.src.backend.common.stateless_scope"
 _VARIABLES = "keras.src.backend.common.variables"
 
@@ -263,21 +264,26 @@ REACHES = [
         "backup",
         "_training_metadata_path",
         None,
-        "the backup of several JAX processes (kmp/app/backup.py)",
+        "the backup of several JAX processes (kmp/app/backup.py); " + _BACKUP,
     ),
     Reach(
         "backup",
         "_weights_path",
         None,
         "kmp.distribute's check that every worker sees the backup "
-        "(kmp/distributed/fit.py)",
+        "(kmp/distributed/fit.py); " + _BACKUP,
     ),
     Reach(
         "backup",
         "_save_model",
         (),
-        "kmp.distribute: only the chief writes (kmp/distributed/fit.py)",
+        "kmp.distribute: only the chief writes (kmp/distributed/fit.py); "
+        + _BACKUP,
     ),
+    Reach("backup", "_prev_weights_path", None, _BACKUP),
+    Reach("backup", "_prev_training_metadata_path", None, _BACKUP),
+    Reach("backup", "_current_epoch", None, _BACKUP),
+    Reach("backup", "_last_batch_seen", None, _BACKUP),
     Reach(
         "checkpoint",
         "_save_model",

@@ -6,8 +6,9 @@ Scenarios (each prints one `RESULT {json}` line):
 
 - `fit`: stock `model.fit` fails (the Keras defect), then after
   `kmp.distribute` a small mixed-float16 convnet trains with validation,
-  LossScaleMonitor, ModelCheckpoint and BackupAndRestore; then evaluate,
-  predict, and a batch size that does not split over the replicas.
+  LossScaleMonitor, ModelCheckpoint and kmp's BackupAndRestore (which
+  Keras's resumes); then evaluate, predict, and a batch size that does
+  not split over the replicas.
 - `overflow`: worker 1's first batch overflows float16; both must skip,
   whichever optimizer was compiled (`OPTIMIZERS`; Keras's own scaler
   used to hang both workers here). `overflow KIND` tries one only.
@@ -146,7 +147,8 @@ def fit():
         callbacks=[
             monitor,
             keras.callbacks.ModelCheckpoint(checkpoint),
-            keras.callbacks.BackupAndRestore(backup, delete_checkpoint=False),
+            # kmp's (whole saves), on the chief only; Keras's resumes it.
+            kmp.callbacks.BackupAndRestore(backup, delete_checkpoint=False),
         ],
     )
     after = model.evaluate(train, verbose=0, return_dict=True)

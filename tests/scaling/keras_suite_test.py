@@ -7,43 +7,15 @@ pins, a missing suite is an error (a broken install or a renamed module),
 not a skip; with another Keras it is a skip that says so.
 """
 
-import importlib
-import pathlib
 from unittest import mock
 
 import keras
-import pytest
-import tomllib
+from util import keras_own_tests
 
 import kmp
 from kmp.scaling import scaled_losses
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def _keras_tested_with() -> str:
-    """The Keras version the `test` extra pins (pyproject.toml)."""
-    with open(ROOT / "pyproject.toml", "rb") as f:
-        extras = tomllib.load(f)["project"]["optional-dependencies"]
-    pins = [p.replace(" ", "") for p in extras["test"]]
-    return [p for p in pins if p.startswith("keras==")][0].split("==")[1]
-
-
-try:
-    stock_tests = importlib.import_module(
-        "keras.src.optimizers.loss_scale_optimizer_test"
-    )
-except ModuleNotFoundError:
-    if keras.__version__ == _keras_tested_with():
-        # The pinned wheel ships its tests: their absence is a broken
-        # install or a renamed module, and must be seen, not skipped.
-        raise
-    pytest.skip(
-        f"Keras {keras.__version__} ships no "
-        "keras.src.optimizers.loss_scale_optimizer_test; the suite runs "
-        f"against the pinned Keras {_keras_tested_with()}",
-        allow_module_level=True,
-    )
+stock_tests = keras_own_tests("keras.src.optimizers.loss_scale_optimizer_test")
 
 
 class TestStockKerasBehaviour(stock_tests.LossScaleOptimizerTest):

@@ -16,6 +16,7 @@ from util import SCALE_RULES
 from util import as_if_scaled
 from util import classification_data
 from util import jax_only
+from util import keras_tested_with
 from util import mlp
 from util import reference_scale_rule
 from util import tf_only
@@ -24,8 +25,6 @@ from util import torch_only
 
 import kmp
 from kmp import backend
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 
 # Keras's TensorFlow optimizers refuse `stateless_apply` (it cannot work
 # with tf.distribute), so the stateless path is covered by the JAX run.
@@ -786,12 +785,7 @@ def test_a_missing_keras_suite_is_an_error_with_the_pinned_keras(
     # "pinned": Keras reports the `test` extra's version, whichever Keras
     # runs this (.ci/nightly runs keras-nightly).
     if version == "pinned":
-        import tomllib
-
-        with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
-            extras = tomllib.load(f)["project"]["optional-dependencies"]
-        (pin,) = [p for p in extras["test"] if p.startswith("keras==")]
-        version = pin.split("==")[1]
+        version = keras_tested_with()
     here = os.path.dirname(__file__)
     result = subprocess.run(
         [
