@@ -30,7 +30,15 @@ pytestmark = pytest.mark.backend_independent
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "kmp"
-CORE_PACKAGES = ("backend", "memory", "scaling", "islands", "fp8", "auditing")
+CORE_PACKAGES = (
+    "backend",
+    "memory",
+    "scaling",
+    "islands",
+    "fp8",
+    "auditing",
+    "callbacks",
+)
 WINGS = ("doctor", "distributed")
 LIBRARY_PACKAGES = CORE_PACKAGES + WINGS
 APPLICATION = ("kmp.app", "kmp.examples")

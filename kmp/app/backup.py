@@ -22,8 +22,10 @@ The record is written before Keras's backup at the end of an epoch, so
 a run killed between the two has logged an epoch more than it backed
 up, never fewer; `history` keeps the epochs before the one the rerun
 resumes at. A backup made without a record (an older kmp) resumes as
-Keras does. Keras deletes the directory, record included, when `fit`
-ends.
+Keras does. The directory, record included, is deleted once the run's
+model and results are written (`Backup.delete`), not when `fit` ends: a
+run killed while they are written resumes with no epoch left to train,
+and writes them.
 
 Keras's backup holds the weights and the optimizer's state, not the
 state of the layers' random draws (`keras.random.SeedGenerator`, e.g.
@@ -42,6 +44,7 @@ own) are refused in one line before any step runs: a collective step
 over processes at different epochs would train on nonsense or hang.
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -119,8 +122,11 @@ class Backup:
         # restore.
         self.initial_epoch = _epochs_done(backup_dir)
         # A backup an epoch, which a kill while it writes cannot break;
-        # `async_safe`, so Keras need not wait for each step's logs.
-        keras_backup = kmp.callbacks.BackupAndRestore(backup_dir)
+        # `async_safe`, so Keras need not wait for each step's logs. Kept
+        # when `fit` ends, until the run's files are written (`delete`).
+        keras_backup = kmp.callbacks.BackupAndRestore(
+            backup_dir, delete_checkpoint=False
+        )
         self.record = _EpochRecord(self, per_step)
         self.callbacks = [
             # Before Keras's restore, whose weight loading is collective:
@@ -132,6 +138,18 @@ class Backup:
             keras_backup,
             _RandomState(self),  # after Keras's restore
         ]
+
+    def delete(self) -> None:
+        """Deletes the backup, once the run's files (model, record) are
+        written: a run killed before, while `fit` ended or they were
+        written, resumes with no epoch left to train and writes them;
+        killed while this deletes, it starts over (Keras's record goes
+        first: the backup is gone before its weights are)."""
+        if not self.owned:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(self.backup_dir, KERAS_RECORD))
+        shutil.rmtree(self.backup_dir, ignore_errors=True)
 
     def _read(self) -> dict:
         """The record's epochs and steps, once its key is checked; none

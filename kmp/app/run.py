@@ -278,7 +278,8 @@ class Run:
         }
 
     def _save(self, model, results):
-        """Writes the model, `results.json` and `results.png` (chief).
+        """Writes the model, `results.json` and `results.png` (chief),
+        then deletes the backup (each process its own).
 
         In a multi-process JAX job every process saves, the others into a
         file they delete: Keras's save makes an optimizer variable, whose
@@ -290,13 +291,13 @@ class Run:
 
             with tempfile.TemporaryDirectory() as scratch:
                 model.save(os.path.join(scratch, f"{self.name}.keras"))
-            return
-        if not kmp.is_chief():
-            return
-        model.save(files["model"])
-        with open(files["results"], "w") as f:
-            json.dump(results, f, indent=2)
-        report.plot(results, files["plot"], self.loss_scales)
+        elif kmp.is_chief():
+            model.save(files["model"])
+            with open(files["results"], "w") as f:
+                json.dump(results, f, indent=2)
+            report.plot(results, files["plot"], self.loss_scales)
+        # Only now: a run killed before resumes from it and writes them.
+        self.backup.delete()
 
 
 def summary(name, results) -> str:

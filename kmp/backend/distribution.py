@@ -85,11 +85,18 @@ def join_processes(coordinator, num_processes, process_id, timeout):
     heartbeats for `timeout` seconds ends the others (JAX aborts them,
     never a hang). `coordinator=None`: JAX detects the cluster (SLURM,
     Open MPI, Kubernetes, Cloud TPU). On CPUs the collectives go through
-    gloo (JAX has none across processes otherwise)."""
+    gloo (JAX has none across processes otherwise).
+
+    JAX's preemption service stays off: it takes SIGTERM from Python (its
+    C++ handler replaces Python's), and a Keras job, which never asks it
+    whether to stop, then trains on until the scheduler's SIGKILL, where
+    Python's default would have ended it, and `kmp` commands stop in one
+    line (exit status 143)."""
     import jax
     from keras.src.backend.jax import distribution_lib
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.config.update("jax_enable_preemption_service", False)
     seconds = max(int(-(-timeout // 1)), 1)  # JAX takes whole seconds
     jax.distributed.initialize(
         coordinator,

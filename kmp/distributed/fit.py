@@ -352,8 +352,15 @@ def _backups(callbacks):
 
 
 def _check_backups_agree(callbacks, strategy):
-    """Fails if a backup exists on some workers' disks but not others'."""
+    """Fails if a backup exists on some workers' disks but not others'.
+
+    First the chief finishes what a kill left of a save of kmp's backup
+    (`kmp.callbacks.BackupAndRestore`), before the collective below, so
+    that on shared storage every worker then reads the same files; the
+    others' `fit` does not (`_chief_writes_only`)."""
     for callback in _backups(callbacks):
+        if is_chief() and hasattr(callback, "_settle"):
+            callback._settle()
         present = int(os.path.exists(callback._weights_path))
         count = _sum_over_replicas(strategy, present)
         total = strategy.num_replicas_in_sync
@@ -378,10 +385,12 @@ class _chief_writes_only:
             if isinstance(callback, keras.callbacks.ModelCheckpoint):
                 self.silenced.append((callback, ("_save_model",)))
             elif isinstance(callback, keras.callbacks.BackupAndRestore):
-                # on_train_end deletes the backup directory: the chief's.
-                self.silenced.append(
-                    (callback, ("_save_model", "on_train_end"))
-                )
+                # on_train_end deletes the backup directory: the chief's;
+                # and kmp's backup settles it on the chief (above).
+                methods = ("_save_model", "on_train_end")
+                if hasattr(callback, "_settle"):
+                    methods += ("_settle",)
+                self.silenced.append((callback, methods))
 
     def __enter__(self):
         for callback, methods in self.silenced:

@@ -184,7 +184,10 @@ def initialize_processes(
     stops answering for `timeout` seconds ends the others too. Call it
     first, before anything runs on JAX; then set a
     `keras.distribution` over `keras.distribution.list_devices()` (every
-    process's devices). On CPUs the collectives run over gloo.
+    process's devices). On CPUs the collectives run over gloo. A SIGTERM
+    (a scheduler's stop) reaches Python as it would without JAX: JAX's
+    preemption service, which would take it and train on until the
+    SIGKILL, stays off.
 
     Args:
         coordinator: Process 0's `"HOST:PORT"` (a free port there), or

@@ -81,7 +81,12 @@ def test_a_rerun_resumes_and_keeps_every_epoch_s_logs(tmp_path):
     assert logs["loss"][2:] == resumed.history["loss"]
     # The first fit's steps of epoch 1, all of them in epoch 1's record.
     assert again.steps(resumed, "loss")[:4] == [1.0, 2.0, 3.0, 4.0]
-    assert not os.path.exists(folder)  # Keras deletes it at the end
+    # Kept when fit ends, until the run's files are written.
+    assert sorted(os.listdir(folder)) == sorted(
+        [kmp_backup.RECORD, "latest.weights.h5", kmp_backup.KERAS_RECORD]
+    )
+    again.delete()
+    assert not os.path.exists(folder)
 
 
 def test_another_configuration_is_refused_with_how_to_resume(tmp_path):

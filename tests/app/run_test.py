@@ -89,7 +89,33 @@ def test_a_run_fits_writes_the_record_and_restores_the_policy(tmp_path):
     assert record["twice"] == 4  # `more`, written with the rest
     assert (tmp_path / "tiny.keras").exists()
     assert (tmp_path / "results.png").exists()
-    assert not (tmp_path / "backup").exists()  # done: Keras deletes it
+    assert not (tmp_path / "backup").exists()  # done, once they are written
+
+
+class Killed(Exception):
+    pass
+
+
+def test_a_run_killed_as_it_writes_its_files_resumes_and_writes_them(
+    tmp_path, monkeypatch
+):
+    # The backup outlives `fit` until the model and record are written:
+    # killed while the model is saved, the run resumes with no epoch left
+    # to train (where Keras would have deleted the backup: a rerun would
+    # train again from scratch).
+    def killed_saving(model, filepath, *args, **kwargs):
+        raise Killed
+
+    with monkeypatch.context() as patched:
+        patched.setattr(keras.Model, "save", killed_saving)
+        with pytest.raises(Killed):
+            _train(_config(tmp_path))
+    assert (tmp_path / "backup" / "latest.weights.h5").exists()
+    results = _train(_config(tmp_path))
+    assert results["epochs"] == 2
+    assert len(results["history"]["loss"]) == 2  # both, from the backup
+    assert (tmp_path / "tiny.keras").exists()
+    assert not (tmp_path / "backup").exists()
 
 
 def test_a_run_s_callbacks_let_keras_run_ahead(tmp_path):

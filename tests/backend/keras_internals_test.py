@@ -47,7 +47,10 @@ _INITIALIZATION = (
     "JAX's first values in one program, backend.initialized_together "
     "(kmp/backend/initialization.py)"
 )
-_BACKUP = "kmp.callbacks.BackupAndRestore's whole saves (kmp/callbacks.py)"
+_BACKUP = (
+    "kmp.callbacks.BackupAndRestore's and ModelCheckpoint's whole saves "
+    "(kmp/callbacks/checkpoints.py)"
+)
 _STATELESS = "keras.src.backend.common.stateless_scope"
 _VARIABLES = "keras.src.backend.common.variables"
 
@@ -288,8 +291,10 @@ REACHES = [
         "checkpoint",
         "_save_model",
         ("epoch", "batch", "logs"),
-        "kmp.distribute: only the chief writes (kmp/distributed/fit.py)",
+        "kmp.distribute: only the chief writes (kmp/distributed/fit.py); "
+        + _BACKUP,
     ),
+    Reach("checkpoint", "_model", None, _BACKUP),
     Reach(
         "progbar",
         "_seen_so_far",

@@ -105,16 +105,27 @@ def test_non_chief_workers_do_not_write_checkpoints(monkeypatch, tmp_path):
     )
     checkpoint = keras.callbacks.ModelCheckpoint(str(tmp_path / "m.keras"))
     backup = keras.callbacks.BackupAndRestore(str(tmp_path / "b"))
+    # kmp's backup, half of one in its (shared) directory: the chief
+    # settles it, not this worker.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "training_metadata.json").write_text('{"epoch": 1}')
+    kmp_backup = kmp.callbacks.BackupAndRestore(str(shared))
     other = keras.callbacks.History()
-    with fit._chief_writes_only([checkpoint, backup, other]):
+    with fit._chief_writes_only([checkpoint, backup, kmp_backup, other]):
         assert checkpoint._save_model(0, None, {}) is None
         backup._save_model()
         backup.on_train_end()
+        kmp_backup._settle()
         assert "_save_model" not in vars(other)
-    assert list(tmp_path.iterdir()) == []
+    assert list(tmp_path.iterdir()) == [shared]
+    assert [p.name for p in shared.iterdir()] == ["training_metadata.json"]
     # Afterwards the callbacks are their own again.
     assert "_save_model" not in vars(checkpoint)
     assert "on_train_end" not in vars(backup)
+    assert "_settle" not in vars(kmp_backup)
+    kmp_backup._settle()  # as the chief would: half a backup is none
+    assert list(shared.iterdir()) == []
 
 
 @tf_only
