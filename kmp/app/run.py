@@ -297,6 +297,10 @@ class Run:
                 json.dump(results, f, indent=2)
             report.plot(results, files["plot"], self.loss_scales)
         # Only now: a run killed before resumes from it and writes them.
+        # Each JAX process deletes its own, once the chief has written
+        # (a collective): one without a backup beside one with would
+        # make a rerun refuse to resume.
+        backend.gather_over_processes(0)
         self.backup.delete()
 
 

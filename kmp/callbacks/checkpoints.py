@@ -132,12 +132,17 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
                 path = os.path.join(self.backup_dir, staged)
                 os.replace(path, self._weights_path)
         if os.path.exists(record) != os.path.exists(self._weights_path):
-            for path in (record, self._weights_path):
+            for path in (
+                record,
+                self._weights_path,
+                self._prev_training_metadata_path,
+                self._prev_weights_path,
+            ):
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(path)
-        # The directory is the backup's alone (Keras's rule): its `.part`
-        # files are the record's.
-        _remove_staged(self.backup_dir, also="*.part")
+        # The directory is the backup's alone (Keras's rule): what saves
+        # staged there, and its `.part` files, are its own.
+        _remove_staged(self.backup_dir, _STAGED_GLOB, "*.part")
 
 
 class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
@@ -167,10 +172,13 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
     """
 
     def on_train_begin(self, logs=None):
-        # The files killed saves left, beside a path without fields.
-        folder = os.path.dirname(str(self.filepath)) or "."
+        # The files killed saves of this path left (its fields any text),
+        # not those of another run's path beside it.
+        folder, name = os.path.split(str(self.filepath))
         if "{" not in folder and not _is_remote(folder):
-            _remove_staged(folder)
+            parts = re.split(r"\{[^}]*\}", name)
+            names = "*".join(glob.escape(part) for part in parts)
+            _remove_staged(folder or ".", _STAGED_GLOB[:-1] + names)
         super().on_train_begin(logs)
 
     def _save_model(self, epoch, batch, logs):
@@ -221,12 +229,14 @@ def _staged(path) -> str:
     return os.path.join(folder, f".next-{secrets.token_hex(4)}-{name}")
 
 
-def _remove_staged(folder, also="") -> None:
-    """Deletes the files saves that never ended left in `folder`: staged
-    ones, and those matching `also`."""
-    leftovers = glob.glob(os.path.join(folder, _STAGED_GLOB))
-    if also:
-        leftovers += glob.glob(os.path.join(folder, also))
+def _remove_staged(folder, *patterns) -> None:
+    """Deletes the files in `folder` that match `patterns`: what saves
+    that never ended left."""
+    leftovers = [
+        path
+        for pattern in patterns
+        for path in glob.glob(os.path.join(folder, pattern))
+    ]
     for path in leftovers:
         with contextlib.suppress(FileNotFoundError, IsADirectoryError):
             os.remove(path)

@@ -359,8 +359,11 @@ def _check_backups_agree(callbacks, strategy):
     that on shared storage every worker then reads the same files; the
     others' `fit` does not (`_chief_writes_only`)."""
     for callback in _backups(callbacks):
-        if is_chief() and hasattr(callback, "_settle"):
-            callback._settle()
+        if hasattr(callback, "_settle"):
+            if is_chief():
+                callback._settle()
+            # Every worker waits for it before it looks.
+            _sum_over_replicas(strategy, 0)
         present = int(os.path.exists(callback._weights_path))
         count = _sum_over_replicas(strategy, present)
         total = strategy.num_replicas_in_sync

@@ -290,6 +290,22 @@ def test_a_kill_while_a_checkpoint_is_written_leaves_the_one_before(
     assert sorted(os.listdir(tmp_path)) == [name]
 
 
+def test_a_checkpoint_removes_its_own_leftovers_only(tmp_path):
+    # Another run's save, in progress beside this one's, is not touched.
+    ours = tmp_path / ".next-0123abcd-m07.keras"
+    theirs = tmp_path / ".next-0123abcd-other.keras"
+    for path in (ours, theirs):
+        path.write_text("half a file")
+    path = str(tmp_path / "m{epoch:02d}.keras")
+    _fit_with_checkpoint(kmp.callbacks.ModelCheckpoint(path))
+    assert sorted(os.listdir(tmp_path)) == [
+        theirs.name,
+        "m01.keras",
+        "m02.keras",
+        "m03.keras",
+    ]
+
+
 def test_stock_checkpoint_killed_while_writing_leaves_a_broken_best(tmp_path):
     path = str(tmp_path / "best.keras")
     _best_so_far(keras.callbacks.ModelCheckpoint, path, weights_only=False)
