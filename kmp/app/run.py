@@ -299,9 +299,11 @@ class Run:
         # Only now: a run killed before resumes from it and writes them.
         # Each JAX process deletes its own, once the chief has written
         # (a collective): one without a backup beside one with would
-        # make a rerun refuse to resume.
+        # make a rerun refuse to resume. And none returns before every
+        # one's is gone: the run's folder is then as it stays.
         backend.gather_over_processes(0)
         self.backup.delete()
+        backend.gather_over_processes(0)
 
 
 def summary(name, results) -> str:
