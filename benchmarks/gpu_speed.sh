@@ -7,8 +7,8 @@
 #      a stack of 4 square kernels at sizes 4096 and 8192, 8192 tokens,
 #      with the FP8 GEMMs XLA compiled (float8_matmul.py): kmp's form
 #      (a bfloat16 result written by the GEMM itself: 1.478x at 8192 on
-#      the 2026-11-28 H200; target >= 1.5x) against the float32-output
-#      form it replaced (`out32`, 1.422x);
+#      the 2026-11-28 H200, 1.592x on 2026-11-29; target >= 1.5x)
+#      against the float32-output form it replaced (`out32`, 1.422x);
 #   1b. the same stack at 8192 with Triton's GEMMs off, so that cuBLAS
 #      takes every dot: XLA's dequantize-then-dot form (`dequantized`),
 #      which the H200's autotuned Triton GEMMs took (0 FP8 GEMMs,
@@ -19,7 +19,9 @@
 #      what the amax passes cost, the most delayed scaling could save.
 #   2. the language model (KerasHub's GPT-2, lm_speed.py) at width 2048,
 #      24 layers, batch 16, in bfloat16 and with kmp's float8 matmul in
-#      that form (target >= 1.3x; 0.93x in the float32-output form);
+#      that form (target >= 1.3x; 0.93x in the float32-output form;
+#      1.11x on 2026-11-29, in a call of its own: the float8 variant's
+#      first epoch took 129 s with its compile, past this step's limit);
 #   3. the language model at width 1024, 16 layers, batch 32, in
 #      bfloat16 with flash attention (39.2 % MFU on the 2026-11-28 H200
 #      with the benchmark's causal patch; issue 41 wants 40 %):
