@@ -44,7 +44,6 @@ own) are refused in one line before any step runs: a collective step
 over processes at different epochs would train on nonsense or hang.
 """
 
-import contextlib
 import json
 import os
 import shutil
@@ -124,7 +123,7 @@ class Backup:
         # A backup an epoch, which a kill while it writes cannot break;
         # `async_safe`, so Keras need not wait for each step's logs. Kept
         # when `fit` ends, until the run's files are written (`delete`).
-        keras_backup = kmp.callbacks.BackupAndRestore(
+        keras_backup = self.keras_backup = kmp.callbacks.BackupAndRestore(
             backup_dir, delete_checkpoint=False
         )
         self.record = _EpochRecord(self, per_step)
@@ -143,13 +142,10 @@ class Backup:
         """Deletes the backup, once the run's files (model, record) are
         written: a run killed before, while `fit` ended or they were
         written, resumes with no epoch left to train and writes them;
-        killed while this deletes, it starts over (Keras's record goes
-        first: the backup is gone before its weights are)."""
-        if not self.owned:
-            return
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(os.path.join(self.backup_dir, KERAS_RECORD))
-        shutil.rmtree(self.backup_dir, ignore_errors=True)
+        killed while this deletes, it starts over (the record goes first:
+        `kmp.callbacks.BackupAndRestore.delete`)."""
+        if self.owned:
+            self.keras_backup.delete()
 
     def _read(self) -> dict:
         """The record's epochs and steps, once its key is checked; none

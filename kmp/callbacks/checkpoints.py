@@ -11,7 +11,7 @@ resumes at the last epoch's record with the next epoch's weights, and
 trains that epoch again, silently (BUILD_NOTES.md, defect 33).
 
 Here every file is written whole under a name of its own beside its
-place (`.next-XXXXXXXX-NAME`), then renamed onto it: a rename within a
+place (`.next-` 8 hex digits `-NAME`), then renamed onto it: a rename within a
 directory is atomic, so each name holds the old file or the new one,
 never a part. The backup's record, which names its staged weights, is
 renamed first (the commit) and the weights after; the next `fit`
@@ -88,9 +88,17 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
     def on_train_end(self, logs=None):
         if self.delete_checkpoint and not _is_remote(self.backup_dir):
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(self._training_metadata_path)  # the backup, gone
-        super().on_train_end(logs)
+            self.delete()
+        else:
+            super().on_train_end(logs)
+
+    def delete(self):
+        """Deletes the backup (a local one): its record first, so that a
+        kill while the rest goes leaves no backup rather than half of
+        one. `fit`'s end calls it unless `delete_checkpoint=False`."""
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self._training_metadata_path)  # the backup, gone
+        shutil.rmtree(self.backup_dir, ignore_errors=True)
 
     def _save_model(self):
         if _is_remote(self.backup_dir):
