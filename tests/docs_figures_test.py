@@ -546,10 +546,17 @@ def test_every_results_file_says_when_and_from_which_commit():
     # both; the files written before it were given theirs from git. The
     # H100 copies of 2026-11-22 are dated by their folder and digest (kmp
     # at 76c8453), and so is `kmp train`'s results.json of 2026-11-25,
-    # which records its config but not when or from which commit.
+    # which records its config but not when or from which commit; so is
+    # the one of 2026-11-29's second H200 session (kmp at 41f2d24), the
+    # last before `kmp train` recorded both.
     h100 = RESULTS / "h100_2026-11-25"
-    undated = {h100 / "train_cifar10_cold_results.json"}
+    h200 = RESULTS / "h200_2026-11-29b"
+    undated = {
+        h100 / "train_cifar10_cold_results.json",
+        h200 / "fit" / "train_cifar10" / "results.json",
+    }
     assert "a973be9" in (h100 / "README.md").read_text()
+    assert "41f2d24" in (h200 / "README.md").read_text()
     checked = 0
     for path in sorted(RESULTS.rglob("*.json")):
         if "h100_2026-11-22" in path.parts or path in undated:

@@ -1660,6 +1660,204 @@ _PART10 = {
         },
     },
 }
+_H200_29B = "h200_2026-11-29b/"
+_ON_H200_29B = "On an H200 (Keras JAX backend, 2026-11-29, second session)"
+_BENCH_29B = _H200_29B + "fit/bench/bench.json"
+_TRAIN_29B = _H200_29B + "fit/train_cifar10/results.json"
+
+
+def _in_fit_over_bench(results):
+    """The main job's rate in `fit` over the bench's fp16+kmp row (two
+    files, so derived: the row's file is the job's)."""
+    bench = _at(load(_BENCH_29B), ("results", {"variant": "fp16+kmp"}))
+    return results["examples_per_s"] / bench["examples_per_s"]
+
+
+def _bench_row_29b(variant):
+    at = ("results", {"variant": variant})
+    return (
+        _BENCH_29B,
+        {
+            "step (ms)": [(*at, "step_time_s")],
+            "examples/s": [(*at, "examples_per_s")],
+            "speed vs float32": [(*at, "speed_vs_float32")],
+            "MFU": [(*at, "mfu")],
+            "loss after": [(*at, "loss")],
+        },
+    )
+
+
+def _hub_speed_row(file, model, variant):
+    """A row of `hub_attention_speed.py`: the step, its speed against
+    KerasHub's mask alone, and its cuDNN calls of the CAUSAL type and
+    those told a window (a derived count: every window but 0)."""
+    at = ("runs", {"model": model, "variant": variant})
+    return (
+        _H200_29B + file,
+        {
+            "step (ms)": [(*at, "step_ms")],
+            "vs hubcausal": [(*at, "speed_vs_hubcausal")],
+            "cuDNN calls: CAUSAL": [
+                lambda data: _at(data, (*at, "attention_mask_types")).get(
+                    "CAUSAL", 0
+                )
+            ],
+            "cuDNN calls told a window": [
+                lambda data: sum(
+                    count
+                    for window, count in _at(
+                        data, (*at, "attention_windows")
+                    ).items()
+                    if window != "0"
+                )
+            ],
+        },
+    )
+
+
+_PART11 = {
+    (_ON_H200_29B, 0): {
+        "rows": {
+            "`kmp bench`, fp16+kmp: the median of 2 rounds of 10 steps": (
+                _BENCH_29B,
+                {
+                    "step (ms)": [
+                        ("results", {"variant": "fp16+kmp"}, "step_time_s")
+                    ],
+                    "examples/s": [
+                        ("results", {"variant": "fp16+kmp"}, "examples_per_s")
+                    ],
+                },
+            ),
+            "`kmp train`: `StepLog`'s median step in `fit`": (
+                _TRAIN_29B,
+                {
+                    "step (ms)": [("step_time_s",)],
+                    "examples/s": [("examples_per_s",)],
+                    "in fit / bench": [_in_fit_over_bench],
+                },
+            ),
+        }
+    },
+    (_ON_H200_29B, 1): {
+        "rows": {
+            v: _bench_row_29b(v)
+            for v in ("float32", "fp16+kmp", "fp16+stock", "bf16")
+        }
+    },
+    (_ON_H200_29B, 2): {
+        "rows": {
+            "jax": (
+                _H200_29B + "fit/fit_overlap_jax.json",
+                {
+                    "waits: step (ms)": [("variants", "waits", "step_ms")],
+                    "kmp: step (ms)": [("variants", "kmp", "step_ms")],
+                    "waits: epoch (s)": [("variants", "waits", "epoch_s")],
+                    "kmp: epoch (s)": [("variants", "kmp", "epoch_s")],
+                    "waits / kmp, epoch (median of rounds, quartiles)": [
+                        ("waits_over_kmp", key)
+                        for key in ("median", "q1", "q3")
+                    ],
+                },
+            )
+        }
+    },
+    (_ON_H200_29B, 3): {
+        "rows": {
+            label: (
+                _H200_29B + "fit/torch_amp_full.json",
+                {
+                    "images/s (median round)": [("images_per_s", variant)],
+                    "aten calls a step": [("aten_calls_per_step", variant)],
+                    "loss after": [("loss_after", variant)],
+                },
+            )
+            for label, variant in _TORCH_AMP.items()
+        }
+    },
+    (_ON_H200_29B, 4): {
+        "rows": {
+            label: (
+                _H200_29B + "fit/torch_amp_full.json",
+                {"": [("speed_ratios", _TORCH_RATIOS[label])]},
+            )
+            for label in (
+                "Keras fp16 + kmp / PyTorch fp16 + `torch.amp`",
+                "Keras bf16 / PyTorch bf16 + `torch.amp`",
+                "Keras fp16 + kmp, fused BN / Keras's BN",
+                "Keras bf16, fused BN / Keras's BN",
+            )
+        }
+    },
+    (_ON_H200_29B, 5): {
+        "cells": 2,
+        "rows": {
+            (str(size), matmul): (
+                _H200_29B + "fit/float8_matmul_torch.json",
+                {
+                    "step (ms)": [(*at, "step_time_s")],
+                    "TFLOP/s": [(*at, "tflops")],
+                    "`_scaled_mm` a step": [(*at, "scaled_mm_calls")],
+                    "speed vs bf16": (
+                        [(*at, "speed_vs_bf16")] if matmul == "float8" else []
+                    ),
+                },
+            )
+            for size in (4096, 8192)
+            for matmul in ("bf16", "float8")
+            for at in [("sizes", {"size": size}, "runs", matmul)]
+        },
+    },
+    (_ON_H200_29B, 6): {
+        "cells": 2,
+        "rows": {
+            ("4096 x 8, batch 8", variant): _lm_speed_row(
+                "lm_speed_4096_jax.json", variant, False, _H200_29B, True
+            )
+            for variant in (_FUSED, _FUSED + "+kmp.float8")
+        }
+        | {
+            (f"1024 x 16, batch {batch}", _FUSED): _lm_speed_row(
+                f"lm_speed_1024_b{batch}_jax.json",
+                _FUSED,
+                False,
+                _H200_29B,
+                True,
+            )
+            for batch in (64, 128)
+        },
+    },
+    (_ON_H200_29B, 7): {
+        "cells": 2,
+        "rows": {
+            (f"{name}, {tokens}", variant): _hub_speed_row(file, model, variant)
+            for name, model, tokens, file, variants in (
+                (
+                    "Llama",
+                    "llama",
+                    "8 x 1024",
+                    "hub_attention_speed.json",
+                    ("pinned", "hubcausal"),
+                ),
+                (
+                    "Gemma 3",
+                    "gemma",
+                    "8 x 1024",
+                    "hub_attention_speed.json",
+                    ("pinned", "nowindow", "hubcausal"),
+                ),
+                (
+                    "Gemma 3",
+                    "gemma",
+                    "4 x 4096",
+                    "hub_attention_speed_long.json",
+                    ("pinned", "nowindow", "hubcausal"),
+                ),
+            )
+            for variant in variants
+        },
+    },
+}
 BENCHMARKS_KEYS = {
     **_PART1,
     **_PART2,
@@ -1671,6 +1869,7 @@ BENCHMARKS_KEYS = {
     **_PART8,
     **_PART9,
     **_PART10,
+    **_PART11,
 }
 
 
@@ -1775,6 +1974,35 @@ README_KEYS = {
             "multi_worker_scaling_tensorflow.json",
             ("ratios", "2 workers / 1 worker", "median"),
         )
+    ],
+    "the main job (`kmp train cifar10`, mixed_float16, ResNet-9 width 64, "
+    "batch 512): its rate in `fit` over `kmp bench`'s (issue 41's target: "
+    ">= 0.90); the language model in bfloat16 at width 1024 (16 layers, "
+    "batch 64): MFU (target: >= 40%); at width 4096 (8 layers, batch 8): "
+    "`kmp.float8` vs bfloat16; Keras on torch with kmp vs PyTorch with "
+    "`torch.amp` on ResNet-9, float16 / bfloat16, eager; kmp's float8 "
+    "matmul on eager torch vs bfloat16, kernels of 8192": [
+        (_TRAIN_29B, _in_fit_over_bench),
+        (
+            _H200_29B + "lm_speed_1024_b64_jax.json",
+            ("runs", {"variant": _FUSED}, "mfu"),
+        ),
+        (
+            _H200_29B + "lm_speed_4096_jax.json",
+            ("runs", {"variant": _FUSED + "+kmp.float8"}, "speed_vs_first"),
+        ),
+        (
+            _H200_29B + "fit/torch_amp_full.json",
+            ("speed_ratios", "keras fp16+kmp / torch fp16+amp"),
+        ),
+        (
+            _H200_29B + "fit/torch_amp_full.json",
+            ("speed_ratios", "keras bf16 / torch bf16+amp"),
+        ),
+        (
+            _H200_29B + "fit/float8_matmul_torch.json",
+            ("sizes", {"size": 8192}, "speed_vs_bf16"),
+        ),
     ],
     "kmp's float8 matmul on torch (`torch._scaled_mm`) vs bfloat16, an "
     "eager forward and backward step of 4 square kernels (256 wide on a CPU)": [
@@ -2076,6 +2304,73 @@ PROSE_KEYS = {
             _H200_29 + "lm_speed_2048_float8_jax.json",
             ("runs", {"variant": _FUSED + "+kmp.float8"}, "speed_vs_first"),
         )
+    ],
+    ("docs/float8.md", "later that day 1.21x at width"): [
+        (
+            _H200_29B + "lm_speed_4096_jax.json",
+            ("runs", {"variant": _FUSED + "+kmp.float8"}, "speed_vs_first"),
+        )
+    ],
+    ("docs/float8.md", "ran at 0.57x bfloat16 with kernels of"): [
+        (
+            _H200_29B + "fit/float8_matmul_torch.json",
+            ("sizes", {"size": 4096}, "speed_vs_bf16"),
+        )
+    ],
+    ("docs/float8.md", "and 0.88x with kernels of"): [
+        (
+            _H200_29B + "fit/float8_matmul_torch.json",
+            ("sizes", {"size": 8192}, "speed_vs_bf16"),
+        )
+    ],
+    ("docs/float32-islands.md", "1.02x KerasHub's mask alone"): [
+        (
+            _H200_29 + "lm_speed_1024_jax.json",
+            (
+                lambda data: (
+                    _at(data, ("runs", {"variant": "bf16+flash"}))[
+                        "tokens_per_s"
+                    ]
+                    / _at(data, ("runs", {"variant": "bf16+flash+hubcausal"}))[
+                        "tokens_per_s"
+                    ]
+                )
+            ),
+        )
+    ],
+    ("docs/float32-islands.md", "blocks train 1.06x faster"): [
+        (
+            _H200_29B + "hub_attention_speed.json",
+            (
+                "runs",
+                {"model": "llama", "variant": "pinned"},
+                "speed_vs_hubcausal",
+            ),
+        )
+    ],
+    ("docs/float32-islands.md", "(1.00x: heads of"): [
+        (
+            _H200_29B + "hub_attention_speed.json",
+            (
+                "runs",
+                {"model": "gemma", "variant": "pinned"},
+                "speed_vs_hubcausal",
+            ),
+        )
+    ],
+    (
+        "docs/float32-islands.md",
+        "the step ran 1.31x KerasHub's mask alone, 1.14x",
+    ): [
+        (
+            _H200_29B + "hub_attention_speed_long.json",
+            (
+                "runs",
+                {"model": "gemma", "variant": variant},
+                "speed_vs_hubcausal",
+            ),
+        )
+        for variant in ("pinned", "nowindow")
     ],
     ("docs/doctor.md", "Cost: 2.2x the time of two training steps"): [
         ("doctor_cost_tensorflow.json", ("median_ratio",))

@@ -275,6 +275,10 @@ class Run:
             "history": logs,
             "step_losses": self.backup.steps(history, "loss"),
             "config": dataclasses.asdict(config),
+            # When, from which commit, on which versions and devices: as
+            # every benchmark's record says (a results file read later,
+            # on another machine, must say where it came from).
+            **backend.environment(),
         }
 
     def _save(self, model, results):

@@ -4,6 +4,7 @@ what `train_example` prints."""
 
 import dataclasses
 import json
+import re
 import threading
 
 import keras
@@ -87,6 +88,10 @@ def test_a_run_fits_writes_the_record_and_restores_the_policy(tmp_path):
     record = json.loads((tmp_path / "results.json").read_text())
     assert record["model"] == "mlp" and record["data"] == "synthetic"
     assert record["twice"] == 4  # `more`, written with the rest
+    # Where it came from, as a benchmark's record says it.
+    assert re.fullmatch(r"20\d\d-\d\d-\d\dT[\d:]+\+00:00", record["date"])
+    assert record["versions"]["keras"] == keras.__version__
+    assert record["hardware"]["devices"]
     assert (tmp_path / "tiny.keras").exists()
     assert (tmp_path / "results.png").exists()
     assert not (tmp_path / "backup").exists()  # done, once they are written
