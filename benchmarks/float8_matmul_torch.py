@@ -15,12 +15,17 @@ gradients with respect to every kernel and the input:
   backward matmuls are `torch._scaled_mm`s on float8 operands on a GPU of
   compute capability 8.9+ (elsewhere, the float8 values multiplied
   dequantized: on a CPU this checks the script, not float8's speed).
+  There each operand's quantization runs compiled;
+- `float8 eager`: the same with every quantization eager, as before:
+  its passes over memory as separate kernels (0.57x-0.88x bfloat16 on
+  the 2026-11-29 H200).
 
 Eager by default (Keras's default on torch); `--compile` runs both steps
-under `torch.compile`. The two are timed interleaved
+under `torch.compile`. The three are timed interleaved
 (`common.time_interleaved`), `steps` steps a round; TFLOP/s count the 3
 matmuls of each layer. `scaled_mm_calls` is how many `_scaled_mm`s one
-eager step ran (3 a layer where they run, the input's gradient included).
+eager step ran (3 a layer where they run, the input's gradient included),
+`aten_calls` how many aten operations (each a kernel launch, eager).
 The JSON is rewritten after each size, so a time limit keeps what was
 measured; it records the device and versions.
 """
@@ -35,14 +40,35 @@ import common  # noqa: E402
 import torch  # noqa: E402
 
 from kmp import backend  # noqa: E402
+from kmp.fp8 import _torch_matmul  # noqa: E402
 from kmp.fp8.scaled_matmul import float8_matmul  # noqa: E402
 
-MATMULS = {"bf16": lambda x, w: x @ w, "float8": float8_matmul}
+MATMULS = {
+    "bf16": lambda x, w: x @ w,
+    "float8": float8_matmul,
+    "float8 eager": float8_matmul,
+}
+EAGER_QUANTIZATION = {"float8 eager"}
 
 
-def train_step(matmul, compile_step):
+def quantizing_eagerly(step):
+    """`step`, with kmp's float8 quantization eager throughout (forward
+    and backward): its compiled form set aside while it runs."""
+
+    def run(*args):
+        saved, _torch_matmul._compiled = _torch_matmul._compiled, False
+        try:
+            return step(*args)
+        finally:
+            _torch_matmul._compiled = saved
+
+    return run
+
+
+def train_step(matmul, compile_step, name=""):
     """A step: the loss, its gradients by the input and every kernel
-    (left in their `.grad`, set to None before each step)."""
+    (left in their `.grad`, set to None before each step); `name` in
+    `EAGER_QUANTIZATION` quantizes eagerly."""
 
     def step(x, kernels):
         x.grad = None
@@ -55,7 +81,8 @@ def train_step(matmul, compile_step):
         loss.backward()
         return loss
 
-    return torch.compile(step) if compile_step else step
+    step = torch.compile(step) if compile_step else step
+    return quantizing_eagerly(step) if name in EAGER_QUANTIZATION else step
 
 
 def stack(size, tokens, layers, device, seed=0):
@@ -79,11 +106,13 @@ def measure(size, tokens, layers, steps, rounds, compile_step, device):
     """One size's record: each matmul's step time, TFLOP/s, loss and
     `_scaled_mm` count, and float8's speed against bf16."""
     x, kernels = stack(size, tokens, layers, device)
-    runs, losses, calls = {}, {}, {}
+    runs, losses, calls, aten = {}, {}, {}, {}
     for name, matmul in MATMULS.items():
-        eager = functools.partial(train_step(matmul, False), x, kernels)
-        calls[name] = common.aten_calls(eager)["aten._scaled_mm.default"]
-        step = train_step(matmul, compile_step)
+        eager = functools.partial(train_step(matmul, False, name), x, kernels)
+        counted = common.aten_calls(eager)
+        calls[name] = counted["aten._scaled_mm.default"]
+        aten[name] = sum(counted.values())
+        step = train_step(matmul, compile_step, name)
         losses[name] = float(step(x, kernels))  # compiles, if asked
 
         def run(step=step):
@@ -94,7 +123,13 @@ def measure(size, tokens, layers, steps, rounds, compile_step, device):
         runs[name] = run
     seconds = common.time_interleaved(runs, rounds)
     record = common.matmul_stack_record(
-        size, tokens, layers, seconds, steps, losses, {"scaled_mm_calls": calls}
+        size,
+        tokens,
+        layers,
+        seconds,
+        steps,
+        losses,
+        {"scaled_mm_calls": calls, "aten_calls": aten},
     )
     return {**record, "compiled": compile_step}
 

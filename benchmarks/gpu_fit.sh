@@ -21,6 +21,11 @@
 #   5. fit_overlap.py with no host delay at the device's size: what the
 #      waiting callbacks cost there.
 #
+# Measured on the H200 on 2026-11-29 (benchmarks/results/h200_2026-11-29b).
+# Since then step 4 also times `float8 eager` (the quantization as it
+# ran then) beside kmp's compiled quantization, and a sixth step times
+# the quantization alone, eager and compiled (float8_quantize_torch.py).
+#
 # Run after benchmarks/gpu_speed.sh (the speed issue's first call), in
 # the same way (../shared/GPU.md):
 #
@@ -37,14 +42,16 @@ if [ "$SIZE" = gpu ]; then
   OVERLAP=(--width 4096 --batch_size 4096 --steps 50 --host_ms 0 --rounds 3)
   TORCH_FLOAT8=(--size 4096,8192 --tokens 8192 --steps 10 --rounds 3)
   TORCH_AMP=(--size full --steps 10 --rounds 3)
-  LIMITS=(130 80 70 60 50)
+  QUANTIZE=(--size 8192 --steps 10 --rounds 5)
+  LIMITS=(130 80 70 90 50 60)
 else
   BENCH=(--size small --steps 2 --rounds 2)
   TRAIN=(--epochs=2 --steps=2 --batch_size=32 --synthetic_size=256)
   OVERLAP=(--width 64 --steps 5 --host_ms 1 --rounds 2)
   TORCH_FLOAT8=(--size 128 --tokens 256 --steps 2 --rounds 2)
   TORCH_AMP=(--size tiny --steps 2 --rounds 2)
-  LIMITS=(300 300 300 300 300)
+  QUANTIZE=(--size 256 --steps 2 --rounds 2)
+  LIMITS=(300 300 300 300 300 300)
 fi
 
 step bench "${LIMITS[0]}" "$PYTHON" -m kmp_cli bench --models cifar10 \
@@ -64,6 +71,10 @@ step float8_matmul_torch "${LIMITS[3]}" env KERAS_BACKEND=torch "$PYTHON" \
 
 step fit_overlap "${LIMITS[4]}" "$PYTHON" benchmarks/fit_overlap.py \
   "${OVERLAP[@]}" --output "$OUT/fit_overlap_jax.json"
+
+step float8_quantize_torch "${LIMITS[5]}" env KERAS_BACKEND=torch "$PYTHON" \
+  benchmarks/float8_quantize_torch.py "${QUANTIZE[@]}" \
+  --out "$OUT/float8_quantize_torch.json"
 
 tar -czf "$OUT.tgz" -C "$OUT" . && find "$OUT" -type f ! -name steps.txt -delete \
   && mv "$OUT.tgz" "$OUT/results.tgz"

@@ -1858,6 +1858,26 @@ _PART11 = {
         },
     },
 }
+_PART11[("Float8 on PyTorch: kmp's matmul through `torch._scaled_mm`", 1)] = {
+    "rows": {
+        "eager": (
+            "float8_quantize_torch_4096.json",
+            {
+                "ms a call": [("call_ms", "eager")],
+                "aten calls": [("eager_aten_calls",)],
+            },
+        ),
+        "compiled": (
+            "float8_quantize_torch_4096.json",
+            {
+                "ms a call": [("call_ms", "compiled")],
+                "compiled's speed vs eager (median of rounds, quartiles)": [
+                    ("compiled_speedup", key) for key in ("median", "q1", "q3")
+                ],
+            },
+        ),
+    }
+}
 BENCHMARKS_KEYS = {
     **_PART1,
     **_PART2,

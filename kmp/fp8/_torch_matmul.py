@@ -22,9 +22,22 @@ What torch adds to the rule:
   (a GPU) or float32 (a CPU), both of which hold them exactly, and
   scaled after: float8's numerics, not its speed. `kmp.audit` says so
   for such a device.
+- Where it is fast (a CUDA GPU), each quantization runs compiled
+  (`torch.compile` of `quantize` itself, to the same bits; its speed
+  in a step there is unmeasured): eager torch runs its six
+  passes (absolute value, amax, float32 copy, division, clamp, cast) as
+  six kernels over memory, which made the float8 step slower than
+  bfloat16's on an H200 (0.57x-0.88x, BENCHMARKS.md); compiled, they
+  are a reduction and one elementwise pass, as XLA makes them on JAX.
+  Inside a compiled step (Keras's `jit_compile=True`) it is traced like
+  the rest. If torch cannot compile it (no Triton, say), kmp warns once
+  and quantizes eagerly.
 """
 
+import warnings
+
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from kmp.fp8.quantization import E4M3
 from kmp.fp8.quantization import E5M2
@@ -48,7 +61,46 @@ def quantize(x, dtype):
     """`(q, scale)`: `x / scale` cast to the float8 `dtype` (kmp's name,
     `"float8_e4m3fn"` or `"float8_e5m2"`), `scale` a float32 scalar
     tensor from `x`'s current amax: `amax / max(dtype)`, 1 for a zero
-    amax, non-finite for a non-finite one."""
+    amax, non-finite for a non-finite one. Compiled where `_scaled_mm`
+    is fast (the module docstring), eager elsewhere."""
+    global _compiled
+    if (
+        not _compiles(x.device)
+        # Traced into a compiled step as the rest of it is.
+        or torch.compiler.is_compiling()
+        # A dispatch mode (a profiler's, FlopCounterMode, a count of
+        # aten calls) sees the eager calls.
+        or _get_current_dispatch_mode() is not None
+    ):
+        return _quantize(x, dtype)
+    if _compiled is None:
+        # Shapes vary with the batch and the layer: one program for all.
+        _compiled = torch.compile(_quantize, dynamic=True)
+    if _compiled is not False:
+        try:
+            return _compiled(x, dtype)
+        # Compiling failed (Dynamo's or Inductor's errors: a missing
+        # Triton is Inductor's); an error of the computation itself, an
+        # out-of-memory say, is no such error and propagates.
+        except torch._dynamo.exc.TorchDynamoException as error:
+            warnings.warn(
+                "kmp.float8 on torch: torch.compile could not compile the "
+                f"float8 quantization ({type(error).__name__}: {error}); it "
+                "runs eagerly, as several passes over memory each, slower. "
+                "Install Triton (it comes with CUDA builds of torch) for "
+                "the compiled form.",
+                stacklevel=2,
+            )
+            _compiled = False
+    return _quantize(x, dtype)
+
+
+# `quantize`'s compiled form: None until first used, False where torch
+# could not compile it.
+_compiled = None
+
+
+def _quantize(x, dtype):
     # The amax of a 16-bit tensor is exact in it: no float32 copy for it.
     amax = x.detach().abs().amax().float()
     limit = FLOAT8_MAX[dtype]
@@ -135,6 +187,15 @@ def _gemm(a, a_scale, b, b_scale, out_dtype):
     wide = torch.float32 if a.device.type == "cpu" else torch.bfloat16
     product = a.to(wide) @ b.to(wide)
     return (product.float() * (a_scale * b_scale)).to(out_dtype)
+
+
+def _compiles(device):
+    """Whether `quantize` runs compiled on `device`: a CUDA GPU where
+    `_scaled_mm` is fast. Not on a CPU, where float8 is numerics only,
+    and where Inductor's C++ code failed to compile it inside Keras's
+    `train_on_batch` (torch 2.13.0+cpu: "used before it has been
+    defined"; alone it compiles, to the eager bits)."""
+    return device.type == "cuda" and _scaled_mm_runs(device)
 
 
 def _scaled_mm_runs(device):

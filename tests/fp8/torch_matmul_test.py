@@ -191,3 +191,128 @@ def test_kept_state_gets_a_copy_of_its_value_as_its_gradient():
     assert y.grad.tolist() == [2.0, 2.0, 2.0]
     assert state.grad.tolist() == [2.0, 3.0]
     assert state.grad.data_ptr() != state.data_ptr()
+
+
+def bits(q):
+    import torch
+
+    return q.view(torch.uint8)
+
+
+@torch_only
+@pytest.mark.parametrize(
+    "dtype, fmt",
+    [("bfloat16", "float8_e4m3fn"), ("float32", "float8_e5m2")],
+)
+def test_the_compiled_quantization_gives_the_eager_bits(dtype, fmt):
+    # What a GPU runs: `quantize` under torch.compile (here Inductor's C++
+    # code), on tensors of other shapes than it first compiled for, a
+    # non-finite one included.
+    import torch
+
+    from kmp.fp8 import _torch_matmul
+
+    compiled = torch.compile(_torch_matmul._quantize, dynamic=True)
+    generator = torch.Generator().manual_seed(0)
+    for rows, cols, bad in [(48, 32, None), (80, 16, None), (32, 48, "inf")]:
+        x = torch.randn(rows, cols, generator=generator) * 3
+        x = x.to(getattr(torch, dtype))
+        if bad:
+            x[1, 2] = float(bad)
+        (q, scale), (q_eager, scale_eager) = (
+            compiled(x, fmt),
+            _torch_matmul._quantize(x, fmt),
+        )
+        assert torch.equal(bits(q), bits(q_eager))
+        assert torch.equal(scale, scale_eager)  # inf for the inf
+
+
+@pytest.fixture
+def compiling(monkeypatch):
+    """`quantize` as on a CUDA GPU with float8 tensor cores, with
+    torch.compile replaced by `compile_with(function)`'s result: a list
+    of the functions compiled."""
+    import torch
+
+    from kmp.fp8 import _torch_matmul
+
+    monkeypatch.setattr(_torch_matmul, "_compiles", lambda device: True)
+    monkeypatch.setattr(_torch_matmul, "_compiled", None)
+    compiled = []
+
+    def use(compiler):
+        def compile(function, **options):
+            compiled.append((function, options))
+            return compiler(function)
+
+        monkeypatch.setattr(torch, "compile", compile)
+        return compiled
+
+    return use
+
+
+@torch_only
+def test_where_it_compiles_quantize_runs_compiled_once_for_every_shape(
+    compiling,
+):
+    import torch
+
+    from kmp.fp8 import _torch_matmul
+
+    calls = []
+    compiled = compiling(lambda f: lambda *a: calls.append(a) or f(*a))
+    x = torch.randn(32, 16)
+    _torch_matmul.quantize(x, "float8_e4m3fn")
+    _torch_matmul.quantize(x[:16], "float8_e5m2")
+    assert [options for _, options in compiled] == [{"dynamic": True}]
+    assert [a[1] for a in calls] == ["float8_e4m3fn", "float8_e5m2"]
+    # A dispatch mode (a profiler's, a count of aten calls) sees eager
+    # calls, not a compile.
+    from util import torch_calls
+
+    torch_calls(lambda: _torch_matmul.quantize(x, "float8_e4m3fn"))
+    assert len(calls) == 2
+
+
+@torch_only
+def test_a_failed_compile_warns_once_then_quantizes_eagerly(compiling):
+    import torch
+
+    from kmp.fp8 import _torch_matmul
+
+    def fails(function):
+        def run(*args):
+            raise torch._dynamo.exc.TorchDynamoException("no Triton here")
+
+        return run
+
+    compiling(fails)
+    x = torch.randn(32, 16, dtype=torch.bfloat16)
+    with pytest.warns(UserWarning, match="could not compile.*no Triton here"):
+        q, scale = _torch_matmul.quantize(x, "float8_e4m3fn")
+    q_eager, scale_eager = _torch_matmul._quantize(x, "float8_e4m3fn")
+    assert torch.equal(bits(q), bits(q_eager)) and scale == scale_eager
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _torch_matmul.quantize(x, "float8_e4m3fn")  # eager, silently
+
+
+@torch_only
+def test_an_error_of_the_computation_is_not_taken_for_a_failed_compile(
+    compiling,
+):
+    import torch
+
+    from kmp.fp8 import _torch_matmul
+
+    def out_of_memory(function):
+        def run(*args):
+            raise torch.OutOfMemoryError("CUDA out of memory")
+
+        return run
+
+    compiling(out_of_memory)
+    with pytest.raises(torch.OutOfMemoryError):
+        _torch_matmul.quantize(torch.randn(32, 16), "float8_e4m3fn")
