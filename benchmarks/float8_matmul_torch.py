@@ -18,7 +18,8 @@ gradients with respect to every kernel and the input:
   There each operand's quantization runs compiled;
 - `float8 eager`: the same with every quantization eager, as before:
   its passes over memory as separate kernels (0.57x-0.88x bfloat16 on
-  the 2026-11-29 H200).
+  the 2026-11-29 H200). Under `--compile` it is `float8`'s program (the
+  step's compile traces the quantization either way).
 
 Eager by default (Keras's default on torch); `--compile` runs both steps
 under `torch.compile`. The three are timed interleaved

@@ -13,7 +13,9 @@ compute capability 8.9+) kmp runs it under `torch.compile`, a
 reduction and one elementwise pass. This times both on one bfloat16
 tensor of `size` x `size` (E4M3) on whatever device there is,
 interleaved (`common.time_interleaved`), `steps` calls a round, after
-checking they give the same bits. On a CPU it measures the passes on
+recording whether they gave the same bits (on a CPU they must; a GPU's
+Inductor may divide by multiplying by a reciprocal, so a scale may
+differ in its last bit, `scale_difference`). On a CPU it measures the passes on
 the host's memory, not a GPU's.
 """
 
@@ -54,8 +56,9 @@ def main():
     same = torch.equal(
         q_eager.view(torch.uint8), q_compiled.view(torch.uint8)
     ) and torch.equal(s_eager, s_compiled)
-    if not same:
-        raise SystemExit("the compiled quantization gave other bits")
+    differing = int(
+        (q_eager.view(torch.uint8) != q_compiled.view(torch.uint8)).sum()
+    )
 
     def timed(quantize):
         def run():
@@ -77,6 +80,8 @@ def main():
         "dtype": "bfloat16",
         "steps_per_round": args.steps,
         "same_bits": same,
+        "values_differing": differing,
+        "scale_difference": float(abs(s_eager - s_compiled)),
         "eager_aten_calls": sum(eager_calls.values()),
         # The median round's time a call.
         "call_ms": {

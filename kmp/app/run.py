@@ -277,8 +277,9 @@ class Run:
             "config": dataclasses.asdict(config),
             # When, from which commit, on which versions and devices: as
             # every benchmark's record says (a results file read later,
-            # on another machine, must say where it came from).
-            **backend.environment(),
+            # on another machine, must say where it came from). The
+            # chief's, which writes it: the others ask git nothing.
+            **(backend.environment() if kmp.is_chief() else {}),
         }
 
     def _save(self, model, results):

@@ -168,7 +168,14 @@ def environment() -> dict:
 def source_commit() -> str | None:
     """The git commit kmp runs from, `+changes` when its tracked files
     differ from it; `None` for an installed copy (no repository)."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return _commit_of(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    )
+
+
+def _commit_of(here):
+    """`source_commit` of the package folder `here`: the commit of the
+    repository whose top folder holds it, else `None`."""
 
     def git(*args):
         return subprocess.run(
@@ -179,10 +186,23 @@ def source_commit() -> str | None:
         )
 
     try:
+        # kmp's own repository only: an installed copy in a virtualenv
+        # inside another project's repository is not that project's code.
+        top = git("rev-parse", "--show-toplevel")
+        if top.returncode != 0 or not os.path.samefile(
+            top.stdout.strip(), os.path.dirname(here)
+        ):
+            return None
         head = git("rev-parse", "HEAD")
         if head.returncode != 0:
             return None
-        changed = git("status", "--porcelain", "--untracked-files=no")
+        # No index lock taken: another git command may be running.
+        changed = git(
+            "--no-optional-locks",
+            "status",
+            "--porcelain",
+            "--untracked-files=no",
+        )
     except (OSError, subprocess.SubprocessError):  # no git here
         return None
     return head.stdout.strip() + ("+changes" if changed.stdout.strip() else "")

@@ -23,15 +23,20 @@ What torch adds to the rule:
   scaled after: float8's numerics, not its speed. `kmp.audit` says so
   for such a device.
 - Where it is fast (a CUDA GPU), each quantization runs compiled
-  (`torch.compile` of `quantize` itself, to the same bits; its speed
-  in a step there is unmeasured): eager torch runs its six
+  (`torch.compile` of `quantize` itself; its speed in a step there is
+  unmeasured): eager torch runs its six
   passes (absolute value, amax, float32 copy, division, clamp, cast) as
   six kernels over memory, which made the float8 step slower than
   bfloat16's on an H200 (0.57x-0.88x, BENCHMARKS.md); compiled, they
   are a reduction and one elementwise pass, as XLA makes them on JAX.
   Inside a compiled step (Keras's `jit_compile=True`) it is traced like
-  the rest. If torch cannot compile it (no Triton, say), kmp warns once
-  and quantizes eagerly.
+  the rest. If torch cannot compile it (no Triton, say; any Dynamo or
+  Inductor error, a passing one included), kmp warns once and quantizes
+  eagerly from then on. The values: on a CPU the eager bits; on a GPU
+  Inductor may divide by multiplying by a reciprocal, so a scale may
+  differ from the eager one by its last bit, and a value at a rounding
+  boundary may round the other way; the GEMM uses the scale returned,
+  so the product is as exact either way.
 """
 
 import warnings
@@ -73,26 +78,41 @@ def quantize(x, dtype):
         or _get_current_dispatch_mode() is not None
     ):
         return _quantize(x, dtype)
-    if _compiled is None:
-        # Shapes vary with the batch and the layer: one program for all.
-        _compiled = torch.compile(_quantize, dynamic=True)
-    if _compiled is not False:
+    # Read once: autograd's device thread quantizes gradients while the
+    # main thread may quantize the next step's operands.
+    compiled = _compiled
+    if compiled is None:
         try:
-            return _compiled(x, dtype)
-        # Compiling failed (Dynamo's or Inductor's errors: a missing
-        # Triton is Inductor's); an error of the computation itself, an
+            # Shapes vary with the batch and the layer: one program for
+            # all.
+            compiled = _compiled = torch.compile(_quantize, dynamic=True)
+        except RuntimeError as error:  # torch.compile refuses this Python
+            compiled = _give_up(error)
+    if compiled is not False:
+        try:
+            # Detached: the gradient's quantization and an operand's are
+            # then one program, not two that Dynamo guards apart.
+            return compiled(x.detach(), dtype)
+        # Dynamo or Inductor failed (their errors: a missing Triton is
+        # Inductor's). An error of the computation itself, an
         # out-of-memory say, is no such error and propagates.
         except torch._dynamo.exc.TorchDynamoException as error:
-            warnings.warn(
-                "kmp.float8 on torch: torch.compile could not compile the "
-                f"float8 quantization ({type(error).__name__}: {error}); it "
-                "runs eagerly, as several passes over memory each, slower. "
-                "Install Triton (it comes with CUDA builds of torch) for "
-                "the compiled form.",
-                stacklevel=2,
-            )
-            _compiled = False
+            _give_up(error)
     return _quantize(x, dtype)
+
+
+def _give_up(error):
+    """Warns that `quantize` runs eagerly from now on, and makes it so."""
+    global _compiled
+    warnings.warn(
+        "kmp.float8 on torch: torch.compile could not compile the float8 "
+        f"quantization ({type(error).__name__}: {error}); it runs eagerly "
+        "from now on, as several passes over memory each, slower. Install "
+        "Triton (it comes with CUDA builds of torch) for the compiled form.",
+        stacklevel=3,
+    )
+    _compiled = False
+    return False
 
 
 # `quantize`'s compiled form: None until first used, False where torch

@@ -96,3 +96,32 @@ def test_peak_memory_on_a_cpu_is_the_process_high_water_mark():
     ][0]
     assert what == "process peak RSS (CPU run: host memory)"
     assert abs(peak - high_water) <= 0.05 * high_water
+
+
+def test_the_commit_is_kmp_s_own_repository_s_not_a_project_around_it(
+    tmp_path,
+):
+    # kmp installed in a virtualenv inside another project's repository
+    # records no commit, not that project's; kmp at its repository's top
+    # records the commit, `+changes` with a tracked file changed.
+    def git(*args):
+        subprocess.run(
+            ["git", "-C", str(tmp_path), *args], check=True, capture_output=True
+        )
+
+    git("init", "-q")
+    for package in ("kmp", "venv/lib/site-packages/kmp"):
+        (tmp_path / package).mkdir(parents=True)
+        (tmp_path / package / "__init__.py").write_text("")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    head = subprocess.run(
+        ["git", "-C", str(tmp_path), "rev-parse", "HEAD"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    assert machine._commit_of(str(tmp_path / "kmp")) == head
+    installed = tmp_path / "venv/lib/site-packages/kmp"
+    assert machine._commit_of(str(installed)) is None
+    (tmp_path / "kmp" / "__init__.py").write_text("x = 1\n")
+    assert machine._commit_of(str(tmp_path / "kmp")) == head + "+changes"

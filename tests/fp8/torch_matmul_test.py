@@ -309,10 +309,57 @@ def test_an_error_of_the_computation_is_not_taken_for_a_failed_compile(
 
     def out_of_memory(function):
         def run(*args):
-            raise torch.OutOfMemoryError("CUDA out of memory")
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
 
         return run
 
     compiling(out_of_memory)
-    with pytest.raises(torch.OutOfMemoryError):
+    with pytest.raises(torch.cuda.OutOfMemoryError):
         _torch_matmul.quantize(torch.randn(32, 16), "float8_e4m3fn")
+
+
+@torch_only
+@pytest.mark.parametrize("context", ["compiling", "refused"])
+def test_inside_a_compiled_step_or_where_torch_compile_refuses_it_runs_eager(
+    context, compiling, monkeypatch
+):
+    # Inside a compiled step (Keras's jit_compile=True) Dynamo traces the
+    # eager function with the rest; where torch.compile refuses this
+    # Python when it is made, kmp warns and stays eager.
+    import torch
+
+    from kmp.fp8 import _torch_matmul
+
+    x = torch.randn(32, 16)
+    if context == "compiling":
+        compiled = compiling(lambda f: pytest.fail("compiled inside a step"))
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+        q, _ = _torch_matmul.quantize(x, "float8_e4m3fn")
+        assert compiled == []
+    else:
+
+        def refuses(function):
+            raise RuntimeError("torch.compile is not supported on Python 3.99+")
+
+        compiling(refuses)
+        with pytest.warns(UserWarning, match="not supported on Python"):
+            q, _ = _torch_matmul.quantize(x, "float8_e4m3fn")
+        assert _torch_matmul._compiled is False
+    assert torch.equal(
+        bits(q), bits(_torch_matmul._quantize(x, "float8_e4m3fn")[0])
+    )
+
+
+@torch_only
+def test_only_a_cuda_gpu_with_fast_float8_compiles_it(monkeypatch):
+    import torch
+
+    from kmp.fp8 import _torch_matmul
+
+    assert not _torch_matmul._compiles(torch.device("cpu"))
+    # A CPU's _scaled_mm said fast (the tests' fixture) is still a CPU.
+    monkeypatch.setattr(_torch_matmul, "_scaled_mm_runs", lambda device: True)
+    assert not _torch_matmul._compiles(torch.device("cpu"))
+    assert _torch_matmul._compiles(torch.device("cuda"))
+    monkeypatch.setattr(_torch_matmul, "_scaled_mm_runs", lambda device: False)
+    assert not _torch_matmul._compiles(torch.device("cuda"))
