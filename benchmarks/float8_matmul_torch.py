@@ -21,12 +21,14 @@ gradients with respect to every kernel and the input:
   the 2026-11-29 H200). Under `--compile` it is `float8`'s program (the
   step's compile traces the quantization either way).
 
-Eager by default (Keras's default on torch); `--compile` runs both steps
+Eager by default (Keras's default on torch); `--compile` runs every step
 under `torch.compile`. The three are timed interleaved
 (`common.time_interleaved`), `steps` steps a round; TFLOP/s count the 3
 matmuls of each layer. `scaled_mm_calls` is how many `_scaled_mm`s one
 eager step ran (3 a layer where they run, the input's gradient included),
-`aten_calls` how many aten operations (each a kernel launch, eager).
+`aten_calls` how many aten operations (each a kernel launch, eager;
+counted under a dispatch mode, where kmp quantizes eagerly, so the two
+float8 forms count alike).
 The JSON is rewritten after each size, so a time limit keeps what was
 measured; it records the device and versions.
 """

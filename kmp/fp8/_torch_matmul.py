@@ -24,15 +24,15 @@ What torch adds to the rule:
   for such a device.
 - Where it is fast (a CUDA GPU), each quantization runs compiled
   (`torch.compile` of `quantize` itself; its speed in a step there is
-  unmeasured): eager torch runs its six
-  passes (absolute value, amax, float32 copy, division, clamp, cast) as
-  six kernels over memory, which made the float8 step slower than
-  bfloat16's on an H200 (0.57x-0.88x, BENCHMARKS.md); compiled, they
-  are a reduction and one elementwise pass, as XLA makes them on JAX.
-  Inside a compiled step (Keras's `jit_compile=True`) it is traced like
-  the rest. If torch cannot compile it (no Triton, say; any Dynamo or
-  Inductor error, a passing one included), kmp warns once and quantizes
-  eagerly from then on. The values: on a CPU the eager bits; on a GPU
+  unmeasured). Eager torch runs its six passes (absolute value, amax,
+  float32 copy, division, clamp, cast) as six kernels over memory,
+  which made the float8 step slower than bfloat16's on an H200
+  (0.57x-0.88x, BENCHMARKS.md); compiled, they are a reduction and one
+  elementwise pass, as XLA makes them on JAX. Inside a compiled step
+  (Keras's `jit_compile=True`) it is traced like the rest. If torch
+  cannot compile it (no Triton, say; any Dynamo or Inductor error, a
+  transient one included), kmp warns once and quantizes eagerly from
+  then on. The values: on a CPU the eager bits; on a GPU
   Inductor may divide by multiplying by a reciprocal, so a scale may
   differ from the eager one by its last bit, and a value at a rounding
   boundary may round the other way; the GEMM uses the scale returned,

@@ -93,8 +93,9 @@ def float8(model, also=(), skip=(), matmul=None, min_size=None):
             `torch._scaled_mm` on torch), both backward matmuls in
             float8 too (on an H200, JAX, 1.18x bfloat16 in `fit` on a
             stack of 8192-wide Dense layers, where Keras's float8 ran at
-            0.90x on an H100; on an H200 with eager torch, 0.57x-0.88x
-            bfloat16: there its quantization is unfused). `"keras"`
+            0.90x on an H100; on an H200 with eager torch 0.57x-0.88x
+            bfloat16 with its quantization eager, which kmp compiles on
+            a GPU since: unmeasured). `"keras"`
             (the default on TensorFlow, the only choice there) computes
             as Keras's float8 does: quantize-dequantize around a 16-bit
             matmul, which XLA may rewrite into an FP8 GEMM (nothing

@@ -205,9 +205,10 @@ def bits(q):
     [("bfloat16", "float8_e4m3fn"), ("float32", "float8_e5m2")],
 )
 def test_the_compiled_quantization_gives_the_eager_bits(dtype, fmt):
-    # What a GPU runs: `quantize` under torch.compile (here Inductor's C++
-    # code), on tensors of other shapes than it first compiled for, a
-    # non-finite one included.
+    # The function a GPU compiles, compiled here by Inductor's C++ code
+    # (a GPU's Triton code may round its divisions otherwise), on tensors
+    # of other shapes than it first compiled for, a non-finite one
+    # included: the eager bits.
     import torch
 
     from kmp.fp8 import _torch_matmul
@@ -229,9 +230,10 @@ def test_the_compiled_quantization_gives_the_eager_bits(dtype, fmt):
 
 @pytest.fixture
 def compiling(monkeypatch):
-    """`quantize` as on a CUDA GPU with float8 tensor cores, with
-    torch.compile replaced by `compile_with(function)`'s result: a list
-    of the functions compiled."""
+    """`quantize` as on a CUDA GPU with float8 tensor cores; the fixture
+    is `use(compiler)`, which makes torch.compile return
+    `compiler(function)` and returns the list of `(function, options)`
+    it was called with."""
     import torch
 
     from kmp.fp8 import _torch_matmul
