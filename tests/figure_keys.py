@@ -190,6 +190,17 @@ _POLICY_SPEED = {
 }
 _PROCESSES = ("1 process", "2 processes")
 
+# The columns of a `benchmarks/fit_overlap.py` row (its JSON's keys).
+_FIT_OVERLAP_COLUMNS = {
+    "waits: step (ms)": [("variants", "waits", "step_ms")],
+    "kmp: step (ms)": [("variants", "kmp", "step_ms")],
+    "waits: epoch (s)": [("variants", "waits", "epoch_s")],
+    "kmp: epoch (s)": [("variants", "kmp", "epoch_s")],
+    "waits / kmp, epoch (median of rounds, quartiles)": [
+        ("waits_over_kmp", key) for key in ("median", "q1", "q3")
+    ],
+}
+
 _PART1 = {
     ("Loss-scale overhead: kmp vs the stock Keras scaler", 0): {
         "cells": 2,
@@ -366,16 +377,7 @@ _PART1 = {
         "rows": {
             name: (
                 f"fit_overlap_{name}.json",
-                {
-                    "waits: step (ms)": [("variants", "waits", "step_ms")],
-                    "kmp: step (ms)": [("variants", "kmp", "step_ms")],
-                    "waits: epoch (s)": [("variants", "waits", "epoch_s")],
-                    "kmp: epoch (s)": [("variants", "kmp", "epoch_s")],
-                    "waits / kmp, epoch (median of rounds, quartiles)": [
-                        ("waits_over_kmp", key)
-                        for key in ("median", "q1", "q3")
-                    ],
-                },
+                _FIT_OVERLAP_COLUMNS,
             )
             for name in ("jax", "torch")
         }
@@ -1749,16 +1751,7 @@ _PART11 = {
         "rows": {
             "jax": (
                 _H200_29B + "fit/fit_overlap_jax.json",
-                {
-                    "waits: step (ms)": [("variants", "waits", "step_ms")],
-                    "kmp: step (ms)": [("variants", "kmp", "step_ms")],
-                    "waits: epoch (s)": [("variants", "waits", "epoch_s")],
-                    "kmp: epoch (s)": [("variants", "kmp", "epoch_s")],
-                    "waits / kmp, epoch (median of rounds, quartiles)": [
-                        ("waits_over_kmp", key)
-                        for key in ("median", "q1", "q3")
-                    ],
-                },
+                _FIT_OVERLAP_COLUMNS,
             )
         }
     },
