@@ -10,14 +10,21 @@ are built from the same seed and trained on the same synthetic batches:
     bf16           mixed_bfloat16, no scaling
 
 After a warm-up (compilation), each round trains every variant for
-`steps` steps on `steps` distinct batches, in an order that rotates every
-round, so a shared machine's noise falls on all alike. Reported per
-variant: median step time, examples/s, speed vs float32 (the median of
-per-round ratios), achieved TFLOP/s (`kmp.app.flops`) and MFU, their
-share of the device's peak for the variant's policy ("-" where kmp knows
-no peak: a CPU, an unlisted GPU), the loss before and after the
-timed rounds, and peak memory measured for each variant alone, in a
-process of its own (`python -m kmp.app.bench`): one process-wide peak
+`steps` steps on `steps` distinct batches (one `fit` call), in an order
+that rotates every round, so a shared machine's noise falls on all alike.
+A round's step time is its steady one (`report.StepLog.steady_step_time`:
+from the first step's end to the last's), so a `fit` call's start and
+end, which a long epoch spreads thin, do not dilute the ratios. (On an
+H200 a 10-step round's whole call came to 5.26 ms a step, against the
+4.45 ms the same step took in `kmp train`'s long `fit`:
+`benchmarks/results/h200_2026-11-29b/fit/`.)
+
+Reported per variant: median step time, examples/s, speed vs float32
+(the median of per-round ratios), achieved TFLOP/s (`kmp.app.flops`) and
+MFU, their share of the device's peak for the variant's policy ("-"
+where kmp knows no peak: a CPU, an unlisted GPU), the loss before and
+after the timed rounds, and peak memory measured for each variant alone,
+in a process of its own (`python -m kmp.app.bench`): one process-wide peak
 would show the largest variant's memory for all of them.
 
 A `warning` column flags what makes a row unbelievable: a loss that rose
@@ -135,8 +142,9 @@ def _model(module, size, batches):
 
 def _variant(name, variant, sizes, steps):
     """The compiled model of one variant, a function that trains it for
-    one epoch of `steps` distinct batches (returns the History), and
-    those batches' `(x, y)`."""
+    one epoch of `steps` distinct batches (returns the History), those
+    batches' `(x, y)` and the `report.StepLog` of that function's last
+    epoch."""
     policy, scaler = {**VARIANTS, **FLOAT8_VARIANTS}[variant]
     batch = sizes[name]["batch_size"]
     module = protocol.load_example(name)
@@ -152,12 +160,20 @@ def _variant(name, variant, sizes, steps):
             auto_scale_loss=False,  # bf16/float32: no scaler at all
         )
 
+    step_log = report.StepLog()
+
     def run():
         return model.fit(
-            x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False
+            x,
+            y,
+            batch_size=batch,
+            epochs=1,
+            verbose=0,
+            shuffle=False,
+            callbacks=[step_log],
         )
 
-    return model, run, (x, y)
+    return model, run, (x, y), step_log
 
 
 def variant_memory(name, variant, sizes, steps=2) -> tuple[float, str]:
@@ -215,9 +231,9 @@ def bench_model(
     variants = dict(VARIANTS)
     if float8 and configs.EXAMPLES[name].BENCH_FLOAT8:
         variants.update(FLOAT8_VARIANTS)
-    runs, before, models, inputs = {}, {}, {}, {}
+    runs, before, models, inputs, step_logs = {}, {}, {}, {}, {}
     for variant in variants:
-        model, runs[variant], inputs[variant] = _variant(
+        model, runs[variant], inputs[variant], step_logs[variant] = _variant(
             name, variant, sizes, steps
         )
         models[variant] = model
@@ -231,13 +247,28 @@ def bench_model(
             f"{name}: {len(variants)} variants compiled; timing {rounds} "
             f"rounds of {steps} steps"
         )
-    seconds = time_interleaved(runs, rounds, log)
+    steady = {variant: [] for variant in variants}
+
+    def timed(variant):
+        def call():
+            runs[variant]()
+            steady[variant].append(step_logs[variant].steady_step_time())
+
+        return call
+
+    seconds = time_interleaved({v: timed(v) for v in runs}, rounds, log)
     last = {variant: runs[variant]() for variant in runs}
     device, tf32 = backend.list_devices()[0], backend.tf32_enabled()
     results = []
     for variant in variants:
-        ratios = [f / v for f, v in zip(seconds["float32"], seconds[variant])]
-        step_time = statistics.median(seconds[variant]) / steps
+        # A round of one step has no steady part: its call's time.
+        step_seconds = [
+            call / steps if math.isnan(step) else step
+            for call, step in zip(seconds[variant], steady[variant])
+        ]
+        steady[variant] = step_seconds
+        ratios = [f / v for f, v in zip(steady["float32"], step_seconds)]
+        step_time = statistics.median(step_seconds)
         memory_mib, memory_what = (
             shared_memory,
             (shared_what + ", after compiling all variants (not per variant)"),
@@ -265,7 +296,10 @@ def bench_model(
             "train_step_memory": step_memory,
             "loss_before": before[variant],
             "loss": float(last[variant].history["loss"][-1]),
+            # Per round: the steady step, and the whole `fit` call.
+            "step_seconds": step_seconds,
             "epoch_seconds": seconds[variant],
+            "call_step_time_s": statistics.median(seconds[variant]) / steps,
             "sizes": sizes[name],
         }
         _tflops(row, device, tf32)
@@ -318,7 +352,7 @@ def markdown(results) -> str:
 
 def _measure_one(spec, steps):
     """The `variant_memory` process: train one variant, print its peak."""
-    _, run, _ = _variant(spec["name"], spec["variant"], spec["sizes"], steps)
+    _, run, _, _ = _variant(spec["name"], spec["variant"], spec["sizes"], steps)
     run()
     mib, what = report.peak_memory_mib()
     print("MEMORY " + json.dumps({"mib": mib, "what": what}))

@@ -139,15 +139,20 @@ class StepLog(keras.callbacks.Callback):
         with self._arrivals_lock:
             return sorted(self._records, key=lambda record: record[:2])
 
+    def _intervals(self):
+        """`(first of its epoch?, seconds)` per step, in step order."""
+        intervals, previous = [], None
+        for epoch, _, arrival, _ in self._in_order():
+            first = previous is None or previous[0] != epoch
+            if first:
+                previous = (epoch, self._starts.get(epoch, arrival))
+            intervals.append((first, arrival - previous[1]))
+            previous = (epoch, arrival)
+        return intervals
+
     @property
     def times(self):
-        times, previous = [], None
-        for epoch, _, arrival, _ in self._in_order():
-            if previous is None or previous[0] != epoch:
-                previous = (epoch, self._starts.get(epoch, arrival))
-            times.append(arrival - previous[1])
-            previous = (epoch, arrival)
-        return times
+        return [seconds for _, seconds in self._intervals()]
 
     @property
     def losses(self):
@@ -156,6 +161,19 @@ class StepLog(keras.callbacks.Callback):
     def median_step_time(self, skip=2) -> float:
         """Median step time, without the first `skip` (compiling) steps."""
         return _median_after(self.times, skip)
+
+    def steady_step_time(self) -> float:
+        """Mean step time from each epoch's first step's end to its last's.
+
+        What a long `fit` runs at: the time before an epoch's first step
+        ends (the call's and the epoch's start, a first batch's copy) is
+        left out, and so is what follows its last (the epoch's end, the
+        call's return). Over an epoch this is `(last arrival - first
+        arrival) / (steps - 1)`, whatever order the arrivals came in;
+        NaN when no epoch had two steps.
+        """
+        steady = [seconds for first, seconds in self._intervals() if not first]
+        return statistics.fmean(steady) if steady else math.nan
 
 
 def _median_after(times, skip):

@@ -1,6 +1,8 @@
 """kmp bench: four variants, interleaved, same data and seed."""
 
 import math
+import statistics
+import time
 
 import pytest
 from util import jax_only
@@ -27,7 +29,10 @@ def test_each_variant_is_timed_against_float32():
     by_variant = {r["variant"]: r for r in results}
     assert by_variant["float32"]["speed_vs_float32"] == 1.0
     for r in results:
-        assert len(r["epoch_seconds"]) == 2
+        assert len(r["epoch_seconds"]) == len(r["step_seconds"]) == 2
+        # One step a round has no steady part: the call's time is its step.
+        assert r["step_seconds"] == r["epoch_seconds"]
+        assert r["step_time_s"] == r["call_step_time_s"]
         assert r["examples_per_s"] == pytest.approx(4 / r["step_time_s"])
         assert r["loss"] > 0 and r["loss_before"] > 0
         assert r["tflops_achieved"] == pytest.approx(
@@ -50,6 +55,34 @@ def test_each_variant_is_timed_against_float32():
     for r in results:
         assert r["loss"] < r["loss_before"], r["variant"]
         assert r["warning"] == "", r["variant"]
+
+
+@pytest.mark.backend_independent("torch")
+@pytest.mark.slow
+def test_a_round_s_step_leaves_out_the_fit_call_s_start_and_end(monkeypatch):
+    # Every `fit` call in this test starts 1 s late (the call's start, as
+    # a slow input pipeline or callback setup would cost). The steady
+    # step leaves that second out; the call's time carries it.
+    import keras
+
+    fit = keras.Model.fit
+
+    def late_fit(self, *args, **kwargs):
+        class Late(keras.callbacks.Callback):
+            def on_epoch_begin(self, epoch, logs=None):
+                time.sleep(1.0)
+
+        callbacks = [Late(), *kwargs.pop("callbacks", [])]
+        return fit(self, *args, callbacks=callbacks, **kwargs)
+
+    monkeypatch.setattr(keras.Model, "fit", late_fit)
+    monkeypatch.setattr(bench, "VARIANTS", {"float32": ("float32", None)})
+    (row,) = bench.bench_model("cifar10", TINY, steps=3, rounds=2, log=None)
+    assert len(row["step_seconds"]) == len(row["epoch_seconds"]) == 2
+    for step, call in zip(row["step_seconds"], row["epoch_seconds"]):
+        assert step < 0.5 < 1.0 < call
+    assert row["step_time_s"] == statistics.median(row["step_seconds"])
+    assert row["call_step_time_s"] > 1.0 / 3
 
 
 @pytest.mark.backend_independent("torch")
@@ -169,7 +202,7 @@ def test_a_variants_memory_is_measured_in_a_process_of_its_own():
 def test_a_variant_s_compiled_step_is_measured_before_it_runs():
     from kmp import backend
 
-    model, _, inputs = bench._variant("cifar10", "fp16+kmp", TINY, steps=1)
+    model, _, inputs, _ = bench._variant("cifar10", "fp16+kmp", TINY, steps=1)
     small = backend.train_step_memory(model, *inputs, 4)
     large = backend.train_step_memory(model, *inputs, 64)
     assert 0 < small["footprint"] < large["footprint"]

@@ -87,6 +87,34 @@ def test_step_log_times_steps_by_arrival_in_step_order(monkeypatch):
     assert log.median_step_time(skip=0) == 1.5
 
 
+@pytest.mark.backend_independent
+def test_step_log_steady_time_is_first_to_last_arrival_of_each_epoch(
+    monkeypatch,
+):
+    # Epoch 0: starts at 0, steps end at 5, 6, 8 (out of order) -> its
+    # steady part is (8 - 5) / 2. Epoch 1: starts at 10, steps end at
+    # 17 and 18 -> 1. The epochs' starts (5 s and 7 s before their first
+    # steps ended) are left out; the mean is over the 3 intervals.
+    clock = iter([0.0, 5.0, 8.0, 6.0, 10.0, 17.0, 18.0, 20.0, 21.0])
+    monkeypatch.setattr(report.time, "perf_counter", lambda: next(clock))
+    log = report.StepLog()
+    log.on_train_begin()
+    log.on_epoch_begin(0)
+    log.on_train_batch_end(0, {"loss": 1.0})
+    log.on_train_batch_end(2, {"loss": 1.0})
+    log.on_train_batch_end(1, {"loss": 1.0})
+    log.on_epoch_begin(1)
+    log.on_train_batch_end(0, {"loss": 1.0})
+    log.on_train_batch_end(1, {"loss": 1.0})
+    assert log.times == [5.0, 1.0, 2.0, 7.0, 1.0]
+    assert log.steady_step_time() == pytest.approx((1.0 + 2.0 + 1.0) / 3)
+    one_step = report.StepLog()
+    one_step.on_train_begin()
+    one_step.on_epoch_begin(0)
+    one_step.on_train_batch_end(0, {"loss": 1.0})
+    assert math.isnan(one_step.steady_step_time())
+
+
 def test_fit_hands_the_run_s_batch_ends_to_keras_threads():
     # With StepLog, kmp's ProgressBar and monitor every callback is
     # async-safe: on JAX and torch Keras runs batch ends off the main
