@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 from kmp import backend
+from kmp.app.bench import time_fit_rounds as _time_fit_rounds
 from kmp.app.bench import time_interleaved as _time_interleaved
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -73,6 +74,15 @@ def time_interleaved(runs, rounds, unit=None):
     """`kmp.app.bench.time_interleaved`, printing a line per round."""
     return _time_interleaved(
         runs, rounds, lambda line: print(line, flush=True), unit
+    )
+
+
+def time_fit_rounds(runs, step_logs, rounds, steps):
+    """`kmp.app.bench.time_fit_rounds`, printing a line per round:
+    `(call_seconds, step_seconds)`, each round's whole `fit` call and its
+    steady step."""
+    return _time_fit_rounds(
+        runs, step_logs, rounds, steps, lambda line: print(line, flush=True)
     )
 
 

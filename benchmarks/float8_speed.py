@@ -12,6 +12,10 @@ variant, epochs interleaved after a warm-up:
 - `transformer`: the IMDB example's encoder (`examples/imdb.py`) at
   d_model 2048 (target >= 1.3x bfloat16).
 
+A step time is an epoch's steady one (`kmp.app.bench.time_fit_rounds`),
+the `fit` call's start and end left out; `call_step_time_s` keeps the
+whole call's.
+
 Variants (`--variants`, all by default): `bf16` (mixed_bfloat16),
 `bf16+kmp.float8` (Keras's float8 layers, kmp's choice of them),
 `bf16+kmp.float8(matmul=kmp)` (kmp's own float8 matmul, JAX only),
@@ -39,6 +43,7 @@ import kmp  # noqa: E402
 from kmp import backend  # noqa: E402
 from kmp.app import data as kmp_data  # noqa: E402
 from kmp.app import flops  # noqa: E402
+from kmp.app import report  # noqa: E402
 from kmp.examples import imdb  # noqa: E402
 
 VARIANTS = {
@@ -109,12 +114,20 @@ def variant(name, kind, size, batches):
             jit_compile=True,
         )
 
+    step_log = report.StepLog()
+
     def run():
         return model.fit(
-            x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False
+            x,
+            y,
+            batch_size=batch,
+            epochs=1,
+            verbose=0,
+            shuffle=False,
+            callbacks=[step_log],
         )
 
-    return model, run, batch
+    return model, run, batch, step_log
 
 
 def main():
@@ -138,18 +151,20 @@ def main():
         )
     for name in args.models:
         size = SIZES[args.size][name]
-        runs, before, models = {}, {}, {}
+        runs, before, models, step_logs = {}, {}, {}, {}
         for kind in kinds:
-            models[kind], runs[kind], batch = variant(
+            models[kind], runs[kind], batch, step_logs[kind] = variant(
                 name, kind, size, args.steps
             )
             before[kind] = runs[kind]().history["loss"][-1]  # compiles
         per_example = flops.training_flops(models["bf16"])
-        seconds = common.time_interleaved(runs, args.rounds)
+        seconds, steady = common.time_fit_rounds(
+            runs, step_logs, args.rounds, args.steps
+        )
         after = {kind: runs[kind]().history["loss"][-1] for kind in runs}
         for kind in kinds:
-            ratios = [b / v for b, v in zip(seconds["bf16"], seconds[kind])]
-            step = statistics.median(seconds[kind]) / args.steps
+            ratios = [b / v for b, v in zip(steady["bf16"], steady[kind])]
+            step = statistics.median(steady[kind])
             tflops = per_example * batch / step / 1e12
             record = {
                 "model": name,
@@ -161,6 +176,9 @@ def main():
                 "loss_before": before[kind],
                 "loss_after": after[kind],
                 "epoch_seconds": seconds[kind],
+                "step_seconds": steady[kind],
+                "call_step_time_s": statistics.median(seconds[kind])
+                / args.steps,
             }
             records.append(record)
             rows.append(

@@ -8,7 +8,10 @@
 synthetic byte sequences under `mixed_bfloat16`, in one process: each
 variant is built and compiled (one warm-up epoch), timed once alone
 (written at once, so a cut-off run still says something), then all
-variants of a size are timed interleaved over `--rounds` epochs.
+variants of a size are timed interleaved over `--rounds` epochs. A step
+time is an epoch's steady one (`kmp.app.report.StepLog`: from its first
+step's end to its last's, without the `fit` call's start and end, which
+a long run spreads thin); `call_step_time_s` keeps the whole call's.
 
 A variant is `bf16` plus steps joined by `+`, each one change:
 
@@ -78,6 +81,7 @@ Free of TensorFlow and grain: numpy arrays through Keras's own `fit`
 import argparse
 import dataclasses
 import gc
+import math
 import os
 import statistics
 import time
@@ -96,6 +100,7 @@ from keras import ops  # noqa: E402
 import kmp  # noqa: E402
 from kmp import backend  # noqa: E402
 from kmp.app import flops  # noqa: E402
+from kmp.app import report  # noqa: E402
 from kmp.examples import lm  # noqa: E402
 
 POLICY = "mixed_bfloat16"
@@ -326,7 +331,7 @@ def measure_size(args, config_text, peak, device, records, out):
         layers, hidden, args.sequence_length, lm.VOCABULARY
     )
     tokens = batch * args.sequence_length
-    models, runs, rows = {}, {}, {}
+    models, runs, rows, step_logs = {}, {}, {}, {}
     for name in args.variants.split(","):
         record = {
             "config": config_text,
@@ -362,7 +367,9 @@ def measure_size(args, config_text, peak, device, records, out):
                 except Exception as error:
                     record["kmp_training_flops_per_token"] = repr(error)
 
-            def run(model=model):
+            step_log = report.StepLog()
+
+            def run(model=model, step_log=step_log):
                 # Keras's fit, not KerasHub's override: that one turns
                 # arrays into a tf.data or grain dataset (neither is on
                 # the GPU machine; and feeding arrays costs less).
@@ -374,18 +381,23 @@ def measure_size(args, config_text, peak, device, records, out):
                     epochs=1,
                     verbose=0,
                     shuffle=False,
+                    callbacks=[step_log],
                 ).history["loss"][-1]
 
             record["loss_first"] = run()  # compiles
             record["build_and_first_epoch_s"] = time.perf_counter() - start
             start = time.perf_counter()
             record["loss_solo"] = run()
-            solo = (time.perf_counter() - start) / args.steps
+            call = (time.perf_counter() - start) / args.steps
+            solo = step_log.steady_step_time()
+            if math.isnan(solo):  # one step a call: no steady part
+                solo = call
+            record["solo_call_step_time_s"] = call
             record["solo_step_time_s"] = solo
             record["solo_mfu"] = (
                 per_token * tokens / solo / 1e12 / peak if peak else None
             )
-            models[name], runs[name] = model, run
+            models[name], runs[name], step_logs[name] = model, run, step_log
             print(
                 f"{config_text} {name}: first epoch "
                 f"{record['build_and_first_epoch_s']:.1f}s (with compile), "
@@ -398,9 +410,11 @@ def measure_size(args, config_text, peak, device, records, out):
             print(f"{config_text} {name}: {record['error']}", flush=True)
         write(args, device, peak, records, out)
     if runs:
-        seconds = common.time_interleaved(runs, args.rounds)
+        seconds, steady = common.time_fit_rounds(
+            runs, step_logs, args.rounds, args.steps
+        )
         for name, epochs in seconds.items():
-            step = statistics.median(epochs) / args.steps
+            step = statistics.median(steady[name])
             achieved = per_token * tokens / step / 1e12
             rows[name].update(
                 step_time_s=step,
@@ -408,6 +422,8 @@ def measure_size(args, config_text, peak, device, records, out):
                 model_tflops=achieved,
                 mfu=achieved / peak if peak else None,
                 epoch_seconds=epochs,
+                step_seconds=steady[name],
+                call_step_time_s=statistics.median(epochs) / args.steps,
             )
     write(args, device, peak, records, out)
     for name, model in models.items():

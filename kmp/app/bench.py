@@ -120,6 +120,45 @@ def time_interleaved(runs, rounds, log=print, unit=None):
     return seconds
 
 
+def time_fit_rounds(runs, step_logs, rounds, steps, log=print):
+    """Times `fit` calls interleaved (`time_interleaved`), each round's
+    step steady.
+
+    Args:
+        runs: Dict of name -> zero-argument callable that calls `fit`
+            for one epoch of `steps` steps with `step_logs[name]` among
+            its callbacks.
+        step_logs: Dict of name -> `report.StepLog`.
+        rounds: Number of rounds.
+        steps: Steps per call.
+        log: As for `time_interleaved`.
+
+    Returns:
+        `(call_seconds, step_seconds)`: dicts of name -> one figure per
+        round, each call's whole time and its steady step
+        (`StepLog.steady_step_time`; a call of one step has no steady
+        part, so its step is its call's time).
+    """
+    steady = {name: [] for name in runs}
+
+    def timed(name):
+        def call():
+            runs[name]()
+            steady[name].append(step_logs[name].steady_step_time())
+
+        return call
+
+    seconds = time_interleaved({n: timed(n) for n in runs}, rounds, log)
+    step_seconds = {
+        name: [
+            call / steps if math.isnan(step) else step
+            for call, step in zip(seconds[name], steady[name])
+        ]
+        for name in runs
+    }
+    return seconds, step_seconds
+
+
 def _optimizer(module, kind):
     """The example's bench optimizer (its config's `BENCH_OPTIMIZER`),
     under kmp's scaler, Keras's, or none."""
@@ -247,26 +286,12 @@ def bench_model(
             f"{name}: {len(variants)} variants compiled; timing {rounds} "
             f"rounds of {steps} steps"
         )
-    steady = {variant: [] for variant in variants}
-
-    def timed(variant):
-        def call():
-            runs[variant]()
-            steady[variant].append(step_logs[variant].steady_step_time())
-
-        return call
-
-    seconds = time_interleaved({v: timed(v) for v in runs}, rounds, log)
+    seconds, steady = time_fit_rounds(runs, step_logs, rounds, steps, log)
     last = {variant: runs[variant]() for variant in runs}
     device, tf32 = backend.list_devices()[0], backend.tf32_enabled()
     results = []
     for variant in variants:
-        # A round of one step has no steady part: its call's time.
-        step_seconds = [
-            call / steps if math.isnan(step) else step
-            for call, step in zip(seconds[variant], steady[variant])
-        ]
-        steady[variant] = step_seconds
+        step_seconds = steady[variant]
         ratios = [f / v for f, v in zip(steady["float32"], step_seconds)]
         step_time = statistics.median(step_seconds)
         memory_mib, memory_what = (
