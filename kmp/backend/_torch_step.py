@@ -34,10 +34,14 @@ def fused_unscale(grads, scale):
     `torch._amp_foreach_non_finite_check_and_unscale_`; on a 2-core CPU
     it took 0.26 ms instead of 3.5 ms for a 512-wide MLP's gradients.
     The kernel works in place, and Keras treats gradients as read-only,
-    so it runs on copies. It tests the scaled gradients, as every
-    backend's `check_finite` does, and multiplies by the reciprocal of
-    the scale (as `GradScaler`): exact for a power-of-two scale (every
-    scale kmp's default rule reaches), within an ulp otherwise.
+    so it runs on copies, made by one multi-tensor kernel too: on eager
+    torch every op is a trip through Python, and a copy per gradient
+    cost ResNet-9's step 52 of its 536 (`benchmarks/torch_amp.py`'s
+    aten calls; Keras's step is bound by them on a GPU). It tests the
+    scaled gradients, as every backend's `check_finite` does, and
+    multiplies by the reciprocal of the scale (as `GradScaler`): exact
+    for a power-of-two scale (every scale kmp's default rule reaches),
+    within an ulp otherwise.
 
     Returns:
         `(unscaled, finite)`, or `None` on a device the kernel does not
@@ -48,20 +52,22 @@ def fused_unscale(grads, scale):
         return None
     found = torch.zeros((), dtype=torch.float32, device=scale.device)
     inverse = torch.reciprocal(scale.to(torch.float32))
-    # float32 copies of float16 gradients (of float16 variables): the
-    # unscaled values, often tiny, would underflow in float16.
-    unscaled = [
-        None
-        if g is None
-        else g.to(torch.promote_types(g.dtype, torch.float32), copy=True)
-        for g in grads
-    ]
-    groups = {}  # the kernel takes one device and dtype per call
-    for g in unscaled:
+    groups = {}  # the kernels take one device and dtype per call
+    for i, g in enumerate(grads):
         if g is not None:
-            groups.setdefault((g.device, g.dtype), []).append(g)
-    for group in groups.values():
-        torch._amp_foreach_non_finite_check_and_unscale_(group, found, inverse)
+            groups.setdefault((g.device, g.dtype), []).append(i)
+    unscaled = list(grads)
+    for (_, dtype), indices in groups.items():
+        group = [grads[i] for i in indices]
+        if dtype in (torch.float32, torch.float64):
+            copies = torch._foreach_mul(group, 1.0)  # new tensors, one op
+        else:
+            # float32 copies of 16-bit gradients (of 16-bit variables):
+            # the unscaled values, often tiny, would underflow in 16 bits.
+            copies = [g.to(torch.float32, copy=True) for g in group]
+        torch._amp_foreach_non_finite_check_and_unscale_(copies, found, inverse)
+        for i, copy in zip(indices, copies):
+            unscaled[i] = copy
     return unscaled, found == 0
 
 
