@@ -176,7 +176,7 @@ def main():
                 "loss_before": before[kind],
                 "loss_after": after[kind],
                 "epoch_seconds": seconds[kind],
-                "step_seconds": steady[kind],
+                "steady_step_seconds": steady[kind],
                 "call_step_time_s": statistics.median(seconds[kind])
                 / args.steps,
             }

@@ -25,6 +25,10 @@
 # Since then step 4 also times `float8 eager` (the quantization as it
 # ran then) beside kmp's compiled quantization, and a sixth step times
 # the quantization alone, eager and compiled (float8_quantize_torch.py).
+# And `kmp bench` times each round's steady step (kmp.app.bench's
+# `time_fit_rounds`, the step StepLog sees), so step 2's ratio compares
+# like with like; its bench.json keeps the whole call's as
+# `call_step_time_s`, what step 1 measured on 2026-11-29.
 #
 # Run after benchmarks/gpu_speed.sh (the speed issue's first call), in
 # the same way (../shared/GPU.md):

@@ -99,6 +99,7 @@ from keras import ops  # noqa: E402
 
 import kmp  # noqa: E402
 from kmp import backend  # noqa: E402
+from kmp.app import bench  # noqa: E402
 from kmp.app import flops  # noqa: E402
 from kmp.app import report  # noqa: E402
 from kmp.examples import lm  # noqa: E402
@@ -387,7 +388,8 @@ def measure_size(args, config_text, peak, device, records, out):
             record["loss_first"] = run()  # compiles
             record["build_and_first_epoch_s"] = time.perf_counter() - start
             start = time.perf_counter()
-            record["loss_solo"] = run()
+            with bench.prompt_batch_ends():  # as time_fit_rounds times
+                record["loss_solo"] = run()
             call = (time.perf_counter() - start) / args.steps
             solo = step_log.steady_step_time()
             if math.isnan(solo):  # one step a call: no steady part
@@ -422,7 +424,7 @@ def measure_size(args, config_text, peak, device, records, out):
                 model_tflops=achieved,
                 mfu=achieved / peak if peak else None,
                 epoch_seconds=epochs,
-                step_seconds=steady[name],
+                steady_step_seconds=steady[name],
                 call_step_time_s=statistics.median(epochs) / args.steps,
             )
     write(args, device, peak, records, out)

@@ -32,6 +32,7 @@ or is not finite (training diverged), or the same loss to the last digit
 for every variant (the harness is not training what it times).
 """
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -120,6 +121,24 @@ def time_interleaved(runs, rounds, log=print, unit=None):
     return seconds
 
 
+@contextlib.contextmanager
+def prompt_batch_ends(interval=1e-4):
+    """Within it, Python switches threads every `interval` seconds.
+
+    Keras's threads report batch ends; each waits for the interpreter
+    lock while `fit`'s loop runs Python, up to the switch interval (5 ms
+    by default, a whole step on a GPU). A shorter one keeps the first
+    step's arrival, one end of `StepLog.steady_step_time`'s span, on
+    time.
+    """
+    default = sys.getswitchinterval()
+    sys.setswitchinterval(interval)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(default)
+
+
 def time_fit_rounds(runs, step_logs, rounds, steps, log=print):
     """Times `fit` calls interleaved (`time_interleaved`), each round's
     step steady.
@@ -127,15 +146,15 @@ def time_fit_rounds(runs, step_logs, rounds, steps, log=print):
     Args:
         runs: Dict of name -> zero-argument callable that calls `fit`
             for one epoch of `steps` steps with `step_logs[name]` among
-            its callbacks.
+            its callbacks. They run within `prompt_batch_ends()`.
         step_logs: Dict of name -> `report.StepLog`.
         rounds: Number of rounds.
         steps: Steps per call.
         log: As for `time_interleaved`.
 
     Returns:
-        `(call_seconds, step_seconds)`: dicts of name -> one figure per
-        round, each call's whole time and its steady step
+        `(call_seconds, steady_step_seconds)`: dicts of name -> one
+        figure per round, each call's whole time and its steady step
         (`StepLog.steady_step_time`; a call of one step has no steady
         part, so its step is its call's time).
     """
@@ -144,11 +163,18 @@ def time_fit_rounds(runs, step_logs, rounds, steps, log=print):
     def timed(name):
         def call():
             runs[name]()
+            seen = len(step_logs[name].times)
+            if seen != steps:
+                raise RuntimeError(
+                    f"{name!r}: its StepLog saw {seen} steps of a call of "
+                    f"{steps}; pass that StepLog to the call's `fit`."
+                )
             steady[name].append(step_logs[name].steady_step_time())
 
         return call
 
-    seconds = time_interleaved({n: timed(n) for n in runs}, rounds, log)
+    with prompt_batch_ends():
+        seconds = time_interleaved({n: timed(n) for n in runs}, rounds, log)
     step_seconds = {
         name: [
             call / steps if math.isnan(step) else step
@@ -322,7 +348,7 @@ def bench_model(
             "loss_before": before[variant],
             "loss": float(last[variant].history["loss"][-1]),
             # Per round: the steady step, and the whole `fit` call.
-            "step_seconds": step_seconds,
+            "steady_step_seconds": step_seconds,
             "epoch_seconds": seconds[variant],
             "call_step_time_s": statistics.median(seconds[variant]) / steps,
             "sizes": sizes[name],

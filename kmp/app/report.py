@@ -168,9 +168,16 @@ class StepLog(keras.callbacks.Callback):
         What a long `fit` runs at: the time before an epoch's first step
         ends (the call's and the epoch's start, a first batch's copy) is
         left out, and so is what follows its last (the epoch's end, the
-        call's return). Over an epoch this is `(last arrival - first
-        arrival) / (steps - 1)`, whatever order the arrivals came in;
-        NaN when no epoch had two steps.
+        call's return). Over an epoch this is the last step's arrival
+        minus the first step's (in step order), over `steps - 1`; NaN
+        when no epoch had two steps.
+
+        On JAX and torch an arrival waits for the interpreter lock while
+        `fit`'s loop runs Python: up to `sys.getswitchinterval()` late
+        (5 ms by default), except the last, for which `fit` waits. So
+        the first step's arrival may be late and this figure short by
+        that wait over `steps - 1`; `kmp.app.bench.prompt_batch_ends`
+        lowers the interval.
         """
         steady = [seconds for first, seconds in self._intervals() if not first]
         return statistics.fmean(steady) if steady else math.nan

@@ -36,7 +36,7 @@ def fused_unscale(grads, scale):
     The kernel works in place, and Keras treats gradients as read-only,
     so it runs on copies, made by one multi-tensor kernel too: on eager
     torch every op is a trip through Python, and a copy per gradient
-    cost ResNet-9's step 52 of its 536 (`benchmarks/torch_amp.py`'s
+    cost ResNet-9's float16 step 52 of its 535 (`benchmarks/torch_amp.py`'s
     aten calls; Keras's step is bound by them on a GPU). It tests the
     scaled gradients, as every backend's `check_finite` does, and
     multiplies by the reciprocal of the scale (as `GradScaler`): exact
@@ -44,8 +44,8 @@ def fused_unscale(grads, scale):
     within an ulp otherwise.
 
     Returns:
-        `(unscaled, finite)`, or `None` on a device the kernel does not
-        serve (the caller then takes the unfused path).
+        `(unscaled, finite)`, or `None` on a device or for a dtype the
+        kernel does not serve (the caller then takes the unfused path).
     """
     scale = ops.convert_to_tensor(scale)
     if scale.device.type not in ("cpu", "cuda"):
@@ -55,6 +55,8 @@ def fused_unscale(grads, scale):
     groups = {}  # the kernels take one device and dtype per call
     for i, g in enumerate(grads):
         if g is not None:
+            if not g.dtype.is_floating_point:  # complex, say: not its kernel
+                return None
             groups.setdefault((g.device, g.dtype), []).append(i)
     unscaled = list(grads)
     for (_, dtype), indices in groups.items():

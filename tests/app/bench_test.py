@@ -29,9 +29,9 @@ def test_each_variant_is_timed_against_float32():
     by_variant = {r["variant"]: r for r in results}
     assert by_variant["float32"]["speed_vs_float32"] == 1.0
     for r in results:
-        assert len(r["epoch_seconds"]) == len(r["step_seconds"]) == 2
+        assert len(r["epoch_seconds"]) == len(r["steady_step_seconds"]) == 2
         # One step a round has no steady part: the call's time is its step.
-        assert r["step_seconds"] == r["epoch_seconds"]
+        assert r["steady_step_seconds"] == r["epoch_seconds"]
         assert r["step_time_s"] == r["call_step_time_s"]
         assert r["examples_per_s"] == pytest.approx(4 / r["step_time_s"])
         assert r["loss"] > 0 and r["loss_before"] > 0
@@ -60,8 +60,8 @@ def test_each_variant_is_timed_against_float32():
 @pytest.mark.backend_independent("torch")
 @pytest.mark.slow
 def test_a_round_s_step_leaves_out_the_fit_call_s_start_and_end(monkeypatch):
-    # Every `fit` call in this test starts 1 s late (the call's start, as
-    # a slow input pipeline or callback setup would cost). The steady
+    # Every `fit` call in this test starts its first step 1 s late (as a
+    # slow first batch would), after StepLog's epoch start. The steady
     # step leaves that second out; the call's time carries it.
     import keras
 
@@ -69,8 +69,9 @@ def test_a_round_s_step_leaves_out_the_fit_call_s_start_and_end(monkeypatch):
 
     def late_fit(self, *args, **kwargs):
         class Late(keras.callbacks.Callback):
-            def on_epoch_begin(self, epoch, logs=None):
-                time.sleep(1.0)
+            def on_train_batch_begin(self, batch, logs=None):
+                if batch == 0:
+                    time.sleep(1.0)
 
         callbacks = [Late(), *kwargs.pop("callbacks", [])]
         return fit(self, *args, callbacks=callbacks, **kwargs)
@@ -78,10 +79,12 @@ def test_a_round_s_step_leaves_out_the_fit_call_s_start_and_end(monkeypatch):
     monkeypatch.setattr(keras.Model, "fit", late_fit)
     monkeypatch.setattr(bench, "VARIANTS", {"float32": ("float32", None)})
     (row,) = bench.bench_model("cifar10", TINY, steps=3, rounds=2, log=None)
-    assert len(row["step_seconds"]) == len(row["epoch_seconds"]) == 2
-    for step, call in zip(row["step_seconds"], row["epoch_seconds"]):
-        assert step < 0.5 < 1.0 < call
-    assert row["step_time_s"] == statistics.median(row["step_seconds"])
+    assert len(row["steady_step_seconds"]) == len(row["epoch_seconds"]) == 2
+    for step, call in zip(row["steady_step_seconds"], row["epoch_seconds"]):
+        # Below a third of the late second: the mean of all three steps
+        # would not be.
+        assert step < 0.25 and call > 1.0
+    assert row["step_time_s"] == statistics.median(row["steady_step_seconds"])
     assert row["call_step_time_s"] > 1.0 / 3
 
 
@@ -104,6 +107,19 @@ def test_a_diverging_variant_is_flagged_in_the_warning_column(monkeypatch):
     for r in results:
         assert not (r["loss"] < r["loss_before"]), r["variant"]
         assert r["warning"].startswith(("loss rose", "loss not finite"))
+
+
+@pytest.mark.backend_independent
+def test_a_run_that_does_not_feed_its_step_log_is_an_error():
+    import sys
+
+    from kmp.app import report
+
+    interval = sys.getswitchinterval()
+    runs, logs = {"a": lambda: None}, {"a": report.StepLog()}
+    with pytest.raises(RuntimeError, match="saw 0 steps of a call of 3"):
+        bench.time_fit_rounds(runs, logs, rounds=1, steps=3, log=None)
+    assert sys.getswitchinterval() == interval  # restored
 
 
 @pytest.mark.backend_independent

@@ -80,7 +80,7 @@ def test_fused_unscale_is_the_division_and_the_check(dtypes, exponent, bad):
 @torch_only
 def test_fused_unscale_copies_a_dtype_s_gradients_in_one_op():
     # On eager torch each op is a trip through Python: a copy per
-    # gradient cost ResNet-9's step 52 of its 536 ops. However many
+    # gradient cost ResNet-9's float16 step 52 of its 535 ops. However many
     # float32 gradients, the ops are the same few; a float16 one adds
     # its own cast.
     import collections
@@ -108,3 +108,11 @@ def test_fused_unscale_copies_a_dtype_s_gradients_in_one_op():
     assert counts[1] == counts[8]
     assert counts[8]["aten._foreach_mul.Scalar"] == 1
     assert "aten._to_copy.default" not in counts[8]
+
+
+@torch_only
+def test_fused_unscale_leaves_a_non_real_gradient_to_the_unfused_path():
+    import torch
+
+    grads = [ops.ones((3,)), torch.ones(3, dtype=torch.complex64)]
+    assert backend.fused_unscale(grads, ops.convert_to_tensor(2.0)) is None
