@@ -79,8 +79,8 @@ def time_interleaved(runs, rounds, unit=None):
 
 def time_fit_rounds(runs, step_logs, rounds, steps):
     """`kmp.app.bench.time_fit_rounds`, printing a line per round:
-    `(call_seconds, steady_step_seconds)`, each round's whole `fit` call and its
-    steady step."""
+    `(call_seconds, steady_step_seconds)`, each round's whole `fit` call
+    and its steady step."""
     return _time_fit_rounds(
         runs, step_logs, rounds, steps, lambda line: print(line, flush=True)
     )

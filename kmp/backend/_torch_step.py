@@ -34,14 +34,13 @@ def fused_unscale(grads, scale):
     `torch._amp_foreach_non_finite_check_and_unscale_`; on a 2-core CPU
     it took 0.26 ms instead of 3.5 ms for a 512-wide MLP's gradients.
     The kernel works in place, and Keras treats gradients as read-only,
-    so it runs on copies, made by one multi-tensor kernel too: on eager
-    torch every op is a trip through Python, and a copy per gradient
-    cost ResNet-9's float16 step 52 of its 535 (`benchmarks/torch_amp.py`'s
-    aten calls; Keras's step is bound by them on a GPU). It tests the
-    scaled gradients, as every backend's `check_finite` does, and
-    multiplies by the reciprocal of the scale (as `GradScaler`): exact
-    for a power-of-two scale (every scale kmp's default rule reaches),
-    within an ulp otherwise.
+    so it runs on copies, made by one multi-tensor op too: on eager torch
+    every op is a kernel launch and a trip through Python, and a copy
+    per gradient cost ResNet-9's float16 step 52 of its 535 aten calls
+    (`benchmarks/torch_amp.py`). It tests the scaled gradients, as every
+    backend's `check_finite` does, and multiplies by the reciprocal of
+    the scale (as `GradScaler`): exact for a power-of-two scale (every
+    scale kmp's default rule reaches), within an ulp otherwise.
 
     Returns:
         `(unscaled, finite)`, or `None` on a device or for a dtype the
