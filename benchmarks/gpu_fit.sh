@@ -26,9 +26,9 @@
 # ran then) beside kmp's compiled quantization, and a sixth step times
 # the quantization alone, eager and compiled (float8_quantize_torch.py).
 # And `kmp bench` times each round's steady step (kmp.app.bench's
-# `time_fit_rounds`, the step StepLog sees), so step 2's ratio compares
-# like with like; its bench.json keeps the whole call's as
-# `call_step_time_s`, what step 1 measured on 2026-11-29.
+# `time_fit_rounds`, the step StepLog sees), so step 2's rate over step
+# 1's compares like with like; step 1's bench.json keeps the whole
+# call's as `call_step_time_s`, what it measured on 2026-11-29.
 #
 # Run after benchmarks/gpu_speed.sh (the speed issue's first call), in
 # the same way (../shared/GPU.md):
