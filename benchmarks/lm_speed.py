@@ -81,7 +81,6 @@ Free of TensorFlow and grain: numpy arrays through Keras's own `fit`
 import argparse
 import dataclasses
 import gc
-import math
 import os
 import statistics
 import time
@@ -99,7 +98,6 @@ from keras import ops  # noqa: E402
 
 import kmp  # noqa: E402
 from kmp import backend  # noqa: E402
-from kmp.app import bench  # noqa: E402
 from kmp.app import flops  # noqa: E402
 from kmp.app import report  # noqa: E402
 from kmp.examples import lm  # noqa: E402
@@ -387,15 +385,17 @@ def measure_size(args, config_text, peak, device, records, out):
 
             record["loss_first"] = run()  # compiles
             record["build_and_first_epoch_s"] = time.perf_counter() - start
-            start = time.perf_counter()
-            with bench.prompt_batch_ends():  # as time_fit_rounds times
-                record["loss_solo"] = run()
-            call = (time.perf_counter() - start) / args.steps
-            solo = step_log.steady_step_time()
-            if math.isnan(solo):  # one step a call: no steady part
-                solo = call
-            record["solo_call_step_time_s"] = call
-            record["solo_step_time_s"] = solo
+            # Alone: one round, timed as the interleaved rounds are.
+            solo_losses = []
+            calls, steady = common.time_fit_rounds(
+                {name: lambda losses=solo_losses: losses.append(run())},
+                {name: step_log},
+                1,
+                args.steps,
+            )
+            record["loss_solo"] = solo_losses[0]
+            record["solo_call_step_time_s"] = calls[name][0] / args.steps
+            solo = record["solo_step_time_s"] = steady[name][0]
             record["solo_mfu"] = (
                 per_token * tokens / solo / 1e12 / peak if peak else None
             )
