@@ -203,7 +203,27 @@ def main():
         *extra,
     ]
     modes = args.modes.split(",")
+    backend = os.environ.get("KERAS_BACKEND", "tensorflow")
     results, rows = {}, {}
+
+    def save():
+        # After each mode, so that a run cut short (a device call's time
+        # limit) keeps the modes it finished; `complete` says whether it
+        # holds them all.
+        return common.write_result(
+            {
+                "example": args.example,
+                "flags": flags,
+                "seeds": seeds,
+                "policy": "mixed_bfloat16",
+                "complete": len(rows) == len(modes),
+                "modes": rows,
+                "config": results[modes[0]][0]["config"],
+            },
+            f"memory_modes_{args.example}_{backend}.json",
+            args.output,
+        )
+
     with tempfile.TemporaryDirectory() as tmp:
         for name in modes:
             results[name] = []
@@ -226,20 +246,8 @@ def main():
                 + (f", max batch {r['max_batch']}" if "max_batch" in r else ""),
                 flush=True,
             )
+            save()
     print(table(rows))
-    backend = os.environ.get("KERAS_BACKEND", "tensorflow")
-    common.write_result(
-        {
-            "example": args.example,
-            "flags": flags,
-            "seeds": seeds,
-            "policy": "mixed_bfloat16",
-            "modes": rows,
-            "config": results[modes[0]][0]["config"],
-        },
-        f"memory_modes_{args.example}_{backend}.json",
-        args.output,
-    )
 
 
 if __name__ == "__main__":
