@@ -11,13 +11,13 @@
 #      `both`), whose bfloat16 slots are rounded stochastically since
 #      the 2026-11-26 run (issue 41, item 5: the same bounds). First,
 #      since it is the figure issue 41 still lacks, and in the modes'
-#      order, so those three come first. Ten `kmp train` runs of about
-#      45 s each (four modes in 184 s on 2026-11-26): a second seed
-#      compiles its train step anew wherever slots are rounded
-#      stochastically (the seed is a constant of the program), so the
-#      int8 modes may not fit; the JSON is rewritten after each mode
-#      (`complete` says whether it holds them all), so a cut run keeps
-#      the modes it finished;
+#      order, so float32, `bf16 state` and `both` finish first. Ten
+#      `kmp train` runs of about 45 s each (four modes in 184 s on
+#      2026-11-26): a second seed compiles its train step anew
+#      wherever slots are rounded stochastically (the seed is a
+#      constant of the program), so the int8 modes may not fit; the
+#      JSON is rewritten after each mode (`complete` says whether it
+#      holds them all), so a cut run keeps the modes it finished;
 #   2. each mode's compiled train step of the language model at width
 #      1024 (memory_footprint.py: XLA's analysis, nothing runs): on a
 #      GPU XLA keeps the optimization barrier that makes an 8-bit slot's

@@ -25,7 +25,9 @@ state, 0.5x with both), each final training loss beside the baseline's
 for lm), peak memory, and with `--max_batch` each mode's
 `--batch_size=max` (JAX: the batch and its compiled step's bytes).
 Writes benchmarks/results/memory_modes_<example>_<backend>.json with
-the hardware and versions. Flags after `--` go to every run.
+the hardware and versions, rewritten after each mode (`complete`:
+whether it holds them all), so a run cut short keeps the modes it
+finished. Flags after `--` go to every run.
 
 With `--seeds=0,1,2,3` each mode runs once per seed: a few dozen steps'
 loss moves with the seed by as much as the bounds (ResNet-9, 40 steps:
