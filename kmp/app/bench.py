@@ -89,7 +89,7 @@ COLUMNS = (
 )
 
 
-def time_interleaved(runs, rounds, log=print, unit=None):
+def time_interleaved(runs, rounds, log=print, unit=None, after=None):
     """Times `runs[name]()` for each name, `rounds` times, interleaved.
 
     Args:
@@ -98,6 +98,8 @@ def time_interleaved(runs, rounds, log=print, unit=None):
         log: Called with a progress line per round (`None`: silent).
         unit: Optional `(count, label)`; progress lines then show
             `count / seconds` in `label` instead of seconds.
+        after: Optional callable of a name, called after each of its
+            calls, outside the call's time (to read what it recorded).
 
     Returns:
         Dict of name -> list of seconds, one per round.
@@ -110,6 +112,8 @@ def time_interleaved(runs, rounds, log=print, unit=None):
             start = time.perf_counter()
             runs[name]()
             seconds[name].append(time.perf_counter() - start)
+            if after is not None:
+                after(name)
         if log is None:
             continue
         if unit is None:
@@ -160,21 +164,17 @@ def time_fit_rounds(runs, step_logs, rounds, steps, log=print):
     """
     steady = {name: [] for name in runs}
 
-    def timed(name):
-        def call():
-            runs[name]()
-            seen = len(step_logs[name].times)
-            if seen != steps:
-                raise RuntimeError(
-                    f"{name!r}: its StepLog saw {seen} steps of a call of "
-                    f"{steps}; pass that StepLog to the call's `fit`."
-                )
-            steady[name].append(step_logs[name].steady_step_time())
-
-        return call
+    def read(name):  # before the next call resets the log
+        seen = len(step_logs[name].times)
+        if seen != steps:
+            raise RuntimeError(
+                f"{name!r}: its StepLog saw {seen} steps of a call of "
+                f"{steps}; pass that StepLog to the call's `fit`."
+            )
+        steady[name].append(step_logs[name].steady_step_time())
 
     with prompt_batch_ends():
-        seconds = time_interleaved({n: timed(n) for n in runs}, rounds, log)
+        seconds = time_interleaved(runs, rounds, log, after=read)
     step_seconds = {
         name: [
             call / steps if math.isnan(step) else step
