@@ -9,12 +9,14 @@ which returns the choice *and* the reason for it.
 
 import contextlib
 import logging
+import warnings
 from typing import NamedTuple
 
 import keras
 
 from kmp import backend
 from kmp.errors import InputError
+from kmp_config.names import HALF_DTYPES
 from kmp_config.names import MASTER_WEIGHTS
 from kmp_config.names import POLICIES
 
@@ -29,6 +31,10 @@ _BF16_TENSOR_CORES = (8, 0)
 
 # Each reason is logged once per process, not at every call.
 _logged_reasons = set()
+
+# The policy object `enable` last put in force, while it computes in 16
+# bits (else None), for `warn_if_reset`.
+_enabled = None
 
 
 class Recommendation(NamedTuple):
@@ -229,7 +235,7 @@ def enable(
         name = "bfloat16"  # Keras's: bfloat16 compute and variables
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(name)
-    backend.note_dtype_errors()
+    _in_force()
     return previous
 
 
@@ -264,4 +270,47 @@ def policy_scope(policy="mixed_float16", master_weights="float32"):
         yield keras.config.dtype_policy()
     finally:
         keras.config.set_dtype_policy(previous)
-        backend.note_dtype_errors()
+        _in_force()
+
+
+def _in_force():
+    """After kmp sets the global policy: its error notes on or off, and
+    the policy remembered for `warn_if_reset`."""
+    global _enabled
+    backend.note_dtype_errors()
+    policy = keras.config.dtype_policy()
+    _enabled = policy if policy.compute_dtype in HALF_DTYPES else None
+
+
+def warn_if_reset(caller: str) -> bool:
+    """Warns when the 16-bit policy `kmp.enable` set is gone and Keras's
+    global policy computes in float32; returns whether it warned.
+
+    `keras.utils.clear_session()` (`keras.backend.clear_session()`, which
+    keras-io's examples call before building a model to free memory)
+    resets the global policy to float32, and so does
+    `keras.config.set_dtype_policy`. After either, the model builds in
+    float32, `kmp.wrap` returns the optimizer with no loss scale, and
+    nothing would say so: `kmp.wrap` and `kmp.pin_float32` call this.
+
+    Args:
+        caller: The kmp function the warning names, e.g. `"wrap"`.
+    """
+    policy = keras.config.dtype_policy()
+    if (
+        _enabled is None
+        or policy is _enabled
+        or policy.compute_dtype in HALF_DTYPES
+    ):
+        return False
+    warnings.warn(
+        f"kmp.{caller}: kmp.enable({_enabled.name!r}) set Keras's global "
+        f"dtype policy, but it is {policy.name!r} now, so the model "
+        f"trains in {policy.compute_dtype}: keras.utils.clear_session() (or "
+        "keras.backend.clear_session()) resets it, as "
+        "keras.config.set_dtype_policy does. Call kmp.enable after "
+        "clear_session, before building the model; to train in float32 "
+        "on purpose, call kmp.disable().",
+        stacklevel=3,
+    )
+    return True

@@ -38,6 +38,7 @@ import keras
 from kmp.errors import InputError
 from kmp.fp8.convert import use_default_matmul
 from kmp.islands import pin_float32
+from kmp.scaling import LossScaleOptimizer
 from kmp_config.names import HALF_DTYPES
 from kmp_config.names import MIXED_POLICIES
 
@@ -116,12 +117,17 @@ def load_model(
     config = _read_config(filepath)
     if policy == "saved":
         policy = saved_policy(config)
+    unnamed = compile and _names_no_optimizer(config)
     with _global_policy(policy), _damaged_archive(filepath):
-        model = _keras_load(filepath, custom_objects, compile, safe_mode)
+        model = _keras_load(
+            filepath, custom_objects, compile, safe_mode, unnamed
+        )
         if compile and type(model).compile is not keras.Model.compile:
             _compile_as_saved(
                 model, config, filepath, custom_objects, safe_mode
             )
+    if unnamed:
+        warnings.warn(_no_optimizer(filepath, model), stacklevel=2)
     if pin and any(
         getattr(layer, "compute_dtype", None) in HALF_DTYPES
         for layer in model._flatten_layers()
@@ -203,9 +209,10 @@ def _global_policy(policy):
         keras.config.set_dtype_policy(previous)
 
 
-def _keras_load(filepath, custom_objects, compile, safe_mode):
+def _keras_load(filepath, custom_objects, compile, safe_mode, unnamed):
     """Keras's load; a class nothing registered is an `InputError`
-    naming it, and lost optimizer state one warning line."""
+    naming it, and lost optimizer state one warning line (none when the
+    file names no optimizer, `unnamed`: `_no_optimizer` says why)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -233,7 +240,7 @@ def _keras_load(filepath, custom_objects, compile, safe_mode):
         if _SKIPPED_COMPILE in text:
             continue  # kmp compiles it (`_compile_as_saved`)
         if text.startswith(_SKIPPED_OPTIMIZER):
-            if custom_compile:
+            if custom_compile or unnamed:
                 continue  # unbuilt until `_compile_as_saved` loads it
             warnings.warn(_lost_optimizer(filepath, model, text), stacklevel=3)
             continue
@@ -241,6 +248,36 @@ def _keras_load(filepath, custom_objects, compile, safe_mode):
             warning.message, warning.category, warning.filename, warning.lineno
         )
     return model
+
+
+def _names_no_optimizer(config) -> bool:
+    """Whether the file was compiled (it has a compile config) but its
+    compile config names no optimizer: Keras's `.h5` save removes it from
+    the model's own compile config (its legacy `model_metadata` pops it
+    in place), so each later `.keras` save of that model lacks it too."""
+    compile_config = config.get("compile_config")
+    return isinstance(compile_config, dict) and (
+        "optimizer" not in compile_config
+    )
+
+
+def _no_optimizer(filepath, model):
+    """The line that says a file's model came back without its optimizer."""
+    optimizer = getattr(model, "optimizer", None)
+    inner = getattr(optimizer, "inner_optimizer", None)
+    built = type(inner or optimizer).__name__
+    if inner is not None:
+        owner = "kmp" if isinstance(optimizer, LossScaleOptimizer) else "Keras"
+        built += f", in {owner}'s LossScaleOptimizer"
+    return (
+        f"kmp.load_model: {filepath}: the file's compile config names no "
+        f"optimizer, so the model was compiled with a default one ({built})"
+        " and the optimizer's saved state (slots, loss scale) is lost. "
+        "Saving a model to .h5 (model.save('x.h5'), ModelCheckpoint('x.h5')) "
+        "removes the optimizer from its compile config, for every later "
+        ".keras save too: save .keras files only, and compile the loaded "
+        "model again with optimizer=kmp.wrap(...) to train on."
+    )
 
 
 def _lost_optimizer(filepath, model, keras_says):

@@ -38,6 +38,7 @@ import keras  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
+import kmp  # noqa: E402
 from kmp import backend  # noqa: E402
 
 # The suite runs as two processes (pyproject: `-n 2`). torch's eager ops
@@ -124,7 +125,9 @@ def pytest_terminal_summary(terminalreporter, config):
 def _restore_global_state():
     previous = keras.config.dtype_policy()
     yield
-    keras.config.set_dtype_policy(previous)
+    # kmp's, not Keras's setter: kmp's record of its policy (and its
+    # error notes) go too, so no later test warns that it was reset.
+    kmp.enable(previous)
     keras.distribution.set_distribution(None)
     # Fresh layer names and global state; no gc.collect() (free_memory),
     # which took ~0.5 s per test, 40 % of the suite: Python's own

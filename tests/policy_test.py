@@ -145,3 +145,82 @@ def test_bfloat16_master_weights_need_bfloat16_compute_and_restore():
     assert kmp.wrap(optimizer) is optimizer
     optimizer.build([keras.Variable([1.0])])
     assert type(optimizer) is kind
+
+
+def _dense_model():
+    inputs = keras.Input((4,))
+    return keras.Model(inputs, keras.layers.Dense(2)(inputs))
+
+
+def _reset_warnings(recorded):
+    return [str(w.message) for w in recorded if "kmp.enable(" in str(w.message)]
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize(
+    "reset",
+    [keras.utils.clear_session, keras.backend.clear_session],
+    ids=["keras.utils", "keras.backend"],
+)
+def test_clear_session_after_enable_warns_at_wrap_and_pin(reset):
+    # keras-io's segmentation example calls clear_session before it
+    # builds its model: without a warning the run is silently float32.
+    kmp.enable("mixed_float16")
+    reset()
+    with pytest.warns(UserWarning) as recorded:
+        model = kmp.pin_float32(_dense_model())
+        optimizer = kmp.wrap("sgd")
+    said = _reset_warnings(recorded)
+    assert len(said) == 2, said
+    assert said[0].startswith("kmp.pin_float32: kmp.enable('mixed_float16')")
+    assert said[1].startswith("kmp.wrap: kmp.enable('mixed_float16')")
+    assert "it is 'float32' now" in said[1]
+    assert "clear_session" in said[1] and "kmp.disable()" in said[1]
+    # Pointing at the user's calls, not into kmp.
+    assert {
+        w.filename for w in recorded if "kmp.enable(" in str(w.message)
+    } == {__file__}
+    # What the warning is about: float32 layers, no loss scale.
+    assert model.layers[-1].compute_dtype == "float32"
+    assert not isinstance(optimizer, kmp.LossScaleOptimizer)
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize(
+    "after",
+    [
+        "nothing",  # kmp.enable's policy is in force
+        "enable again",  # the fix the warning gives
+        "disable",  # float32 on purpose
+        "scope",  # policy_scope restored the float32 policy
+        "auto on this CPU",  # kmp chose float32
+        "bfloat16 by Keras",  # a 16-bit policy, set another way
+    ],
+)
+def test_no_reset_warning_when_kmp_knows_the_policy(after, recwarn):
+    if after == "scope":
+        with kmp.policy_scope("mixed_float16"):
+            pass
+    elif after == "auto on this CPU":
+        kmp.enable("auto")
+    else:
+        kmp.enable("mixed_float16")
+    if after == "enable again":
+        keras.utils.clear_session()
+        kmp.enable("mixed_float16")
+    elif after == "disable":
+        kmp.disable()
+    elif after == "bfloat16 by Keras":
+        keras.config.set_dtype_policy("mixed_bfloat16")
+    kmp.pin_float32(_dense_model())
+    kmp.wrap("sgd")
+    assert _reset_warnings(recwarn.list) == []
+    assert policy_lib.warn_if_reset("wrap") is False
+
+
+@pytest.mark.backend_independent
+def test_set_dtype_policy_float32_after_enable_warns():
+    kmp.enable("mixed_bfloat16")
+    keras.config.set_dtype_policy("float32")
+    with pytest.warns(UserWarning, match=r"kmp.enable\('mixed_bfloat16'\)"):
+        assert policy_lib.warn_if_reset("wrap") is True

@@ -161,6 +161,39 @@ def test_lost_optimizer_state_is_said_in_one_line_with_the_fix(tmp_path):
     assert keras.config.dtype_policy().name == "float32"  # left as it was
 
 
+@pytest.mark.filterwarnings("ignore:You are saving your model as an HDF5")
+def test_a_file_saved_after_an_h5_save_says_its_optimizer_is_gone(tmp_path):
+    # keras-io examples checkpoint to .h5 (ModelCheckpoint("x.h5")); Keras
+    # then drops the optimizer from the model's compile config, so each
+    # later .keras file loads with RMSprop, in Keras's own scaler under
+    # mixed_float16: kmp's scaler and the optimizer state silently gone.
+    kmp.enable("mixed_float16")
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, keras.layers.Dense(3)(inputs))
+    model.compile(optimizer=kmp.wrap(keras.optimizers.Adam(0.01)), loss="mse")
+    model.fit(np.ones((4, 4)), np.ones((4, 3)), verbose=0)
+    before, after = str(tmp_path / "before.keras"), str(tmp_path / "b.keras")
+    model.save(before)
+    model.save(str(tmp_path / "a.h5"))
+    model.save(after)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kept = kmp.load_model(before)  # the optimizer named: no warning
+    assert isinstance(kept.optimizer, kmp.LossScaleOptimizer)
+    with pytest.warns(UserWarning) as caught:
+        lost = kmp.load_model(after)
+    said = [str(w.message) for w in caught]
+    (line,) = [m for m in said if m.startswith("kmp.load_model")]
+    assert line.startswith(
+        f"kmp.load_model: {after}: the file's compile config names no "
+        "optimizer, so the model was compiled with a default one (RMSprop, "
+        "in Keras's LossScaleOptimizer)"
+    )
+    assert "ModelCheckpoint('x.h5')" in line and "kmp.wrap" in line
+    assert not any("Skipping variable" in m for m in said)
+    assert type(lost.optimizer) is keras.optimizers.LossScaleOptimizer
+
+
 def test_saved_policy_reads_the_layers_policies(tmp_path):
     from kmp.saving import saved_policy
 

@@ -30,6 +30,12 @@ a layer of the user's (not of Keras, KerasHub or kmp); the line is added
 once. The exception's type and message are Keras's. A layer call that
 succeeds goes through one more `__enter__`/`__exit__` per scope, two per
 call (`benchmarks/dtype_notes_cost.py`); a compiled step runs none.
+
+Two errors of 16-bit training that no layer of the user's raises get a
+line of their own: TensorFlow's refusal to sum a layer's float16
+`add_loss` value with the float32 loss (in Keras's `compute_loss`), and
+JAX's CPU refusing the float16 matmul with float32 accumulation that
+Keras's fused attention asks for.
 """
 
 import functools
@@ -81,6 +87,25 @@ _MISMATCHES = (
     # JAX's lax: "lax.add requires arguments to have the same dtypes,
     # got float16, float32."
     r"to have the same dtypes, got ([\w, ]+)",
+    # TensorFlow, a list made one tensor: "Cannot convert a list
+    # containing a tensor of dtype <dtype: 'float16'> to <dtype:
+    # 'float32'>" (`_LOSSES`).
+    r"list containing a tensor of dtype <dtype: '(\w+)'> to <dtype: '(\w+)'>",
+)
+
+# The list error where no layer of the user's is in the traceback: Keras's
+# `compute_loss` sums the compiled loss with the `add_loss` losses
+# (`ops.sum(losses)`) and casts only integer ones, so a layer's float16
+# `add_loss` value meets the float32 loss; JAX and torch promote the
+# list, TensorFlow does not. Keras's frame is filtered from the traceback.
+_LOSSES = "list containing a tensor of dtype"
+
+# JAX's CPU backend refuses a 16-bit matmul that accumulates in float32
+# ("The precision 'F16_F16_F32' is not supported by dot_general on
+# CPU"), which Keras's fused attention asks for under mixed_float16: at
+# compile time, in no layer's frame. A GPU has it.
+_CPU_DOT = re.compile(
+    r"'(B?F16)_\1_F32' is not supported by dot_general on CPU"
 )
 
 _NAMES = {
@@ -146,10 +171,13 @@ def dtype_note(error, layer=None) -> str | None:
     16-bit policy; returns the line, or None. Adds it once."""
     if any(n.startswith(PREFIX) for n in getattr(error, "__notes__", ())):
         return None
+    refused = _CPU_DOT.search(str(error))
+    if refused:
+        return _cpu_dot_note(error, refused.group(1))
     dtypes = mismatched_dtypes(error)
     culprit = dtypes and _culprit(error, layer)
     if not culprit:
-        return None
+        return _losses_note(error, dtypes) if layer is None else None
     owner, method = culprit
     policy = keras.config.dtype_policy()
     if owner.compute_dtype not in HALF_DTYPES and (
@@ -157,6 +185,41 @@ def dtype_note(error, layer=None) -> str | None:
     ):
         return None
     line = _line(owner, method, dtypes)
+    error.add_note(line)
+    return line
+
+
+def _cpu_dot_note(error, precision):
+    """The line for JAX's CPU refusing a 16-bit matmul (`_CPU_DOT`)."""
+    half = "bfloat16" if precision == "BF16" else "float16"
+    line = (
+        f"{PREFIX}JAX on a CPU has no {half} matmul that accumulates in "
+        "float32, which Keras's fused attention (ops.dot_product_attention,"
+        f" MultiHeadAttention) asks for in {half}; a GPU has it. On a CPU, "
+        "train in float32 (kmp.enable('auto') picks it there)"
+        + (" or mixed_bfloat16." if half == "float16" else ".")
+    )
+    error.add_note(line)
+    return line
+
+
+def _losses_note(error, dtypes):
+    """The line for a step's list of 16-bit and float32 losses (`_LOSSES`),
+    under a 16-bit policy; None for another error."""
+    policy = keras.config.dtype_policy()
+    if not dtypes or policy.compute_dtype not in HALF_DTYPES:
+        return None
+    if _LOSSES not in str(error):
+        return None
+    half, other = dtypes
+    line = (
+        f"{PREFIX}the step summed a {half} loss with {other} ones, outside "
+        "any layer of yours: most likely a layer's add_loss value, which "
+        f"under {policy.name} is {half}, and TensorFlow adds the losses "
+        f"without promoting: pass add_loss a {other} value "
+        f"(self.add_loss(keras.ops.cast(loss, '{other}'))), or run that "
+        f"layer in float32 (kmp.pin_float32(model, also=[...]))."
+    )
     error.add_note(line)
     return line
 

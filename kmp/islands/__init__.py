@@ -30,7 +30,8 @@
                     flattened, decoders' masks known causal; what counts
                     as sensitive
 
-Imports from kmp: backend, errors, layer_policies, model_layers.
+Imports from kmp: backend, errors, layer_policies, model_layers,
+policy.
 """
 
 from kmp.islands.batch_norm import BatchNormalization

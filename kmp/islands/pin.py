@@ -57,6 +57,7 @@ from kmp.model_layers import check_patterns
 from kmp.model_layers import matches
 from kmp.model_layers import output_layers
 from kmp.model_layers import swap_class
+from kmp.policy import warn_if_reset
 
 # Activations whose float16 results lose the information crossentropy and
 # later matmuls need: probabilities near 0 or 1, and their logarithms.
@@ -179,6 +180,7 @@ def pin_float32(
     if keras.config.dtype_policy().compute_dtype == "float32" and not any(
         layer.compute_dtype != "float32" for layer in layers
     ):
+        warn_if_reset("pin_float32")  # built in float32 after kmp.enable
         return model
 
     outputs = output_layers(model) or []

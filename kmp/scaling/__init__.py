@@ -15,7 +15,7 @@
     wrap                  which scaler a model gets (`kmp.wrap`), and
                           Keras's own scaler made kmp's in place
 
-Imports from kmp: backend, errors, memory.
+Imports from kmp: backend, errors, memory, policy.
 
 The rule is written out once, as pseudo-code, in
 `kmp.LossScaleOptimizer`'s docstring.

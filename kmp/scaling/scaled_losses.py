@@ -64,8 +64,11 @@ logger = logging.getLogger("kmp")
 SCALING_CALLS = ("scale_loss", "get_scaled_loss")
 
 # Per thread (tf.distribute runs each replica's step in a thread of its
-# own): optimizer id -> where it last scaled a loss, not yet applied: the
+# own): optimizer -> where it last scaled a loss, not yet applied: the
 # id of the train step frame, or `_IN_A_LOOP` outside any train step.
+# Weakly keyed: a mark of an optimizer that is gone (a loss scaled, never
+# applied) must not pass to a new one that Python gives the same id,
+# whose first unscaled gradients would be divided by the scale.
 _local = threading.local()
 _IN_A_LOOP = "loop"
 # Models already told about (once per model, not per optimizer: a GAN's
@@ -77,10 +80,10 @@ _told_loops = set()
 _STDLIB = sysconfig.get_paths()["stdlib"]
 
 
-def _marks() -> dict:
+def _marks() -> weakref.WeakKeyDictionary:
     marks = getattr(_local, "marks", None)
     if marks is None:
-        marks = _local.marks = {}
+        marks = _local.marks = weakref.WeakKeyDictionary()
     return marks
 
 
@@ -122,13 +125,13 @@ def note_scaled(optimizer) -> None:
     `get_scaled_loss`, Keras's trainers): in the train step running now,
     or, outside any, in the user's loop, until its next apply."""
     frame = train_step_frame()
-    _marks()[id(optimizer)] = _IN_A_LOOP if frame is None else id(frame)
+    _marks()[optimizer] = _IN_A_LOOP if frame is None else id(frame)
 
 
 @backend.uncompiled
 def take_mark(optimizer):
     """Forgets, and returns, where `optimizer` last scaled a loss."""
-    return _marks().pop(id(optimizer), None)
+    return _marks().pop(optimizer, None)
 
 
 @backend.uncompiled

@@ -17,6 +17,7 @@ from keras import ops
 from kmp.errors import InputError
 from kmp.errors import InputTypeError
 from kmp.memory import low_precision
+from kmp.policy import warn_if_reset
 from kmp.scaling.loss_scale_optimizer import LossScaleOptimizer
 from kmp.scaling.scale_rule import check_rule
 
@@ -103,10 +104,12 @@ def wrap(
 
     Loss scaling is needed only when the global policy computes in float16.
     `wrap` returns a `kmp.LossScaleOptimizer` then, and the optimizer
-    unchanged under bfloat16 or float32, so training code is the same in
-    every mode. Call it after `kmp.enable(...)` and pass the result to
-    `model.compile`: Keras keeps a loss-scaling optimizer it is given and
-    would otherwise wrap a plain one in its own stock scaler.
+    itself, scaling nothing, under bfloat16 or float32 (where it may
+    round bfloat16-stored weights stochastically: `rounding`), so
+    training code is the same in every mode. Call it after
+    `kmp.enable(...)` and pass the result to `model.compile`: Keras keeps
+    a loss-scaling optimizer it is given and would otherwise wrap a plain
+    one in its own stock scaler.
 
     Args:
         optimizer: A `keras.optimizers.Optimizer` instance or a name Keras
@@ -153,6 +156,7 @@ def wrap(
     else:
         low_precision(optimizer, state_dtype, rounding, seed)
     if keras.config.dtype_policy().compute_dtype != "float16":
+        warn_if_reset("wrap")  # no scale, when kmp.enable asked float16
         return optimizer
     if isinstance(optimizer, LossScaleOptimizer):
         return optimizer

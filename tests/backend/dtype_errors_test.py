@@ -149,6 +149,99 @@ def test_other_errors_and_other_code_get_no_line():
     assert not _kmp_notes(_raised(lambda: Reshapes()(np.ones((2, 2)))))
 
 
+class ActivityRegularizationLayer(keras.layers.Layer):
+    """keras-io's guide "Making new layers and models via subclassing",
+    as it writes the layer (`cast=True`: with the fix kmp's line names)."""
+
+    def __init__(self, rate=1e-2, cast=False):
+        super().__init__()
+        self.rate = rate
+        self.cast = cast
+
+    def call(self, inputs):
+        loss = self.rate * keras.ops.mean(inputs)
+        self.add_loss(keras.ops.cast(loss, "float32") if self.cast else loss)
+        return inputs
+
+
+@pytest.mark.parametrize("fixed", [False, True], ids=["as written", "cast"])
+def test_a_float16_add_loss_in_fit(fixed):
+    # Keras sums the add_loss losses with the compiled loss as they are:
+    # TensorFlow refuses float16 with float32 there, in Keras's frames.
+    kmp.enable("mixed_float16")
+    inputs = keras.Input((3,))
+    hidden = ActivityRegularizationLayer(cast=fixed)(
+        keras.layers.Dense(8)(inputs)
+    )
+    model = kmp.pin_float32(keras.Model(inputs, keras.layers.Dense(1)(hidden)))
+    model.compile(optimizer=kmp.wrap("sgd"), loss="mse")
+
+    def fit():
+        return model.fit(np.ones((4, 3)), np.ones((4, 1)), verbose=0)
+
+    if TENSORFLOW and not fixed:
+        error = _raised(fit)
+        assert backend.mismatched_dtypes(error) == ("float16", "float32")
+        (line,) = _kmp_notes(error)
+        assert line.startswith("kmp: the step summed a float16 loss")
+        assert "add_loss" in line
+        assert "self.add_loss(keras.ops.cast(loss, 'float32'))" in line
+    else:  # JAX and torch promote the list; the cast needs no promotion
+        assert np.isfinite(fit().history["loss"][0])
+
+
+def test_the_losses_line_only_from_a_step_under_a_16_bit_policy():
+    def listed():
+        return TypeError(
+            "Cannot convert a list containing a tensor of dtype <dtype: "
+            "'float16'> to <dtype: 'float32'> (Tensor is: <tf.Tensor "
+            "'Sum:0' shape=() dtype=float16>)"
+        )
+
+    kmp.enable("mixed_float16")
+    assert "add_loss" in backend.dtype_note(listed())
+    # Raised in a layer of Keras's, not the user's: that layer's error.
+    assert backend.dtype_note(listed(), keras.layers.Dense(2)) is None
+    kmp.disable()
+    assert backend.dtype_note(listed()) is None
+
+
+def test_jax_cpu_s_16_bit_matmul_refusal_gets_the_line():
+    def refused(precision):
+        return ValueError(
+            f"The precision '{precision}' is not supported by dot_general "
+            "on CPU"
+        )
+
+    kmp.enable("mixed_float16")
+    line = backend.dtype_note(refused("F16_F16_F32"))
+    assert line.startswith("kmp: JAX on a CPU has no float16 matmul")
+    assert line.endswith(
+        "(kmp.enable('auto') picks it there) or mixed_bfloat16."
+    )
+    line = backend.dtype_note(refused("BF16_BF16_F32"))
+    assert "no bfloat16 matmul" in line and "or mixed_bfloat16" not in line
+    assert backend.dtype_note(refused("F32_F32_F32")) is None
+
+
+@pytest.mark.skipif(backend.name() != "jax", reason="JAX's CPU backend")
+def test_float16_attention_on_jax_s_cpu_ends_with_kmp_s_line():
+    import jax
+
+    if jax.devices()[0].platform != "cpu":
+        pytest.skip("a GPU has the float16 matmul")
+    kmp.enable("mixed_float16")
+    query = keras.Input((6, 8))
+    attended = keras.layers.MultiHeadAttention(2, 8)(query, query)
+    model = kmp.pin_float32(keras.Model(query, keras.layers.Dense(2)(attended)))
+    model.compile(optimizer=kmp.wrap("sgd"), loss="mse")
+    error = _raised(
+        lambda: model.fit(np.ones((2, 6, 8)), np.ones((2, 6, 2)), verbose=0)
+    )
+    (line,) = _kmp_notes(error)
+    assert line.startswith("kmp: JAX on a CPU has no float16 matmul")
+
+
 class DrawsInItsDtype(Sampling):
     """keras-io's Sampling with the fix kmp's line names first."""
 

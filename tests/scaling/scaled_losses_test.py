@@ -7,8 +7,10 @@ steps from the same initial weights: the distance between the mixed and
 the float32 update, over the float32 update's length, below 5 %.
 """
 
+import gc
 import logging
 import sys
+import weakref
 
 import keras
 import keras_io_steps
@@ -202,6 +204,23 @@ def test_outside_a_train_step_a_loss_scaled_since_the_last_apply_divides(
     (told,) = _told(caplog)
     assert told.startswith(f"kmp: the loop at {line} applies 1 gradient(s)")
     assert line in scaled_losses.loops_told()
+
+
+def test_a_loss_scaled_and_never_applied_goes_with_its_optimizer():
+    # Keyed by id, the mark outlived it, and a new optimizer given the
+    # same id (Python reuses them) divided its first unscaled gradients
+    # by the scale: seen as a test failing only after others in the same
+    # process (the keras-io loops of tests/scaling/loops_test.py).
+    marks = scaled_losses._marks()
+    before = len(marks)
+    optimizer = kmp.LossScaleOptimizer(keras.optimizers.SGD(1.0))
+    optimizer.scale_loss(1.0)  # a scaled loss, never applied
+    assert len(marks) == before + 1
+    gone = weakref.ref(optimizer)
+    del optimizer
+    gc.collect()
+    assert gone() is None
+    assert len(marks) == before
 
 
 def test_an_unscaled_step_still_skips_non_finite_gradients():
