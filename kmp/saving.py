@@ -252,9 +252,10 @@ def _keras_load(filepath, custom_objects, compile, safe_mode, unnamed):
 
 def _names_no_optimizer(config) -> bool:
     """Whether the file was compiled (it has a compile config) but its
-    compile config names no optimizer: Keras's `.h5` save removes it from
-    the model's own compile config (its legacy `model_metadata` pops it
-    in place), so each later `.keras` save of that model lacks it too."""
+    compile config names no optimizer: Keras 3.15's `.h5` save removes it
+    from the model's own compile config (its legacy `model_metadata` pops
+    it in place; 3.16 pops it from a copy), so each later `.keras` save of
+    that model lacks it too."""
     compile_config = config.get("compile_config")
     return isinstance(compile_config, dict) and (
         "optimizer" not in compile_config
@@ -265,7 +266,7 @@ def _no_optimizer(filepath, model):
     """The line that says a file's model came back without its optimizer."""
     optimizer = getattr(model, "optimizer", None)
     inner = getattr(optimizer, "inner_optimizer", None)
-    built = type(inner or optimizer).__name__
+    built = "none" if optimizer is None else type(inner or optimizer).__name__
     if inner is not None:
         owner = "kmp" if isinstance(optimizer, LossScaleOptimizer) else "Keras"
         built += f", in {owner}'s LossScaleOptimizer"

@@ -134,9 +134,14 @@ class Run:
 
     def __exit__(self, *exc_info):
         # The example's `kmp.enable` holds for this run only: a caller
-        # (a test, a notebook) gets its own policy back.
-        keras.config.set_dtype_policy(self._previous_policy)
-        backend.note_dtype_errors()
+        # (a test, a notebook) gets its own policy back, through
+        # `kmp.enable`, so that kmp knows the run's policy is gone (else
+        # the caller's next `kmp.wrap` would warn that it was reset).
+        try:
+            kmp.enable(self._previous_policy)
+        except kmp.InputError:  # a policy of the caller's own making
+            keras.config.set_dtype_policy(self._previous_policy)
+            backend.note_dtype_errors()
         return False
 
     def start(self, splits) -> int:

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import re
 import threading
+import warnings
 
 import keras
 import numpy as np
@@ -83,6 +84,10 @@ def test_a_run_fits_writes_the_record_and_restores_the_policy(tmp_path):
         _config(tmp_path), more=lambda r: {"twice": 2 * r["epochs"]}
     )
     assert keras.config.dtype_policy().name == before
+    # kmp knows: the caller's next kmp.wrap does not warn of a reset.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kmp.wrap("sgd")
     assert results["policy"] == "mixed_float16" and results["epochs"] == 2
     assert results["loss_scale"] == 32768.0
     record = json.loads((tmp_path / "results.json").read_text())
