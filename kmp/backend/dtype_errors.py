@@ -168,51 +168,56 @@ def _culprit(error, layer):
 def dtype_note(error, layer=None) -> str | None:
     """Adds kmp's line to `error` if a user's layer (the innermost in its
     traceback, or `layer`) mixed a 16-bit dtype with another under a
-    16-bit policy; returns the line, or None. Adds it once."""
+    16-bit policy, or for the two errors of the module docstring's last
+    paragraph; returns the line, or None. Adds it once."""
     if any(n.startswith(PREFIX) for n in getattr(error, "__notes__", ())):
         return None
+    line = _line_for(error, layer)
+    if line is not None:
+        error.add_note(line)
+    return line
+
+
+def _line_for(error, layer):
     refused = _CPU_DOT.search(str(error))
     if refused:
-        return _cpu_dot_note(error, refused.group(1))
+        return _cpu_dot_line(refused.group(1))
     dtypes = mismatched_dtypes(error)
-    culprit = dtypes and _culprit(error, layer)
-    if not culprit:
-        return _losses_note(error, dtypes) if layer is None else None
-    owner, method = culprit
+    if dtypes is None:
+        return None
     policy = keras.config.dtype_policy()
+    culprit = _culprit(error, layer)
+    if culprit is None:
+        if layer is None and _LOSSES in str(error):
+            return _losses_line(dtypes, policy)
+        return None
+    owner, method = culprit
     if owner.compute_dtype not in HALF_DTYPES and (
         policy.compute_dtype not in HALF_DTYPES
     ):
         return None
-    line = _line(owner, method, dtypes)
-    error.add_note(line)
-    return line
+    return _line(owner, method, dtypes)
 
 
-def _cpu_dot_note(error, precision):
+def _cpu_dot_line(precision):
     """The line for JAX's CPU refusing a 16-bit matmul (`_CPU_DOT`)."""
     half = "bfloat16" if precision == "BF16" else "float16"
-    line = (
+    return (
         f"{PREFIX}JAX on a CPU has no {half} matmul that accumulates in "
         "float32, which Keras's fused attention (ops.dot_product_attention,"
         f" MultiHeadAttention) asks for in {half}; a GPU has it. On a CPU, "
         "train in float32 (kmp.enable('auto') picks it there)"
         + (" or mixed_bfloat16." if half == "float16" else ".")
     )
-    error.add_note(line)
-    return line
 
 
-def _losses_note(error, dtypes):
+def _losses_line(dtypes, policy):
     """The line for a step's list of 16-bit and float32 losses (`_LOSSES`),
-    under a 16-bit policy; None for another error."""
-    policy = keras.config.dtype_policy()
-    if not dtypes or policy.compute_dtype not in HALF_DTYPES:
-        return None
-    if _LOSSES not in str(error):
+    under a 16-bit policy; None under another."""
+    if policy.compute_dtype not in HALF_DTYPES:
         return None
     half, other = dtypes
-    line = (
+    return (
         f"{PREFIX}the step summed a {half} loss with {other} ones, outside "
         "any layer of yours: most likely a layer's add_loss value, which "
         f"under {policy.name} is {half}, and TensorFlow adds the losses "
@@ -220,8 +225,6 @@ def _losses_note(error, dtypes):
         f"(self.add_loss(keras.ops.cast(loss, '{other}'))), or run that "
         f"layer in float32 (kmp.pin_float32(model, also=[...]))."
     )
-    error.add_note(line)
-    return line
 
 
 def _line(owner, method, dtypes):
