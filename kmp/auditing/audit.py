@@ -113,9 +113,14 @@ def audit(model, optimizer=None, verbose: bool = True) -> AuditReport:
     half = model_checks.half_layers(model)
     model_checks.check_outputs(model, outputs, findings)
     model_checks.check_inner_softmaxes(half, outputs, findings)
-    optimizer_checks.check_scaling(half, optimizer, findings)
-    optimizer_checks.check_saving(model, optimizer, findings)
-    optimizer_checks.check_memory(model, optimizer, findings)
+    applied = [optimizer]
+    if optimizer is getattr(model, "optimizer", None):
+        applied = optimizer_checks.applied_optimizers(model, optimizer)
+    for each in applied:
+        optimizer_checks.check_scaling(half, each, findings)
+        optimizer_checks.check_memory(model, each, findings)
+    if optimizer in applied:
+        optimizer_checks.check_saving(model, optimizer, findings)
     optimizer_checks.check_train_step(model, optimizer, findings)
     dtype_checks.check_float_ids(model, findings)
     dtype_checks.check_random_draws(half, findings)
@@ -126,7 +131,8 @@ def audit(model, optimizer=None, verbose: bool = True) -> AuditReport:
     float8_checks.check_float8(model, all_layers(model), findings)
     report = AuditReport(
         sorted(
-            (Finding(*finding) for finding in findings),
+            # Each once: the optimizers of a GAN may repeat a finding.
+            (Finding(*finding) for finding in dict.fromkeys(findings)),
             key=lambda f: SEVERITIES.index(f.severity),
         )
     )

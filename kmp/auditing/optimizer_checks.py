@@ -214,6 +214,30 @@ def _step_source(methods) -> str | None:
     return "\n".join(ast.unparse(method.tree) for method in methods)
 
 
+def applied_optimizers(model, optimizer) -> list:
+    """The optimizers the model's train step applies: `optimizer` (the
+    compiled one), or, where a step of the user's own plainly never reads
+    `self.optimizer` and the model holds optimizers itself, those (a
+    GAN's `d_optimizer` and `g_optimizer`; its `compile()` passes none to
+    Keras's, which makes an RMSprop of its own that no step applies)."""
+    if type(model).train_step is keras.Model.train_step:
+        return [optimizer]
+    held = {}
+    for value in vars(model).values():
+        if value is not optimizer and isinstance(value, keras.Optimizer):
+            held.setdefault(id(value), value)
+    source = _step_source(
+        source_reading.reachable(type(model), "train_step")[0]
+    )
+    if held and source is not None and not _reads_compiled(source):
+        return list(held.values())
+    return [optimizer]
+
+
+def _reads_compiled(source) -> bool:
+    return re.search(r"\.optimizer\b", source) is not None
+
+
 def _scalers(model, optimizer, source):
     """The loss-scaling optimizers a train step of the model may apply,
     each once, with its name: those the model holds as attributes (a
@@ -227,7 +251,7 @@ def _scalers(model, optimizer, source):
             value, keras.optimizers.LossScaleOptimizer
         ):
             found.setdefault(id(value), (name.lstrip("_"), value))
-    reads_compiled = source is None or re.search(r"\.optimizer\b", source)
+    reads_compiled = source is None or _reads_compiled(source)
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and (
         reads_compiled or not found
     ):
@@ -297,12 +321,16 @@ def check_train_step(model, optimizer, findings):
     if not scalers:
         return
     cls = type(model).__name__
-    names = ", ".join(name for name, _ in scalers)
     stock = [n for n, s in scalers if not isinstance(s, LossScaleOptimizer)]
     scales, why = step_scales(model, reached)
-    fix = "; ".join(scaled_losses.fix(name) for name, _ in scalers)
+    unscaled = scaled_losses.unscaled_in(model)
+    # Once the step ran, only the scalers it gave unscaled gradients: a
+    # GAN's step may scale one loss of two.
+    named = [(n, s) for n, s in scalers if n in unscaled] or scalers
+    names = ", ".join(name for name, _ in named)
+    fix = "; ".join(scaled_losses.fix(name) for name, _ in named)
     fix += " before taking the gradients"
-    if model in scaled_losses.models_told():
+    if unscaled:
         severity, problem = (
             "warning",
             f"{cls}.train_step applied gradients of a loss that {names} "

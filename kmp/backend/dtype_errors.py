@@ -230,10 +230,12 @@ def _losses_line(dtypes, policy):
 def _line(owner, method, dtypes):
     half, other = dtypes
     cls = type(owner).__name__
-    if method.endswith("_step"):
-        pins = ", ".join(
-            f"kmp.pin_float32(self.{name})" for name in _half_outputs(owner)
-        )
+    held = _half_outputs(owner)
+    # A step, or a model's helper beside its call (keras-io's WGAN-GP's
+    # `gradient_penalty`) that meets a sub-model's 16-bit output: running
+    # the model itself in float32 would not change that output's dtype.
+    if method.endswith("_step") or (held and method != "call"):
+        pins = ", ".join(f"kmp.pin_float32(self.{name})" for name in held)
         return (
             f"{PREFIX}{cls}.{method} runs under "
             f"{keras.config.dtype_policy().name} and mixed {half} with "

@@ -15,23 +15,71 @@ from kmp.scaling import LossScaleOptimizer
 # for the monitor only: it removes it before the progress bar and History
 # (which Keras runs after the user's callbacks) see it.
 _STREAK = "overflow_streak"
+# A history with no record has these columns, as one with model.optimizer's.
+_EMPTY_COLUMNS = ("loss_scale", "skipped_steps")
+
+
+def _scales(optimizer):
+    """Whether `optimizer` scales the loss and has its scale yet (an
+    optimizer that no step applies, as a GAN's `model.optimizer` after a
+    `compile()` that names none, is never built)."""
+    return (
+        isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+        and optimizer.built
+    )
+
+
+def _prefix(name):
+    """The logs' prefix for the optimizer a model holds as `name`:
+    `d_optimizer` -> `d_`, `gen_opt` -> `gen_opt_`."""
+    stem = name.removesuffix("optimizer").rstrip("_")
+    return f"{stem or name}_"
+
+
+def applied_scalers(model):
+    """The loss-scaling optimizers `model`'s train step applies, each with
+    the prefix of its log entries: `model.optimizer` ("") and, where the
+    step is stateful (TensorFlow, torch), the ones the model holds as
+    attributes, as keras-io's GANs hold `d_optimizer` ("d_") and
+    `g_optimizer`. JAX's step state holds `model.optimizer`'s values only.
+    """
+    optimizer = getattr(model, "optimizer", None)
+    found = [("", optimizer)] if _scales(optimizer) else []
+    if backend.is_stateless():
+        return found
+    seen = {id(optimizer)}
+    for name, value in vars(model).items():
+        if _scales(value) and id(value) not in seen:
+            seen.add(id(value))
+            found.append((_prefix(name.lstrip("_")), value))
+    return found
+
+
+def _never_applied(optimizer):
+    """Whether no step has applied `optimizer`: no update, no skip."""
+    state = (optimizer.iterations, optimizer.step_counter)
+    return not any(int(ops.convert_to_numpy(v)) for v in state) and float(
+        ops.convert_to_numpy(optimizer.dynamic_scale)
+    ) == float(optimizer.initial_scale)
 
 
 def _scale_logs(model, read, streak):
-    """Extra train-step logs for `model`'s optimizer; `{}` if it has none.
-    With `streak`, also the optimizer's overflow streak (the stop rule's)."""
-    optimizer = getattr(model, "optimizer", None)
-    if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        return {}
-    logs = {"loss_scale": read(optimizer.dynamic_scale)}
-    if isinstance(optimizer, LossScaleOptimizer):
-        logs["skipped_steps"] = read(optimizer.skipped_steps)
-    if isinstance(optimizer, LossScaleOptimizer) and streak:
-        # Read for the stop rule, then taken out of the logs (`_STREAK`).
-        # As a float: on JAX a log that is the state's own int32 array (a
-        # constant 0 on finite steps) can share its buffer, which the next
-        # step donates.
-        logs[_STREAK] = ops.cast(read(optimizer.overflow_streak), "float32")
+    """Extra train-step logs for `model`'s loss scalers; `{}` if it has
+    none. With `streak`, also kmp's overflow streaks (the stop rule's)."""
+    logs = {}
+    for prefix, optimizer in applied_scalers(model):
+        logs[f"{prefix}loss_scale"] = read(optimizer.dynamic_scale)
+        if not isinstance(optimizer, LossScaleOptimizer):
+            continue
+        logs[f"{prefix}skipped_steps"] = read(optimizer.skipped_steps)
+        if streak:
+            # Read for the stop rule, then taken out of the logs
+            # (`_STREAK`). As a float: on JAX a log that is the state's
+            # own int32 array (a constant 0 on finite steps) can share its
+            # buffer, which the next step donates.
+            logs[f"{prefix}{_STREAK}"] = ops.cast(
+                read(optimizer.overflow_streak), "float32"
+            )
     return logs
 
 
@@ -66,6 +114,12 @@ class LossScaleMonitor(keras.callbacks.Callback):
     With an optimizer that does not scale the loss (bfloat16 or float32
     training), it adds nothing, so the same training code works in every
     mode.
+
+    A model whose `train_step` applies optimizers it holds itself, as
+    keras-io's GANs hold `d_optimizer` and `g_optimizer`, gets each
+    one's entries under the attribute's name less `optimizer`:
+    `d_loss_scale`, `d_skipped_steps`, `g_loss_scale`, ... (TensorFlow
+    and torch; a JAX step's state holds `model.optimizer`'s values only).
 
     It also stops a run that loss scaling cannot save. A scale at its
     floor (`min_scale`) that still overflows means the gradients are
@@ -125,6 +179,8 @@ class LossScaleMonitor(keras.callbacks.Callback):
         self.stop_reason = None
         self._records = []
         self._epoch = 0
+        self._scalers = None
+        self._unused = []
 
     def set_model(self, model):
         super().set_model(model)
@@ -141,36 +197,69 @@ class LossScaleMonitor(keras.callbacks.Callback):
         # Like keras.callbacks.History: each fit starts a new record.
         self._records = []
         self.stop_reason = None
+        # Found at the first step's end: a GAN's optimizers are built by
+        # its first step.
+        self._scalers = None
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
 
+    def _scalers_of_the_run(self):
+        if self._scalers is None:
+            found = applied_scalers(self._fitting)
+            # A GAN's `compile()` names no optimizer, so Keras makes an
+            # RMSprop in its own scaler, which torch's `fit` builds and no
+            # step applies: beside the GAN's own, its entries are dropped.
+            self._unused = [
+                prefix
+                for prefix, optimizer in found
+                if not prefix and len(found) > 1 and _never_applied(optimizer)
+            ]
+            self._scalers = [s for s in found if s[0] not in self._unused]
+        return self._scalers
+
+    def _drop_unused(self, logs):
+        for prefix in self._unused:
+            for name in ("loss_scale", "skipped_steps", _STREAK):
+                logs.pop(f"{prefix}{name}", None)
+
     def on_train_batch_end(self, batch, logs=None):
-        streak = logs.pop(_STREAK, None) if logs else None
-        if streak is not None:
-            self._stop_if_hopeless(float(streak), float(logs["loss_scale"]))
-        if logs and "skipped_steps" in logs:
-            # Callbacks share one logs dict, and Keras appends its progress
-            # bar after the user's callbacks: it shows the count.
-            logs["skipped_steps"] = StepCount(logs["skipped_steps"])
-        if logs and "loss_scale" in logs:
-            self._records.append(
-                (
-                    self._epoch,
-                    batch,
-                    logs["loss_scale"],
-                    logs.get("skipped_steps"),
+        if not logs:
+            return
+        record = {}
+        scalers_now = self._scalers_of_the_run()
+        self._drop_unused(logs)
+        for prefix, optimizer in scalers_now:
+            scale = logs.get(f"{prefix}loss_scale")
+            streak = logs.pop(f"{prefix}{_STREAK}", None)
+            if streak is not None:
+                self._stop_if_hopeless(
+                    prefix, optimizer, float(streak), float(scale)
                 )
-            )
+            skipped = f"{prefix}skipped_steps"
+            if skipped in logs:
+                # Callbacks share one logs dict, and Keras appends its
+                # progress bar after the user's callbacks: it shows the
+                # count.
+                logs[skipped] = StepCount(logs[skipped])
+            if scale is not None:
+                record[f"{prefix}loss_scale"] = scale
+                record[skipped] = logs.get(skipped)
+        if record:
+            self._records.append((self._epoch, batch, record))
 
     def on_epoch_end(self, epoch, logs=None):
-        if logs:
-            logs.pop(_STREAK, None)
-        if logs and "skipped_steps" in logs:
-            logs["skipped_steps"] = StepCount(logs["skipped_steps"])
+        if not logs:
+            return
+        scalers_now = self._scalers_of_the_run()
+        self._drop_unused(logs)
+        for prefix, _ in scalers_now:
+            logs.pop(f"{prefix}{_STREAK}", None)
+            skipped = f"{prefix}skipped_steps"
+            if skipped in logs:
+                logs[skipped] = StepCount(logs[skipped])
 
-    def _stop_if_hopeless(self, streak, scale):
-        optimizer = self._fitting.optimizer
+    def _stop_if_hopeless(self, prefix, optimizer, streak, scale):
         if (
             self.stop_after is None
             or self.stop_reason is not None
@@ -178,23 +267,34 @@ class LossScaleMonitor(keras.callbacks.Callback):
             or scale > optimizer.min_scale
         ):
             return
+        whose = f" ({prefix}loss_scale's optimizer)" if prefix else ""
         self.stop_reason = (
-            f"kmp: {int(streak)} steps in a row had non-finite gradients, "
-            f"the loss scale at its floor (min_scale={optimizer.min_scale:g})"
-            ": a lower scale cannot help, so fit stops here. The cause is "
-            "not the loss scale: look for a NaN or inf in the data, a "
-            "float16 overflow in a layer, or a diverging learning rate; "
-            "`kmp doctor` (kmp.diagnose(model, data)) shows which layers "
-            "overflow. LossScaleMonitor(stop_after=None) never stops."
+            f"kmp: {int(streak)} steps in a row had non-finite gradients"
+            f"{whose}, the loss scale at its floor "
+            f"(min_scale={optimizer.min_scale:g}): a lower scale cannot "
+            "help, so fit stops here. The cause is not the loss scale: "
+            "look for a NaN or inf in the data, a float16 overflow in a "
+            "layer, or a diverging learning rate; `kmp doctor` "
+            "(kmp.diagnose(model, data)) shows which layers overflow. "
+            "LossScaleMonitor(stop_after=None) never stops."
         )
         self._fitting.stop_training = True
         warnings.warn(self.stop_reason, RuntimeWarning, stacklevel=2)
 
     @property
     def history(self):
-        """Per-step values, in step order, as a dict of lists."""
-        columns = zip(*sorted(self._records, key=lambda r: r[:2]))
-        names = ("epoch", "batch", "loss_scale", "skipped_steps")
-        return {n: list(c) for n, c in zip(names, columns)} or {
-            n: [] for n in names
+        """Per-step values, in step order, as a dict of lists: `"epoch"`,
+        `"batch"`, and each scaler's `loss_scale` and `skipped_steps`
+        (None where its scaler does not count them)."""
+        records = sorted(self._records, key=lambda r: r[:2])
+        # dict keys: the columns in the order the records name them.
+        names = {} if records else dict.fromkeys(_EMPTY_COLUMNS)
+        for _, _, record in records:
+            names.update(dict.fromkeys(record))
+        history = {
+            "epoch": [r[0] for r in records],
+            "batch": [r[1] for r in records],
         }
+        for name in names:
+            history[name] = [r[2].get(name) for r in records]
+        return history

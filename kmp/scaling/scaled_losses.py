@@ -72,8 +72,10 @@ SCALING_CALLS = ("scale_loss", "get_scaled_loss")
 _local = threading.local()
 _IN_A_LOOP = "loop"
 # Models already told about (once per model, not per optimizer: a GAN's
-# two optimizers make one line), and lines of loops ("file:line").
-_told = weakref.WeakSet()
+# two optimizers make one line), each with the names it holds the
+# optimizers under whose losses went unscaled (the audit names those),
+# and lines of loops ("file:line").
+_told = weakref.WeakKeyDictionary()
 _told_loops = set()
 # Python's own frames are not the user's loop either (unittest,
 # contextlib).
@@ -157,8 +159,9 @@ def loss_was_unscaled(optimizer, grads, stateless=False) -> bool:
         return False
     model = frame.f_locals["self"]
     if model not in _told:
-        _told.add(model)
+        _told[model] = set()
         logger.warning("kmp: %s", _message(model, frame, optimizer, grads))
+    _told[model].add(attribute_of(model, optimizer))
     return True
 
 
@@ -229,6 +232,13 @@ def models_told() -> list:
     """The models `loss_was_unscaled` has warned about (for tests and
     the audit)."""
     return list(_told)
+
+
+def unscaled_in(model) -> set:
+    """The names `model` holds the optimizers under (`attribute_of`)
+    that its train step gave gradients of a loss they did not scale;
+    empty if none did."""
+    return set(_told.get(model, ()))
 
 
 def loops_told() -> list:

@@ -6,12 +6,14 @@ train step of the model's own (keras-io's, `tests/keras_io_steps.py`)."""
 import keras
 import keras_io_steps
 import numpy as np
+import pytest
 from audit_util import compiled_for_audit
 from audit_util import has
 from audit_util import quiet_audit
 from audit_util import small_mlp
 
 import kmp
+from kmp import backend
 
 
 def test_float16_without_loss_scaling_is_an_error():
@@ -280,3 +282,37 @@ def test_remat_is_named_and_keras_s_alone_is_a_warning():
     kmp.rematerialize(stock)
     assert has(quiet_audit(stock), "recomputed in the backward pass", "info")
     assert not has(quiet_audit(stock), "by Keras alone")
+
+
+@pytest.mark.skipif(
+    backend.is_stateless(), reason="the guide's GAN is TensorFlow's, torch's"
+)
+def test_a_gan_that_scales_one_loss_of_two_is_told_of_the_other_only():
+    with kmp.policy_scope("mixed_float16"):
+        base = keras_io_steps.gan(scale=False)
+
+        class ScalesTheDiscriminatorS(type(base)):
+            def _step(self, optimizer, loss_of, weights):
+                if optimizer is self.d_optimizer:
+                    unscaled = loss_of
+                    loss_of = lambda: optimizer.scale_loss(unscaled())  # noqa: E731
+                return super()._step(optimizer, loss_of, weights)
+
+        gan = ScalesTheDiscriminatorS(
+            base.discriminator, base.generator, base.latent_dim
+        )
+        gan.compile(
+            d_optimizer=kmp.wrap(keras.optimizers.SGD()),
+            g_optimizer=kmp.wrap(keras.optimizers.SGD()),
+            loss_fn=keras.losses.BinaryCrossentropy(from_logits=True),
+        )
+        gan.fit(keras_io_steps.images(n=16), batch_size=8, verbose=0)
+    report = quiet_audit(gan)
+    (finding,) = [f for f in report if "train_step" in f.problem]
+    assert "a loss that g_optimizer did not scale" in finding.problem
+    assert finding.fix.startswith("loss = self.g_optimizer.scale_loss")
+    assert "d_optimizer" not in finding.fix
+    # The RMSprop Keras made in its own scaler at `compile()`, which no
+    # step applies: nothing is said of it.
+    assert not has(report, "stock keras LossScaleOptimizer")
+    assert not has(report, "Keras wrapped the compiled")

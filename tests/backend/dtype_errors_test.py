@@ -346,3 +346,42 @@ def test_keras_io_s_dcgan_step_error_ends_with_kmp_s_line():
     gan = compiled_gan(gan_class(), dcgan_discriminator(), generator, kmp.wrap)
     logs = gan.fit(images, batch_size=2, verbose=0).history
     assert np.isfinite(logs["d_loss"][-1]) and np.isfinite(logs["g_loss"][-1])
+
+
+@tensorflow_only
+def test_a_step_s_helper_meeting_a_sub_model_s_output_names_the_sub_model():
+    # keras-io's WGAN-GP: `fake_images - real_images` in its
+    # `gradient_penalty`, the generator's images float16. Running the
+    # WGAN itself in float32 (the layer line's fix) would not change them.
+    import tensorflow as tf
+
+    class WGAN(keras.Model):
+        def __init__(self, generator):
+            super().__init__(name="wgan")
+            self.generator = generator
+
+        def gradient_penalty(self, real_images):
+            fake_images = self.generator(real_images)
+            return tf.reduce_mean(fake_images - real_images)
+
+        def train_step(self, real_images):
+            return {"gp": self.gradient_penalty(real_images)}
+
+    def fit(generator):
+        wgan = WGAN(generator)
+        wgan.compile()
+        return wgan.fit(np.ones((4, 4), "float32"), verbose=0).history
+
+    def generator():
+        return keras.Sequential([keras.Input((4,)), keras.layers.Dense(4)])
+
+    kmp.enable("mixed_float16")
+    error = _raised(lambda: fit(generator()))
+    (line,) = _kmp_notes(error)
+    assert line.startswith(
+        "kmp: WGAN.gradient_penalty runs under mixed_float16"
+    )
+    assert "kmp.pin_float32(self.generator)" in line
+    assert "dtype='float32'" not in line
+    # The fix the line names.
+    assert np.isfinite(fit(kmp.pin_float32(generator()))["gp"][-1])

@@ -6,6 +6,7 @@ import csv
 import glob
 
 import keras
+import keras_io_steps
 import numpy as np
 import pytest
 from util import JIT_COMPILE
@@ -219,3 +220,62 @@ def test_stop_after_none_skips_to_the_end_and_bad_values_are_refused():
     for bad in (0, 2.5, True, "10"):
         with pytest.raises(kmp.InputError, match="stop_after must be"):
             kmp.callbacks.LossScaleMonitor(stop_after=bad)
+
+
+def _gan_fit(images, stop_after=100):
+    """keras-io's GAN (TensorFlow's and PyTorch's guides), its losses
+    scaled, fitted under the monitor; `compile()` names no optimizer, so
+    `model.optimizer` is one no step applies."""
+    kmp.enable("mixed_float16")
+    gan = keras_io_steps.gan(scale=True)
+    gan.compile(
+        d_optimizer=kmp.wrap("sgd", initial_scale=4.0, min_scale=1.0),
+        g_optimizer=keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()),
+        loss_fn=keras.losses.BinaryCrossentropy(from_logits=True),
+    )
+    monitor = kmp.callbacks.LossScaleMonitor(stop_after=stop_after)
+    history = gan.fit(
+        images,
+        batch_size=8,
+        epochs=2,
+        verbose=0,
+        callbacks=[monitor, _InStepOrder()],
+    )
+    return gan, monitor, history
+
+
+@pytest.mark.skipif(
+    backend.is_stateless(), reason="the guide's GAN is TensorFlow's, torch's"
+)
+def test_a_gan_s_own_optimizers_are_logged_under_their_names():
+    gan, monitor, history = _gan_fit(keras_io_steps.images(n=32))
+    assert history.history["d_loss_scale"] == [4.0, 4.0]
+    assert history.history["d_skipped_steps"] == [0, 0]
+    assert history.history["g_loss_scale"] == [2.0**15, 2.0**15]
+    assert "g_skipped_steps" not in history.history  # the stock scaler's
+    # Nothing of the RMSprop Keras made at compile(), which no step applies
+    # (torch's fit builds it; TensorFlow's does not).
+    assert "loss_scale" not in history.history
+    per_step = monitor.history
+    assert per_step["batch"] == [0, 1, 2, 3] * 2
+    assert per_step["d_skipped_steps"] == [0] * 8
+    assert per_step["g_skipped_steps"] == [None] * 8
+    # Both scalers applied every step; a later fit keeps logging them.
+    assert int(gan.d_optimizer.iterations) == 8
+    assert int(gan.g_optimizer.inner_optimizer.iterations) == 8
+
+
+@pytest.mark.skipif(
+    backend.is_stateless(), reason="the guide's GAN is TensorFlow's, torch's"
+)
+def test_a_gan_s_optimizer_at_its_floor_stops_the_run_by_its_name():
+    images = keras_io_steps.images(n=32)
+    images[:, 0] = np.nan
+    with pytest.warns(RuntimeWarning, match="5 steps in a row") as caught:
+        gan, monitor, history = _gan_fit(images, stop_after=5)
+    # Scale 4 -> 2 -> 1, then at its floor: the fifth skip is the last.
+    assert int(gan.d_optimizer.skipped_steps) == 5
+    assert monitor.history["d_loss_scale"] == [2.0, 1.0, 1.0, 1.0, 1.0]
+    assert "d_loss_scale's optimizer" in monitor.stop_reason
+    assert monitor.stop_reason in [str(w.message) for w in caught]
+    assert "d_overflow_streak" not in history.history
