@@ -214,6 +214,20 @@ def _step_source(methods) -> str | None:
     return "\n".join(ast.unparse(method.tree) for method in methods)
 
 
+def _held(model, optimizer, kind) -> list:
+    """`(name, optimizer)` for each optimizer of `kind` the model holds as
+    an attribute (a GAN's `d_optimizer`), once, other than `optimizer`."""
+    found = {}
+    for name, value in vars(model).items():
+        if value is not optimizer and isinstance(value, kind):
+            found.setdefault(id(value), (name.lstrip("_"), value))
+    return list(found.values())
+
+
+def _reads_compiled(source) -> bool:
+    return re.search(r"\.optimizer\b", source) is not None
+
+
 def applied_optimizers(model, optimizer) -> list:
     """The optimizers the model's train step applies: `optimizer` (the
     compiled one), or, where a step of the user's own plainly never reads
@@ -222,20 +236,13 @@ def applied_optimizers(model, optimizer) -> list:
     Keras's, which makes an RMSprop of its own that no step applies)."""
     if type(model).train_step is keras.Model.train_step:
         return [optimizer]
-    held = {}
-    for value in vars(model).values():
-        if value is not optimizer and isinstance(value, keras.Optimizer):
-            held.setdefault(id(value), value)
+    held = _held(model, optimizer, keras.Optimizer)
     source = _step_source(
         source_reading.reachable(type(model), "train_step")[0]
     )
     if held and source is not None and not _reads_compiled(source):
-        return list(held.values())
+        return [value for _, value in held]
     return [optimizer]
-
-
-def _reads_compiled(source) -> bool:
-    return re.search(r"\.optimizer\b", source) is not None
 
 
 def _scalers(model, optimizer, source):
@@ -245,18 +252,13 @@ def _scalers(model, optimizer, source):
     the step plainly never reads it (a GAN's `compile` passes no
     optimizer to Keras's, which then makes and wraps an RMSprop of its
     own that no step applies)."""
-    found = {}
-    for name, value in vars(model).items():
-        if value is not optimizer and isinstance(
-            value, keras.optimizers.LossScaleOptimizer
-        ):
-            found.setdefault(id(value), (name.lstrip("_"), value))
+    found = _held(model, optimizer, keras.optimizers.LossScaleOptimizer)
     reads_compiled = source is None or _reads_compiled(source)
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and (
         reads_compiled or not found
     ):
-        found = {id(optimizer): ("optimizer", optimizer), **found}
-    return list(found.values())
+        found = [("optimizer", optimizer), *found]
+    return found
 
 
 def _names_scaling(tree) -> bool:
