@@ -237,7 +237,8 @@ class Run:
         """What the backup keeps per step: losses and loss scales."""
         return {
             "loss": getattr(self.steps, "losses", []),
-            "loss_scale": self.monitor.history["loss_scale"],
+            # A model with scalers of its own (a GAN's) has prefixed ones.
+            "loss_scale": self.monitor.history.get("loss_scale", []),
         }
 
     def _results(self, model_name, history, model):

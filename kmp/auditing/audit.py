@@ -113,13 +113,13 @@ def audit(model, optimizer=None, verbose: bool = True) -> AuditReport:
     half = model_checks.half_layers(model)
     model_checks.check_outputs(model, outputs, findings)
     model_checks.check_inner_softmaxes(half, outputs, findings)
-    applied = [optimizer]
+    applied = [("optimizer", optimizer)]
     if optimizer is getattr(model, "optimizer", None):
         applied = optimizer_checks.applied_optimizers(model, optimizer)
-    for each in applied:
-        optimizer_checks.check_scaling(half, each, findings)
+    for attribute, each in applied:
+        optimizer_checks.check_scaling(half, each, findings, attribute)
         optimizer_checks.check_memory(model, each, findings)
-    if optimizer in applied:
+    if ("optimizer", optimizer) in applied:
         optimizer_checks.check_saving(model, optimizer, findings)
     optimizer_checks.check_train_step(model, optimizer, findings)
     dtype_checks.check_float_ids(model, findings)

@@ -21,7 +21,10 @@ from kmp.scaling import LossScaleOptimizer
 from kmp.scaling import scaled_losses
 
 
-def check_scaling(half, optimizer, findings):
+def check_scaling(half, optimizer, findings, attribute="optimizer"):
+    """Loss scaling where float16 needs it, kmp's rather than Keras's,
+    none where nothing is float16; `attribute`: what the model holds the
+    optimizer as (a GAN's `g_optimizer`, which its `compile` takes)."""
     float16 = [layer for layer in half if layer.compute_dtype == "float16"]
     first = float16 and (float16[0].path or float16[0].name)
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
@@ -41,10 +44,10 @@ def check_scaling(half, optimizer, findings):
                 "error",
                 "model",
                 f"{len(float16)} layer(s), e.g. {first!r}, "
-                "compute in float16 but the "
-                f"optimizer ({type(optimizer).__name__}) does not scale the "
+                f"compute in float16 but the {attribute} "
+                f"({type(optimizer).__name__}) does not scale the "
                 "loss: small gradients underflow to zero.",
-                "compile with optimizer=kmp.wrap(optimizer) under "
+                f"compile with {attribute}=kmp.wrap(optimizer) under "
                 "mixed_float16, or kmp.LossScaleOptimizer(optimizer).",
             )
         )
@@ -56,7 +59,7 @@ def check_scaling(half, optimizer, findings):
                 "The stock keras LossScaleOptimizer has no floor or cap on "
                 "its scale (it can reach 0 and write NaN into the weights) "
                 "and counts no skipped steps.",
-                "compile with optimizer=kmp.wrap(inner_optimizer).",
+                f"compile with {attribute}=kmp.wrap(inner_optimizer).",
             )
         )
     if scaled and not float16:
@@ -229,20 +232,21 @@ def _reads_compiled(source) -> bool:
 
 
 def applied_optimizers(model, optimizer) -> list:
-    """The optimizers the model's train step applies: `optimizer` (the
-    compiled one), or, where a step of the user's own plainly never reads
-    `self.optimizer` and the model holds optimizers itself, those (a
-    GAN's `d_optimizer` and `g_optimizer`; its `compile()` passes none to
-    Keras's, which makes an RMSprop of its own that no step applies)."""
+    """`(attribute, optimizer)` for each optimizer the model's train step
+    applies: `optimizer`, the compiled one (as "optimizer"), or, where a
+    step of the user's own plainly never reads `self.optimizer` and the
+    model holds optimizers itself, those (a GAN's `d_optimizer` and
+    `g_optimizer`; its `compile()` passes none to Keras's, which makes an
+    RMSprop of its own that no step applies)."""
     if type(model).train_step is keras.Model.train_step:
-        return [optimizer]
+        return [("optimizer", optimizer)]
     held = _held(model, optimizer, keras.Optimizer)
     source = _step_source(
         source_reading.reachable(type(model), "train_step")[0]
     )
     if held and source is not None and not _reads_compiled(source):
-        return [value for _, value in held]
-    return [optimizer]
+        return held
+    return [("optimizer", optimizer)]
 
 
 def _scalers(model, optimizer, source):

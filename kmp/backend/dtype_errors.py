@@ -232,8 +232,10 @@ def _line(owner, method, dtypes):
     cls = type(owner).__name__
     held = _half_outputs(owner)
     # A step, or a model's helper beside its call (keras-io's WGAN-GP's
-    # `gradient_penalty`) that meets a sub-model's 16-bit output: running
-    # the model itself in float32 would not change that output's dtype.
+    # `gradient_penalty`) that may meet a sub-model's 16-bit output:
+    # running the model itself in float32 would not change that output's
+    # dtype. Which side the op's tensors came from the error does not
+    # say, so the line gives the cast (always a fix) first.
     if method.endswith("_step") or (held and method != "call"):
         pins = ", ".join(f"kmp.pin_float32(self.{name})" for name in held)
         return (
@@ -241,7 +243,8 @@ def _line(owner, method, dtypes):
             f"{keras.config.dtype_policy().name} and mixed {half} with "
             f"{other} in an op that does not promote: cast one side "
             f"(keras.ops.cast(x, '{other}')) or use keras.ops, which "
-            "promote; or make the sub-models' outputs float32"
+            "promote; or, where one side is a sub-model's output, make "
+            "that output float32"
             + (f": {pins}." if pins else " (kmp.pin_float32).")
         )
     return (

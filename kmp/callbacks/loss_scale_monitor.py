@@ -36,28 +36,34 @@ def _prefix(name):
     return f"{stem or name}_"
 
 
-def applied_scalers(model):
-    """The loss-scaling optimizers `model`'s train step applies, each with
-    the prefix of its log entries: `model.optimizer` ("") and, where the
-    step is stateful (TensorFlow, torch), the ones the model holds as
+def scalers_held(model):
+    """`(prefix, attribute, optimizer)` for each built loss-scaling
+    optimizer `model` holds: `model.optimizer` (prefix "") and, where the
+    step is stateful (TensorFlow, torch), the ones it holds as other
     attributes, as keras-io's GANs hold `d_optimizer` ("d_") and
     `g_optimizer`. JAX's step state holds `model.optimizer`'s values only.
+    Which of them the step applies shows only once it ran
+    (`_never_applied`).
     """
     optimizer = getattr(model, "optimizer", None)
-    found = [("", optimizer)] if _scales(optimizer) else []
+    found = [("", "optimizer", optimizer)] if _scales(optimizer) else []
     if backend.is_stateless():
         return found
     seen = {id(optimizer)}
     for name, value in vars(model).items():
         if _scales(value) and id(value) not in seen:
             seen.add(id(value))
-            found.append((_prefix(name.lstrip("_")), value))
+            attribute = name.lstrip("_")
+            found.append((_prefix(attribute), attribute, value))
     return found
 
 
 def _never_applied(optimizer):
-    """Whether no step has applied `optimizer`: no update, no skip."""
-    state = (optimizer.iterations, optimizer.step_counter)
+    """Whether no step has applied `optimizer`: no update and no skip
+    (kmp's scaler counts skips; Keras's halves its scale on each)."""
+    state = [optimizer.iterations, optimizer.step_counter]
+    if isinstance(optimizer, LossScaleOptimizer):
+        state += [optimizer.skipped_steps, optimizer.overflow_streak]
     return not any(int(ops.convert_to_numpy(v)) for v in state) and float(
         ops.convert_to_numpy(optimizer.dynamic_scale)
     ) == float(optimizer.initial_scale)
@@ -67,7 +73,7 @@ def _scale_logs(model, read, streak):
     """Extra train-step logs for `model`'s loss scalers; `{}` if it has
     none. With `streak`, also kmp's overflow streaks (the stop rule's)."""
     logs = {}
-    for prefix, optimizer in applied_scalers(model):
+    for prefix, _, optimizer in scalers_held(model):
         logs[f"{prefix}loss_scale"] = read(optimizer.dynamic_scale)
         if not isinstance(optimizer, LossScaleOptimizer):
             continue
@@ -143,7 +149,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
 
     The per-step values of the latest `fit` are also kept in
     `self.history`, a dict of lists (`"epoch"`, `"batch"`, `"loss_scale"`,
-    `"skipped_steps"`), for plots.
+    `"skipped_steps"`, or each scaler's prefixed pair), for plots.
 
     Args:
         stop_after: Int >= 1, or `None` never to stop. Default 100.
@@ -180,6 +186,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
         self._records = []
         self._epoch = 0
         self._scalers = None
+        self._named = frozenset()
         self._unused = []
 
     def set_model(self, model):
@@ -204,15 +211,20 @@ class LossScaleMonitor(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
 
-    def _scalers_of_the_run(self):
-        if self._scalers is None:
-            found = applied_scalers(self._fitting)
+    def _scalers_of_the_run(self, logs):
+        """The scalers whose entries `logs` holds, found again when the
+        logs name a scale they did not (an optimizer first applied after
+        the first step)."""
+        named = frozenset(k for k in logs if k.endswith("loss_scale"))
+        if self._scalers is None or named != self._named:
+            self._named = named
+            found = scalers_held(self._fitting)
             # A GAN's `compile()` names no optimizer, so Keras makes an
             # RMSprop in its own scaler, which torch's `fit` builds and no
             # step applies: beside the GAN's own, its entries are dropped.
             self._unused = [
                 prefix
-                for prefix, optimizer in found
+                for prefix, _, optimizer in found
                 if not prefix and len(found) > 1 and _never_applied(optimizer)
             ]
             self._scalers = [s for s in found if s[0] not in self._unused]
@@ -227,14 +239,17 @@ class LossScaleMonitor(keras.callbacks.Callback):
         if not logs:
             return
         record = {}
-        scalers_now = self._scalers_of_the_run()
+        scalers_now = self._scalers_of_the_run(logs)
         self._drop_unused(logs)
-        for prefix, optimizer in scalers_now:
+        for prefix, attribute, optimizer in scalers_now:
             scale = logs.get(f"{prefix}loss_scale")
             streak = logs.pop(f"{prefix}{_STREAK}", None)
             if streak is not None:
                 self._stop_if_hopeless(
-                    prefix, optimizer, float(streak), float(scale)
+                    attribute if prefix else None,
+                    optimizer,
+                    float(streak),
+                    float(scale),
                 )
             skipped = f"{prefix}skipped_steps"
             if skipped in logs:
@@ -251,15 +266,15 @@ class LossScaleMonitor(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if not logs:
             return
-        scalers_now = self._scalers_of_the_run()
+        scalers_now = self._scalers_of_the_run(logs)
         self._drop_unused(logs)
-        for prefix, _ in scalers_now:
+        for prefix, _, _ in scalers_now:
             logs.pop(f"{prefix}{_STREAK}", None)
             skipped = f"{prefix}skipped_steps"
             if skipped in logs:
                 logs[skipped] = StepCount(logs[skipped])
 
-    def _stop_if_hopeless(self, prefix, optimizer, streak, scale):
+    def _stop_if_hopeless(self, attribute, optimizer, streak, scale):
         if (
             self.stop_after is None
             or self.stop_reason is not None
@@ -267,7 +282,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
             or scale > optimizer.min_scale
         ):
             return
-        whose = f" ({prefix}loss_scale's optimizer)" if prefix else ""
+        whose = f" (self.{attribute})" if attribute else ""
         self.stop_reason = (
             f"kmp: {int(streak)} steps in a row had non-finite gradients"
             f"{whose}, the loss scale at its floor "

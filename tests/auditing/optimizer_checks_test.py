@@ -316,3 +316,19 @@ def test_a_gan_that_scales_one_loss_of_two_is_told_of_the_other_only():
     # step applies: nothing is said of it.
     assert not has(report, "stock keras LossScaleOptimizer")
     assert not has(report, "Keras wrapped the compiled")
+
+
+@pytest.mark.skipif(
+    backend.is_stateless(), reason="the guide's GAN is TensorFlow's, torch's"
+)
+def test_a_gan_s_unscaling_optimizer_is_named_as_its_compile_takes_it():
+    with kmp.policy_scope("mixed_float16"):
+        gan = keras_io_steps.gan(scale=False)
+        gan.compile(
+            d_optimizer=kmp.wrap(keras.optimizers.SGD()),
+            g_optimizer=keras.optimizers.SGD(),
+            loss_fn=keras.losses.BinaryCrossentropy(from_logits=True),
+        )
+    (finding,) = [f for f in quiet_audit(gan) if f.severity == "error"]
+    assert "but the g_optimizer (SGD) does not scale" in finding.problem
+    assert finding.fix.startswith("compile with g_optimizer=kmp.wrap(")

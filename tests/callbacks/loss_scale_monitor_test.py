@@ -4,11 +4,13 @@ can save."""
 
 import csv
 import glob
+import itertools
 
 import keras
 import keras_io_steps
 import numpy as np
 import pytest
+from keras import ops
 from util import JIT_COMPILE
 from util import classification_data
 from util import mlp
@@ -16,6 +18,7 @@ from util import tf_only
 
 import kmp
 from kmp import backend
+from kmp.callbacks import loss_scale_monitor
 
 
 def _fit(optimizer, callbacks, jit_compile=JIT_COMPILE[0], epochs=2):
@@ -260,7 +263,7 @@ def test_a_gan_s_own_optimizers_are_logged_under_their_names():
     assert per_step["batch"] == [0, 1, 2, 3] * 2
     assert per_step["d_skipped_steps"] == [0] * 8
     assert per_step["g_skipped_steps"] == [None] * 8
-    # Both scalers applied every step; a later fit keeps logging them.
+    # Both scalers applied every step.
     assert int(gan.d_optimizer.iterations) == 8
     assert int(gan.g_optimizer.inner_optimizer.iterations) == 8
 
@@ -276,6 +279,76 @@ def test_a_gan_s_optimizer_at_its_floor_stops_the_run_by_its_name():
     # Scale 4 -> 2 -> 1, then at its floor: the fifth skip is the last.
     assert int(gan.d_optimizer.skipped_steps) == 5
     assert monitor.history["d_loss_scale"] == [2.0, 1.0, 1.0, 1.0, 1.0]
-    assert "d_loss_scale's optimizer" in monitor.stop_reason
+    assert "(self.d_optimizer)" in monitor.stop_reason
     assert monitor.stop_reason in [str(w.message) for w in caught]
     assert "d_overflow_streak" not in history.history
+
+
+@pytest.mark.skipif(
+    backend.is_stateless(), reason="the guide's GAN is TensorFlow's, torch's"
+)
+def test_an_optimizer_first_applied_after_the_first_step_is_logged_then():
+    # An eager step (torch; TensorFlow with run_eagerly) that updates the
+    # generator from its second step on: its scaler is built then, and
+    # its entries are the monitor's from there.
+    kmp.enable("mixed_float16")
+    base = keras_io_steps.gan(scale=True)
+    calls = itertools.count()
+
+    class GeneratorLater(type(base)):
+        def train_step(self, real_images):
+            n = ops.shape(real_images)[0]
+            latent = keras.random.normal((n, self.latent_dim), seed=1)
+            logs = {
+                "d_loss": self._step(
+                    self.d_optimizer,
+                    lambda: self.loss_fn(
+                        ops.ones((n, 1)), self.discriminator(real_images)
+                    ),
+                    self.discriminator.trainable_weights,
+                )
+            }
+            if next(calls):
+                logs["g_loss"] = self._step(
+                    self.g_optimizer,
+                    lambda: self.loss_fn(
+                        ops.zeros((n, 1)),
+                        self.discriminator(self.generator(latent)),
+                    ),
+                    self.generator.trainable_weights,
+                )
+            return logs
+
+    gan = GeneratorLater(base.discriminator, base.generator, base.latent_dim)
+    gan.compile(
+        d_optimizer=kmp.wrap("sgd"),
+        g_optimizer=kmp.wrap("sgd"),
+        loss_fn=keras.losses.BinaryCrossentropy(from_logits=True),
+    )
+    gan.run_eagerly = True
+    monitor = kmp.callbacks.LossScaleMonitor()
+    history = gan.fit(
+        keras_io_steps.images(n=32),
+        batch_size=8,
+        epochs=2,
+        verbose=0,
+        callbacks=[monitor, _InStepOrder()],
+    )
+    assert monitor.history["g_loss_scale"] == [None] + [2.0**15] * 7
+    assert monitor.history["g_skipped_steps"] == [None] + [0] * 7
+    assert history.history["g_skipped_steps"] == [0, 0]
+    assert not [k for k in history.history if k.endswith("overflow_streak")]
+
+
+def test_a_scaler_that_only_skipped_counts_as_applied():
+    # With the scale at its floor (or fixed), a skipped step leaves the
+    # scale and the update counts as they were: only kmp's skip count
+    # tells that a step applied this scaler.
+    kmp.enable("mixed_float16")
+    variable = keras.Variable([1.0])
+    optimizer = kmp.wrap("sgd", initial_scale=1.0, min_scale=1.0)
+    optimizer.build([variable])
+    assert loss_scale_monitor._never_applied(optimizer)
+    optimizer.apply([ops.convert_to_tensor([np.nan])], [variable])
+    assert int(optimizer.iterations) == 0 and float(optimizer.loss_scale) == 1
+    assert not loss_scale_monitor._never_applied(optimizer)
