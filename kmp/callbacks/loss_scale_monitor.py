@@ -36,7 +36,7 @@ def _prefix(name):
     return f"{stem or name}_"
 
 
-def scalers_held(model):
+def _held_scalers(model):
     """`(prefix, attribute, optimizer)` for each built loss-scaling
     optimizer `model` holds: `model.optimizer` (prefix "") and, where the
     step is stateful (TensorFlow, torch), the ones it holds as other
@@ -73,7 +73,7 @@ def _scale_logs(model, read, streak):
     """Extra train-step logs for `model`'s loss scalers; `{}` if it has
     none. With `streak`, also kmp's overflow streaks (the stop rule's)."""
     logs = {}
-    for prefix, _, optimizer in scalers_held(model):
+    for prefix, _, optimizer in _held_scalers(model):
         logs[f"{prefix}loss_scale"] = read(optimizer.dynamic_scale)
         if not isinstance(optimizer, LossScaleOptimizer):
             continue
@@ -218,7 +218,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
         named = frozenset(k for k in logs if k.endswith("loss_scale"))
         if self._scalers is None or named != self._named:
             self._named = named
-            found = scalers_held(self._fitting)
+            found = _held_scalers(self._fitting)
             # A GAN's `compile()` names no optimizer, so Keras makes an
             # RMSprop in its own scaler, which torch's `fit` builds and no
             # step applies: beside the GAN's own, its entries are dropped.

@@ -228,16 +228,10 @@ def _message(model, frame, optimizer, grads) -> str:
     )
 
 
-def models_told() -> list:
-    """The models `loss_was_unscaled` has warned about (for tests and
-    the audit)."""
-    return list(_told)
-
-
 def unscaled_in(model) -> set:
     """The names `model` holds the optimizers under (`attribute_of`)
-    that its train step gave gradients of a loss they did not scale;
-    empty if none did."""
+    that its train step gave gradients of a loss they did not scale
+    (`loss_was_unscaled` told of the model); empty if none did."""
     return set(_told.get(model, ()))
 
 
