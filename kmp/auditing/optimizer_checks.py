@@ -217,16 +217,6 @@ def _step_source(methods) -> str | None:
     return "\n".join(ast.unparse(method.tree) for method in methods)
 
 
-def _held(model, optimizer, kind) -> list:
-    """`(name, optimizer)` for each optimizer of `kind` the model holds as
-    an attribute (a GAN's `d_optimizer`), once, other than `optimizer`."""
-    found = {}
-    for name, value in vars(model).items():
-        if value is not optimizer and isinstance(value, kind):
-            found.setdefault(id(value), (name.lstrip("_"), value))
-    return list(found.values())
-
-
 def _reads_compiled(source) -> bool:
     return re.search(r"\.optimizer\b", source) is not None
 
@@ -240,7 +230,7 @@ def applied_optimizers(model, optimizer) -> list:
     RMSprop of its own that no step applies)."""
     if type(model).train_step is keras.Model.train_step:
         return [("optimizer", optimizer)]
-    held = _held(model, optimizer, keras.Optimizer)
+    held = scaled_losses.held_optimizers(model, keras.Optimizer, optimizer)
     source = _step_source(
         source_reading.reachable(type(model), "train_step")[0]
     )
@@ -256,7 +246,9 @@ def _scalers(model, optimizer, source):
     the step plainly never reads it (a GAN's `compile` passes no
     optimizer to Keras's, which then makes and wraps an RMSprop of its
     own that no step applies)."""
-    found = _held(model, optimizer, keras.optimizers.LossScaleOptimizer)
+    found = scaled_losses.held_optimizers(
+        model, keras.optimizers.LossScaleOptimizer, optimizer
+    )
     reads_compiled = source is None or _reads_compiled(source)
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and (
         reads_compiled or not found

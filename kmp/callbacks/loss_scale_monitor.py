@@ -10,6 +10,7 @@ from keras import ops
 from kmp import backend
 from kmp.errors import InputError
 from kmp.scaling import LossScaleOptimizer
+from kmp.scaling import scaled_losses
 
 # The optimizer's count of non-finite steps in a row, in the step's logs
 # for the monitor only: it removes it before the progress bar and History
@@ -49,12 +50,10 @@ def _held_scalers(model):
     found = [("", "optimizer", optimizer)] if _scales(optimizer) else []
     if backend.is_stateless():
         return found
-    seen = {id(optimizer)}
-    for name, value in vars(model).items():
-        if _scales(value) and id(value) not in seen:
-            seen.add(id(value))
-            attribute = name.lstrip("_")
-            found.append((_prefix(attribute), attribute, value))
+    held = scaled_losses.held_optimizers(
+        model, keras.optimizers.LossScaleOptimizer, optimizer
+    )
+    found += [(_prefix(name), name, o) for name, o in held if _scales(o)]
     return found
 
 

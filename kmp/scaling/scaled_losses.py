@@ -214,6 +214,17 @@ def attribute_of(model, optimizer) -> str:
     return "optimizer"
 
 
+def held_optimizers(model, kind, other_than=None) -> list:
+    """`(name, optimizer)` for each optimizer of `kind` the model holds
+    as an attribute (a GAN's `d_optimizer`, named as `attribute_of`
+    names it), once each, other than `other_than`."""
+    found = {}
+    for name, value in vars(model).items():
+        if value is not other_than and isinstance(value, kind):
+            found.setdefault(id(value), (name.lstrip("_"), value))
+    return list(found.values())
+
+
 def _message(model, frame, optimizer, grads) -> str:
     where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
     count = sum(g is not None for g in grads)
