@@ -7,9 +7,11 @@ set up do not come back that way, and `kmp.load_model` puts them back:
   (KerasHub's attention, a custom block's `MultiHeadAttention`): their
   softmax has no weights, hence no path a `DTypePolicyMap` could name,
   so the load rebuilds it in half precision. `kmp.pin_float32` runs
-  again (it changes nothing that is pinned already), and KerasHub's
-  position embeddings repeat one example's embedding again (how a layer
-  runs, which no file keeps).
+  again on a model the file shows was pinned (it changes nothing that is
+  pinned already), and KerasHub's position embeddings repeat one
+  example's embedding again (how a layer runs, which no file keeps). A
+  model saved unpinned comes back as saved: its predictions are the
+  saved model's, as keras-io's saving guide checks.
 - The compiled optimizer, scaler included, of a model whose class has
   its own `compile` (KerasHub's tasks): Keras skips `compile` on load
   and warns. Here the model is compiled with the file's compile config,
@@ -37,16 +39,34 @@ import keras
 
 from kmp.errors import InputError
 from kmp.fp8.convert import use_default_matmul
+from kmp.islands import BatchNormalization
+from kmp.islands import Float32Activation
+from kmp.islands import Float32Softmax
+from kmp.islands import MultiHeadAttention
 from kmp.islands import pin_float32
+from kmp.layer_policies import Float32Compute
+from kmp.model_layers import output_layers
+from kmp.saved_compile import SKIPPED_OPTIMIZER
+from kmp.saved_compile import compile_as_saved
 from kmp.scaling import LossScaleOptimizer
 from kmp_config.names import HALF_DTYPES
 from kmp_config.names import MIXED_POLICIES
+from kmp_config.names import MIXED_POLICY
 
 # Keras's warning when it skips a custom `compile` on load: kmp does it.
 _SKIPPED_COMPILE = "`compile()` was not called as part of model loading"
-# Keras's warning when the file's optimizer state does not fit the
-# optimizer the load built, which then starts afresh.
-_SKIPPED_OPTIMIZER = "Skipping variable loading for optimizer"
+# The classes `kmp.pin_float32` puts in, as a `.keras` config names them.
+_ISLAND_NAMES = frozenset(
+    keras.saving.get_registered_name(cls)
+    for cls in (
+        BatchNormalization,
+        Float32Activation,
+        Float32Softmax,
+        MultiHeadAttention,
+    )
+)
+# Classes of policies a config may record (`Float32Compute` is kmp's).
+_POLICY_CLASSES = ("DTypePolicy", "FloatDTypePolicy", Float32Compute.__name__)
 # Keras's error when a config names a class nothing registered.
 _MISSING_CLASS = re.compile(r"Could not locate (?:class|function) '([^']+)'")
 
@@ -57,7 +77,7 @@ def load_model(
     compile=True,
     safe_mode=True,
     policy=None,
-    pin=True,
+    pin=None,
 ):
     """Loads a `.keras` model as `keras.saving.load_model` does, then puts
     back kmp's float32 islands and a custom-compiled model's optimizer,
@@ -67,10 +87,17 @@ def load_model(
     pass `policy="saved"` to load under the one the file's layers record.
     After Keras's load:
 
-    - if any layer computes in float16 or bfloat16, `kmp.pin_float32`
-      runs on the model: the softmax islands that a `.keras` file cannot
-      keep (inside KerasHub's attention layers, for one) come back, and
-      everything pinned already stays as it is;
+    - if any layer computes in float16 or bfloat16 and the model was
+      pinned, `kmp.pin_float32` runs on it again: the softmax islands
+      that a `.keras` file cannot keep (inside KerasHub's attention
+      layers, for one) come back, and everything pinned already stays as
+      it is. "Was pinned": the file keeps a float32 island of a mixed
+      model (a float32 output, one of `kmp.layers`' island classes), the
+      model is made mixed by the load (a float32 file loaded under
+      `kmp.enable(...)`: pinned as a model built there would be), or its
+      file cannot say (a subclassed `keras.Model`, whose outputs no
+      config records). A Functional, Sequential or KerasHub model saved
+      unpinned comes back as it was saved, predictions included;
     - if the model's class has its own `compile` (KerasHub's tasks),
       which Keras does not call on load, the model is compiled with the
       file's compile config (kmp's `LossScaleOptimizer` included) and the
@@ -93,10 +120,11 @@ def load_model(
             `"saved"` (the mixed policy the file's layers record, else
             float32; what `kmp audit` and `kmp doctor` load under), or a
             policy name. The global policy is left as it was.
-        pin: Whether to pin the float32 islands again and give float8
-            layers kmp's matmul (above). `False` gives the layers as
-            Keras's load rebuilds them, which is what `kmp.audit` of a
-            file checks.
+        pin: `None` pins the float32 islands again where the model was
+            pinned (above); `True` pins them whatever the file says;
+            `False` gives the layers as Keras's load rebuilds them, which
+            is what `kmp.audit` of a file checks. Unless `False`, float8
+            layers get kmp's matmul (above).
 
     Returns:
         The model.
@@ -123,17 +151,13 @@ def load_model(
             filepath, custom_objects, compile, safe_mode, unnamed
         )
         if compile and type(model).compile is not keras.Model.compile:
-            _compile_as_saved(
-                model, config, filepath, custom_objects, safe_mode
-            )
+            compile_as_saved(model, config, filepath, custom_objects, safe_mode)
     if unnamed:
         warnings.warn(_no_optimizer(filepath, model), stacklevel=2)
-    if pin and any(
-        getattr(layer, "compute_dtype", None) in HALF_DTYPES
-        for layer in model._flatten_layers()
-    ):
-        pin_float32(model)
-    if pin:
+    if pin is not False:
+        if pin or _was_pinned(model, config):
+            if _loaded_policy(model) != "float32":
+                pin_float32(model)
         use_default_matmul(model)
     return model
 
@@ -144,19 +168,57 @@ def saved_policy(config) -> str:
     one's source policy too) or a `dtype` given by name. mixed_float16
     wins where both appear (it needs the scaler)."""
     found = set()
+    for node in _nodes(config):
+        if str(node.get("class_name", "")).endswith("DTypePolicy"):
+            inner = node.get("config") or {}
+            found.update(inner.get(k) for k in ("name", "source_name"))
+        if isinstance(node.get("dtype"), str):
+            found.add(node["dtype"])
+    return next((p for p in MIXED_POLICIES if p in found), "float32")
+
+
+def _nodes(config):
+    """Every dict in a parsed `config.json`, nested ones included."""
     stack = [config]
     while stack:
         node = stack.pop()
         if isinstance(node, list):
             stack.extend(node)
         elif isinstance(node, dict):
-            if str(node.get("class_name", "")).endswith("DTypePolicy"):
-                inner = node.get("config") or {}
-                found.update(inner.get(k) for k in ("name", "source_name"))
-            if isinstance(node.get("dtype"), str):
-                found.add(node["dtype"])
+            yield node
             stack.extend(node.values())
-    return next((p for p in MIXED_POLICIES if p in found), "float32")
+
+
+def _loaded_policy(model) -> str:
+    """The mixed policy the loaded model's layers compute in, or
+    "float32" (mixed_float16 where both 16-bit dtypes appear)."""
+    half = {
+        getattr(layer, "compute_dtype", None)
+        for layer in model._flatten_layers()
+    }
+    return next((MIXED_POLICY[d] for d in HALF_DTYPES if d in half), "float32")
+
+
+def _was_pinned(model, config) -> bool:
+    """Whether `kmp.load_model` pins the loaded `model` again by default
+    (its docstring says when, and why)."""
+    loaded = _loaded_policy(model)
+    if loaded == "float32":
+        return False
+    if saved_policy(config) != loaded or output_layers(model) is None:
+        return True
+    # `pin_float32` leaves a float32 policy in a mixed model's config (its
+    # outputs', a layer's in its host's `DTypePolicyMap`), or a class of
+    # its own; Keras's and KerasHub's layers record none of either.
+    for node in _nodes(config):
+        if node.get("registered_name") in _ISLAND_NAMES:
+            return True
+        name = (node.get("config") or {}).get("name")
+        if node.get("class_name") in _POLICY_CLASSES and (
+            name == "float32" or str(name).startswith("float32_over_")
+        ):
+            return True
+    return False
 
 
 def _read_config(filepath):
@@ -238,10 +300,10 @@ def _keras_load(filepath, custom_objects, compile, safe_mode, unnamed):
     for warning in caught:
         text = str(warning.message)
         if _SKIPPED_COMPILE in text:
-            continue  # kmp compiles it (`_compile_as_saved`)
-        if text.startswith(_SKIPPED_OPTIMIZER):
+            continue  # kmp compiles it (`compile_as_saved`)
+        if text.startswith(SKIPPED_OPTIMIZER):
             if custom_compile or unnamed:
-                continue  # unbuilt until `_compile_as_saved` loads it
+                continue  # unbuilt until `compile_as_saved` loads it
             warnings.warn(_lost_optimizer(filepath, model, text), stacklevel=3)
             continue
         warnings.warn_explicit(
@@ -300,17 +362,3 @@ def _lost_optimizer(filepath, model, keras_says):
         '(kmp.load_model(path, policy="saved")); to keep the scaler in the '
         "file, compile with optimizer=kmp.wrap(...)."
     )
-
-
-def _compile_as_saved(model, config, filepath, custom_objects, safe_mode):
-    """Compiles `model` with the file's compile config and loads the saved
-    optimizer state (Keras's `load_weights` reads both from the file)."""
-    compile_config = config.get("compile_config")
-    if not compile_config:
-        return
-    arguments = keras.saving.deserialize_keras_object(
-        compile_config, custom_objects=custom_objects, safe_mode=safe_mode
-    )
-    model.compile(**arguments)
-    model.optimizer.build(model.trainable_variables)
-    model.load_weights(filepath)

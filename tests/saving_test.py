@@ -100,6 +100,77 @@ def test_a_functional_model_loads_as_keras_loads_it(tmp_path):
     )
 
 
+def _softmax_block(policy):
+    """An unpinned Functional model, trained and saved under `policy`, whose
+    attention softmax a custom block makes in code (keras-io's
+    `TransformerBlock` does so), and its data."""
+    kmp.enable(policy)
+
+    @keras.saving.register_keras_serializable("saving_test")
+    class Block(keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.attention = keras.layers.MultiHeadAttention(2, 8, dropout=0.1)
+
+        def call(self, x):
+            return self.attention(x, x)
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8, 16))
+    outputs = keras.layers.Dense(4, activation="softmax")(Block()(inputs))
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer=kmp.wrap("adam"), loss="mse")
+    x = RNG.standard_normal((4, 8, 16)).astype("float32")
+    model.fit(x, np.full((4, 8, 4), 0.25), verbose=0)
+    return model, x
+
+
+def test_a_model_saved_unpinned_comes_back_as_saved(tmp_path):
+    # keras-io's saving guide checks that a loaded model predicts as the
+    # saved one. kmp.load_model pinned every mixed model it loaded: this
+    # one came back with a float32 output softmax, predicting otherwise.
+    model, x = _softmax_block("mixed_float16")
+    path = str(tmp_path / "unpinned.keras")
+    model.save(path)
+    loaded = kmp.load_model(path)
+    assert loaded.layers[-1].dtype_policy.name == "mixed_float16"
+    assert len(_unpinned(loaded)) == len(_unpinned(model)) == 1
+    np.testing.assert_array_equal(
+        loaded.predict(x, verbose=0), model.predict(x, verbose=0)
+    )
+    # Asked for, the pins come: the output and the block's softmax.
+    pinned = kmp.load_model(path, pin=True)
+    assert pinned.layers[-1].dtype_policy.name == "float32"
+    assert _unpinned(pinned) == []
+
+
+def test_a_pinned_model_s_islands_made_in_code_come_back(tmp_path):
+    # The file keeps the float32 output, not the block's softmax, which
+    # the block's code rebuilds in float16: the output says it was pinned.
+    model, x = _softmax_block("mixed_float16")
+    kmp.pin_float32(model)
+    path = str(tmp_path / "pinned.keras")
+    model.save(path)
+    assert _unpinned(keras.saving.load_model(path)) != []
+    loaded = kmp.load_model(path)
+    assert _unpinned(loaded) == []
+    np.testing.assert_array_equal(
+        loaded.predict(x, verbose=0), model.predict(x, verbose=0)
+    )
+
+
+def test_a_float32_file_made_mixed_on_load_is_pinned(tmp_path):
+    # Loaded under kmp.enable("mixed_float16") to train on in float16:
+    # pinned as a model built there would be.
+    model, _ = _softmax_block("float32")
+    path = str(tmp_path / "float32.keras")
+    model.save(path)
+    kmp.enable("mixed_float16")
+    loaded = kmp.load_model(path)
+    assert loaded.layers[-1].dtype_policy.name == "float32"
+    assert _unpinned(loaded) == []
+
+
 def test_other_files_are_refused_with_keras_s_loader_named(tmp_path):
     with pytest.raises(ValueError, match="reads .keras files.*keras.saving"):
         kmp.load_model("model.h5")

@@ -111,7 +111,7 @@ def audit(args) -> list:
     return report
 
 
-def load_saved(command, path, imports=(), pin=True):
+def load_saved(command, path, imports=(), pin=None):
     """`(model, policy)`: the compiled model of a `.keras` file, loaded by
     `kmp.load_model` under the mixed policy its layers record (as
     trained: a scaler Keras's compile added comes back, and the layers
@@ -121,8 +121,10 @@ def load_saved(command, path, imports=(), pin=True):
     file that is not a Keras archive, a module that does not import, a
     class no imported module registers.
 
-    `pin=False` keeps the layers as Keras's load rebuilds them (the
-    audit checks the file, not what `kmp.load_model` repairs)."""
+    `pin` is `kmp.load_model`'s: by default a model saved pinned is
+    pinned again, one saved unpinned is as saved; `pin=False` keeps the
+    layers as Keras's load rebuilds them (the audit checks the file, not
+    what `kmp.load_model` repairs)."""
     import kmp
 
     for module in imports:

@@ -131,9 +131,50 @@ def _draws_without_dtype(method):
             continue
         by_keyword = any(k.arg == "dtype" for k in node.keywords)
         by_position = len(node.args) > positions[function]
-        if not (by_keyword or by_position):
+        if not (by_keyword or by_position or _cast(method.tree, node)):
             found.append(name)
     return found
+
+
+def _cast(tree, draw) -> bool:
+    """Whether the method casts the draw, or a name it flows into through
+    assignments (keras-io's SimCLR: draws made a colour matrix, which
+    the fix casts), with a `cast(...)`. The first clash may come before
+    that cast: then kmp's line at run time names it."""
+    flowing = set()
+
+    def carries(expression):
+        return any(
+            node is draw or (isinstance(node, ast.Name) and node.id in flowing)
+            for node in ast.walk(expression)
+        )
+
+    assignments = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+        and node.value is not None
+    ]
+    grown = True
+    while grown:  # names made from names made from the draw
+        before = len(flowing)
+        for node in assignments:
+            if carries(node.value):
+                targets = getattr(node, "targets", None) or [node.target]
+                flowing.update(
+                    name.id
+                    for target in targets
+                    for name in ast.walk(target)
+                    if isinstance(name, ast.Name)
+                )
+        grown = len(flowing) > before
+    return any(
+        isinstance(node, ast.Call)
+        and source_reading.dotted(node.func).rpartition(".")[2] == "cast"
+        and node.args
+        and carries(node.args[0])
+        for node in ast.walk(tree)
+    )
 
 
 def check_random_draws(half, findings):
@@ -165,9 +206,11 @@ def check_random_draws(half, findings):
                 f"{layer.compute_dtype}; TensorFlow raises a TypeError "
                 "where they meet (JAX and torch promote the result to "
                 "float32).",
-                f"{draw}(..., dtype=self.compute_dtype); or run the layer "
+                f"{draw}(..., dtype=self.compute_dtype), or cast the draw "
+                "(keras.ops.cast(x, self.compute_dtype)); or run the layer "
                 f"in float32: {cls.__name__}(..., dtype='float32'), or "
-                f"kmp.pin_float32(model, also=['{layer.name}']).",
+                # The class: the finding is said once for all its layers.
+                f"kmp.pin_float32(model, also=[{cls.__name__}]).",
             )
         )
 

@@ -307,6 +307,13 @@ def step_scales(model, reached=None):
     return False, "never scales"
 
 
+def _loss_name(attribute) -> str:
+    """The loss an optimizer held as `attribute` scales, in a fix's
+    words: `d_optimizer` -> `d_loss`, `probe_optimizer` -> `probe_loss`."""
+    stem = attribute.removesuffix("optimizer").rstrip("_")
+    return f"{stem}_loss" if stem else "loss"
+
+
 def check_train_step(model, optimizer, findings):
     """A `train_step` of the user's own under a loss scaler: whether it
     scales its loss (`step_scales`), and what kmp does if not
@@ -326,8 +333,17 @@ def check_train_step(model, optimizer, findings):
     # GAN's step may scale one loss of two.
     named = [(n, s) for n, s in scalers if n in unscaled] or scalers
     names = ", ".join(name for name, _ in named)
-    fix = "; ".join(scaled_losses.fix(name) for name, _ in named)
-    fix += " before taking the gradients"
+    if len(named) == 1:
+        fix = scaled_losses.fix(named[0][0]) + " before taking the gradients"
+    else:
+        # Each optimizer scales its own loss (a GAN's d_loss, g_loss).
+        fix = (
+            "scale each loss by the optimizer that applies its gradients, "
+            "before taking them: "
+            + "; ".join(
+                scaled_losses.fix(name, _loss_name(name)) for name, _ in named
+            )
+        )
     if unscaled:
         severity, problem = (
             "warning",

@@ -31,11 +31,14 @@ once. The exception's type and message are Keras's. A layer call that
 succeeds goes through one more `__enter__`/`__exit__` per scope, two per
 call (`benchmarks/dtype_notes_cost.py`); a compiled step runs none.
 
-Two errors of 16-bit training that no layer of the user's raises get a
-line of their own: TensorFlow's refusal to sum a layer's float16
-`add_loss` value with the float32 loss (in Keras's `compute_loss`), and
+Three errors of 16-bit training that no layer of the user's raises get
+a line of their own: TensorFlow's refusal to sum a layer's float16
+`add_loss` value with the float32 loss (in Keras's `compute_loss`),
 JAX's CPU refusing the float16 matmul with float32 accumulation that
-Keras's fused attention asks for.
+Keras's fused attention asks for, and TensorFlow's refusal inside
+Keras's `Normalization.adapt` over a dataset (wrapped as `fit` is). A
+Keras `Lambda` whose function of the user's raised is named as the
+user's layer.
 """
 
 import functools
@@ -76,6 +79,9 @@ _MISMATCHES = (
     # TensorFlow, eager: "... was expected to be a half tensor but is a
     # float tensor"
     r"expected to be a (\w+) tensor but is a (\w+) tensor",
+    # TensorFlow's `/` (`math_ops.truediv`, eager and traced): "`x` and
+    # `y` must have the same dtype, got tf.float16 != tf.float32."
+    r"`x` and `y` must have the same dtype, got ([\w.]*\w) != ([\w.]*\w)",
     # torch: "expected m1 and m2 to have the same dtype, but got:
     # c10::Half != float", "mat1 and mat2 must have the same dtype, but
     # got Half and Float", "expected scalar type Half but found Float"
@@ -99,6 +105,13 @@ _MISMATCHES = (
 # `add_loss` value meets the float32 loss; JAX and torch promote the
 # list, TensorFlow does not. Keras's frame is filtered from the traceback.
 _LOSSES = "list containing a tensor of dtype"
+
+# Keras's `Normalization.adapt` over a dataset (keras-io's diffusion
+# model adapts it on its `tf.data` images) converts each batch to the
+# layer's compute dtype and adds its mean to float32 zeros: under a 16-bit
+# policy TensorFlow refuses, in no layer call. The user calls it, as they
+# call `fit`: wrapped the same way.
+_ADAPT = (keras.layers.Normalization, "adapt")
 
 # JAX's CPU backend refuses a 16-bit matmul that accumulates in float32
 # ("The precision 'F16_F16_F32' is not supported by dot_general on
@@ -151,15 +164,26 @@ def is_users(obj) -> bool:
 
 def _culprit(error, layer):
     """The innermost `(layer, method name)` of the user's in the error's
-    traceback (its frames' `self`), else `(layer, "call")` if `layer` is
-    the user's, else None."""
-    found = None
+    traceback (its frames' `self`, or a `Lambda` layer whose function of
+    the user's raised), else `(layer, "call")` if `layer` is the user's,
+    else None."""
+    found = lambda_layer = None
     for frame, _ in traceback.walk_tb(error.__traceback__):
+        owner = frame.f_locals.get("self")
+        if _ADAPT == (type(owner), frame.f_code.co_name):
+            return owner, "adapt"  # Keras's own mix (`_ADAPT`)
+        if isinstance(owner, keras.layers.Lambda):
+            # Keras's class, the user's function: the layer to fix.
+            lambda_layer = owner
+            continue
         if not is_users(frame.f_globals.get("__name__", "")):
             continue
-        owner = frame.f_locals.get("self")
         if isinstance(owner, keras.layers.Layer) and is_users(type(owner)):
             found = owner, frame.f_code.co_name
+        elif lambda_layer is not None and frame.f_code is getattr(
+            lambda_layer.function, "__code__", None
+        ):
+            found = lambda_layer, "call"
     if found is None and layer is not None and is_users(type(layer)):
         found = layer, "call"
     return found
@@ -230,6 +254,17 @@ def _losses_line(dtypes, policy):
 def _line(owner, method, dtypes):
     half, other = dtypes
     cls = type(owner).__name__
+    if method == "adapt":
+        return (
+            f"{PREFIX}{cls} '{owner.name}' computes in {owner.compute_dtype}"
+            f" ({owner.dtype_policy.name}), and Keras's adapt reads each "
+            f"batch of a dataset in {owner.compute_dtype} into {other} "
+            f"sums, which TensorFlow refuses (JAX and torch compute the "
+            f"statistics from {owner.compute_dtype} batches): build the "
+            f"layer in float32, {cls}(..., dtype='float32'), or "
+            f"kmp.pin_float32(model, also=[keras.layers.{cls}]) before "
+            "adapt, or adapt it on a float32 NumPy array."
+        )
     held = _half_outputs(owner)
     # A step, or a model's helper beside its call (keras-io's WGAN-GP's
     # `gradient_penalty`) that may meet a sub-model's 16-bit output:
@@ -247,14 +282,27 @@ def _line(owner, method, dtypes):
             "that output float32"
             + (f": {pins}." if pins else " (kmp.pin_float32).")
         )
+    if isinstance(owner, keras.layers.Lambda):
+        # keras-io's diffusion model's sinusoidal embedding: the user's
+        # function has no `self` to take a dtype from.
+        function = getattr(owner.function, "__name__", "function")
+        what = f"its function {function}"
+        fix = f"cast one side inside it (keras.ops.cast(x, '{other}'))"
+        made = f"{cls}({function}, ..., dtype='float32')"
+    else:
+        what = f"its {method}"
+        fix = (
+            f"give the {other} tensor the layer's dtype "
+            "(keras.random.normal(..., dtype=self.compute_dtype), "
+            "keras.ops.cast(x, self.compute_dtype))"
+        )
+        made = f"{cls}(..., dtype='float32')"
     return (
         f"{PREFIX}{cls} '{owner.name}' computes in {owner.compute_dtype} "
-        f"({owner.dtype_policy.name}) and its {method} mixed {half} with "
-        f"{other}: give the {other} tensor the layer's dtype "
-        "(keras.random.normal(..., dtype=self.compute_dtype), "
-        "keras.ops.cast(x, self.compute_dtype)), or run the layer in "
-        f"float32: {cls}(..., dtype='float32'), or kmp.pin_float32(model, "
-        f"also=['{owner.name}']) once the model is built."
+        f"({owner.dtype_policy.name}) and {what} mixed {half} with "
+        f"{other}: {fix}, or run the layer in float32: {made}, or "
+        f"kmp.pin_float32(model, also=['{owner.name}']) once the model is "
+        "built."
     )
 
 
@@ -322,6 +370,7 @@ def _targets():
     yield layer, "_open_name_scope", _noting_scope
     for name in ENTRY_POINTS:
         yield keras.Model, name, _noting_entry
+    yield (*_ADAPT, _noting_entry)
 
 
 def install() -> None:

@@ -14,7 +14,10 @@ from kmp.scaling import scaled_losses
 
 # The optimizer's count of non-finite steps in a row, in the step's logs
 # for the monitor only: it removes it before the progress bar and History
-# (which Keras runs after the user's callbacks) see it.
+# see it (Keras runs them after the user's callbacks). A callback listed
+# before the monitor sees it: the step's logs are its only way out of a
+# JAX step, and Keras hands one logs dict down the list (the docstring
+# says so).
 _STREAK = "overflow_streak"
 # A history with no record has these columns, as one with model.optimizer's.
 _EMPTY_COLUMNS = ("loss_scale", "skipped_steps")
@@ -114,7 +117,11 @@ class LossScaleMonitor(keras.callbacks.Callback):
     compiled train step and leave the device together with the loss, so
     monitoring adds no device-to-host transfer. Because they are part of
     the step's own logs, every callback sees them, whatever its position
-    in the `callbacks` list.
+    in the `callbacks` list. So does the stop rule's input below,
+    `overflow_streak`, which the monitor then removes: a callback listed
+    before it that writes every entry (`CSVLogger`, `TensorBoard`) writes
+    that one too. List the monitor first, or pass `stop_after=None`,
+    which logs no streak.
 
     With an optimizer that does not scale the loss (bfloat16 or float32
     training), it adds nothing, so the same training code works in every

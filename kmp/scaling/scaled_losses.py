@@ -193,16 +193,16 @@ def _tell_loop(optimizer, grads, stateless):
     )
 
 
-def fix(attribute="optimizer") -> str:
-    """The line that scales a train step's loss, on this backend (a
-    stateless step takes the scale from its state), for the optimizer
-    the model holds as `attribute`."""
+def fix(attribute="optimizer", loss="loss") -> str:
+    """The line that scales a train step's loss, named `loss`, on this
+    backend (a stateless step takes the scale from its state), for the
+    optimizer the model holds as `attribute`."""
     if backend.is_stateless():
         return (
-            f"loss = self.{attribute}.stateless_scale_loss("
-            "optimizer_variables, loss)"
+            f"{loss} = self.{attribute}.stateless_scale_loss("
+            f"optimizer_variables, {loss})"
         )
-    return f"loss = self.{attribute}.scale_loss(loss)"
+    return f"{loss} = self.{attribute}.scale_loss({loss})"
 
 
 def attribute_of(model, optimizer) -> str:

@@ -82,7 +82,9 @@ def test_keras_io_s_vae_draw_is_a_warning_where_the_audit_sees_it():
     assert finding.severity == "warning"
     assert finding.problem.startswith("Sampling.call draws")
     assert "keras.random.normal(..., dtype=self.compute_dtype)" in finding.fix
-    assert "kmp.pin_float32(model, also=['sampling'])" in finding.fix
+    # The class: each Sampling layer (SimCLR's two augmenters had each a
+    # RandomColorAffine; the fix named the first one's name only).
+    assert "kmp.pin_float32(model, also=[Sampling])" in finding.fix
 
 
 class DrawsInItsDtype(Sampling):
@@ -94,6 +96,29 @@ class DrawsInItsDtype(Sampling):
             seed=self.seed_generator,
         )
         return z_mean + keras.ops.exp(0.5 * z_log_var) * epsilon
+
+
+class CastsItsDraw(Sampling):
+    """The draw made float32, then cast: the fix kmp's line names."""
+
+    def call(self, inputs):
+        z_mean, z_log_var = inputs
+        epsilon = keras.random.normal(
+            keras.ops.shape(z_mean), seed=self.seed_generator
+        )
+        epsilon = keras.ops.cast(epsilon, self.compute_dtype)
+        return z_mean + keras.ops.exp(0.5 * z_log_var) * epsilon
+
+
+class CastsWhatItsDrawsMade(keras.layers.Layer):
+    """keras-io's SimCLR's RandomColorAffine, its colour matrix cast."""
+
+    def call(self, images):
+        scales = 1 + keras.random.uniform((2, 1, 1, 1), -0.5, 0.5)
+        jitter = keras.random.uniform((2, 1, 3, 3), -0.1, 0.1)
+        transforms = keras.ops.eye(3) * scales + jitter
+        transforms = keras.ops.cast(transforms, self.compute_dtype)
+        return keras.ops.matmul(images, transforms)
 
 
 class PythonScalar(keras.layers.Layer):
@@ -115,9 +140,16 @@ def _tensorflow_draw():
 def test_a_draw_in_the_layer_s_dtype_or_a_float32_layer_is_no_finding():
     kmp.enable("mixed_float16")
     z = keras.Input((2,))
-    for sampling in (DrawsInItsDtype(), Sampling(dtype="float32")):
+    for sampling in (
+        DrawsInItsDtype(),
+        Sampling(dtype="float32"),
+        CastsItsDraw(),
+    ):
         model = keras.Model(z, sampling([z, z]))
         assert not has(quiet_audit(model), "without dtype=")
+    images = keras.Input((4, 4, 3))
+    model = keras.Model(images, CastsWhatItsDrawsMade()(images))
+    assert not has(quiet_audit(model), "without dtype=")
     # Python's random module draws Python floats, which do not clash.
     assert not has(quiet_audit(keras.Sequential([PythonScalar()])), "dtype=")
     # TensorFlow's draws are float32 too (a model not built: subclassed).

@@ -218,8 +218,16 @@ def test_a_gan_s_two_optimizers_are_named():
         )
     (finding,) = [f for f in quiet_audit(gan) if "train_step" in f.problem]
     assert "d_optimizer, g_optimizer" in finding.problem
-    assert "self.d_optimizer." in finding.fix
-    assert "self.g_optimizer." in finding.fix
+    # Each scales its own loss (the fix read "loss = ...(loss); loss =
+    # ...(loss)", one loss scaled twice).
+    assert finding.fix.startswith("scale each loss by the optimizer that")
+    scaled = (
+        "stateless_scale_loss(optimizer_variables, "
+        if (backend.is_stateless())
+        else "scale_loss("
+    )
+    assert f"d_loss = self.d_optimizer.{scaled}d_loss)" in finding.fix
+    assert f"g_loss = self.g_optimizer.{scaled}g_loss)" in finding.fix
     # Keras's compile made an RMSprop of its own, wrapped in its scaler,
     # that the step never applies: not reported.
     assert "Keras's own" not in finding.problem

@@ -89,6 +89,9 @@ def test_each_framework_s_refusal_is_read(half):
         assert backend.mismatched_dtypes(traced) == (half, "float32")
         product = _raised(lambda: x * tf.ones((2, 2), "float32"))
         assert backend.mismatched_dtypes(product) == (half, "float32")
+        # keras-io's diffusion example: `... / feature_dimensions`.
+        quotient = _raised(lambda: x / tf.ones((2, 2), "float32"))
+        assert backend.mismatched_dtypes(quotient) == (half, "float32")
     # Errors that name dtypes without a mismatch are not read as one.
     shape = _raised(lambda: keras.ops.reshape(x, (3,)))
     assert backend.mismatched_dtypes(shape) is None
@@ -107,6 +110,52 @@ def test_the_line_names_the_innermost_user_layer_once():
         error = _raised(lambda: Outer(name="o2")(keras.Input((4,))))
         assert len(_kmp_notes(error)) == 1
         assert "Inner 'inner'" in _kmp_notes(error)[0]
+
+
+def test_a_lambda_s_function_is_named_with_the_lambda_s_fixes():
+    # keras-io's diffusion model: a Lambda's function (its sinusoidal
+    # embedding) mixes a float32 constant with its 16-bit input. The line
+    # named the model's method and pins that do not help.
+    def embed(x):
+        return _refuse(x)
+
+    kmp.enable("mixed_float16")
+    inputs = keras.Input((2,))
+    lambda_layer = keras.layers.Lambda(embed, output_shape=(2,), name="sin")
+    model = keras.Model(inputs, keras.layers.Dense(2)(lambda_layer(inputs)))
+    (line,) = _kmp_notes(_raised(lambda: model(np.ones((2, 2), "float32"))))
+    assert line.startswith(
+        "kmp: Lambda 'sin' computes in float16 (mixed_float16) and its "
+        "function embed mixed float16 with float32: cast one side inside it"
+    )
+    assert "Lambda(embed, ..., dtype='float32')" in line
+    kmp.pin_float32(model, also=["sin"])  # the fix it names
+    model(np.ones((2, 2), "float32"))  # no error
+
+
+@pytest.mark.skipif(not TENSORFLOW, reason="JAX and torch promote there")
+def test_keras_s_normalization_adapt_over_a_dataset_gets_the_line():
+    # keras-io's diffusion model adapts its Normalization on tf.data
+    # images; under mixed_float16 Keras's adapt fails in TensorFlow.
+    import tensorflow as tf
+
+    kmp.enable("mixed_float16")
+    images = np.random.default_rng(0).random((8, 4, 4, 3), "float32")
+    dataset = tf.data.Dataset.from_tensor_slices(images).batch(4)
+    layer = keras.layers.Normalization()
+    (line,) = _kmp_notes(_raised(lambda: layer.adapt(dataset)))
+    assert line.startswith(
+        "kmp: Normalization 'normalization' computes in float16 "
+        "(mixed_float16), and Keras's adapt reads each batch of a dataset"
+    )
+    assert "also=[keras.layers.Normalization]) before adapt" in line
+    pinned = keras.layers.Normalization(dtype="float32")  # the fix named
+    pinned.adapt(dataset)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(pinned.mean)[0, 0, 0],
+        images.mean(axis=(0, 1, 2)),
+        rtol=1e-6,
+    )
 
 
 def test_the_line_is_on_only_under_a_16_bit_kmp_policy():

@@ -98,6 +98,21 @@ def test_every_callback_sees_the_values_whatever_its_position(tmp_path):
     assert len(rows) == 2
     assert float(rows[-1]["loss_scale"]) == 2.0**15
     assert float(rows[-1]["skipped_steps"]) == 0
+    # The stop rule's streak, as the docstring says: a callback before
+    # the monitor writes it too, unless the monitor comes first or keeps
+    # no stop rule.
+    assert "overflow_streak" in rows[-1]
+    for monitor_first in (True, False):
+        logger = keras.callbacks.CSVLogger(path)
+        if monitor_first:
+            callbacks = [kmp.callbacks.LossScaleMonitor(), logger]
+        else:
+            monitor = kmp.callbacks.LossScaleMonitor(stop_after=None)
+            callbacks = [logger, monitor]
+        _fit(kmp.wrap("adam"), callbacks)
+        with open(path) as f:
+            columns = next(csv.DictReader(f)).keys()
+        assert "loss_scale" in columns and "overflow_streak" not in columns
 
 
 @tf_only

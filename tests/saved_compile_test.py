@@ -1,0 +1,155 @@
+"""A model with its own `compile`, loaded by `kmp.load_model`: keras-io's
+SimCLR (`compile(contrastive_optimizer, probe_optimizer)`), its GANs and
+its diffusion model (`kmp.saved_compile`). Keras's load gives each back
+uncompiled with a warning; kmp's raised on them, or remade their
+optimizers in silence."""
+
+import warnings
+
+import keras
+import numpy as np
+import pytest
+
+import kmp
+
+
+def _lines(caught):
+    return [str(w.message) for w in caught if "kmp.load_model" in str(w)]
+
+
+@keras.saving.register_keras_serializable("saved_compile_test")
+class TwoOptimizers(keras.Model):
+    """SimCLR's shape: two sub-models, an optimizer for each, held as
+    attributes that the model's own `compile` sets."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.encoder = keras.layers.Dense(4)
+        self.probe = keras.layers.Dense(2)
+
+    def call(self, x):
+        return self.probe(self.encoder(x))
+
+    def compile(self, encoder_optimizer, probe_optimizer, **kwargs):
+        super().compile(**kwargs)
+        self.encoder_optimizer = encoder_optimizer
+        self.probe_optimizer = probe_optimizer
+
+
+@keras.saving.register_keras_serializable("saved_compile_test")
+class TwoDefaultOptimizers(TwoOptimizers):
+    """The same, with optimizers its `compile` makes when none is given."""
+
+    def compile(self, encoder_optimizer=None, probe_optimizer=None, **kw):
+        super().compile(
+            encoder_optimizer or kmp.wrap(keras.optimizers.Adam()),
+            probe_optimizer or kmp.wrap(keras.optimizers.Adam()),
+            **kw,
+        )
+
+
+def _trained(cls, path):
+    """A model of `cls`, each optimizer applied (the encoder's twice),
+    saved to `path`."""
+    kmp.enable("mixed_float16")
+    model = cls()
+    model(np.ones((1, 3), "float32"))
+    model.compile()
+    for optimizer, layer, steps in (
+        (model.encoder_optimizer, model.encoder, 2),
+        (model.probe_optimizer, model.probe, 1),
+    ):
+        for _ in range(steps):
+            grads = [keras.ops.ones(v.shape) for v in layer.trainable_variables]
+            optimizer.apply(grads, layer.trainable_variables)
+    model.save(path)
+    return model
+
+
+def test_a_compile_that_takes_other_arguments_leaves_it_uncompiled(tmp_path):
+    # Was: TypeError, TwoOptimizers.compile() missing 2 required arguments.
+    path = str(tmp_path / "two.keras")
+    kmp.enable("mixed_float16")
+    model = TwoOptimizers()
+    model(np.ones((1, 3), "float32"))
+    model.compile(kmp.wrap("adam"), kmp.wrap("adam"))
+    model.save(path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = kmp.load_model(path)
+    (line,) = _lines(caught)
+    assert "TwoOptimizers.compile does not take the file's compile config" in (
+        line
+    )
+    assert "missing a required argument: 'encoder_optimizer'" in line
+    assert "comes back uncompiled" in line and "\n" not in line
+    assert not hasattr(loaded, "encoder_optimizer")
+    for saved, restored in zip(model.weights, loaded.weights):
+        np.testing.assert_array_equal(
+            keras.ops.convert_to_numpy(restored),
+            keras.ops.convert_to_numpy(saved),
+        )
+
+
+def test_an_unbuilt_model_loads_and_says_its_state_is_not_restored(tmp_path):
+    # keras-io's diffusion model trains its networks in its own step and
+    # never runs its own call: saved unbuilt. Was: ValueError from
+    # load_weights ("has not yet been built").
+    @keras.saving.register_keras_serializable("saved_compile_test")
+    class Unbuilt(keras.Model):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.network = keras.Sequential(
+                [keras.Input((4,)), keras.layers.Dense(2)]
+            )
+
+        def compile(self, **kwargs):
+            super().compile(**kwargs)
+
+    kmp.enable("mixed_float16")
+    model = Unbuilt()
+    model.compile(optimizer=kmp.wrap("adam"), loss="mae")
+    model.network.layers[0].kernel.assign(np.full((4, 2), 0.5))
+    path = str(tmp_path / "unbuilt.keras")
+    with pytest.warns(UserWarning, match="not yet been built"):
+        model.save(path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = kmp.load_model(path)
+    (line,) = _lines(caught)
+    assert "the model was saved unbuilt" in line
+    assert "starts afresh at iteration 0" in line
+    assert isinstance(loaded.optimizer, kmp.LossScaleOptimizer)
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(loaded.network.layers[0].kernel), 0.5
+    )
+
+
+def test_optimizers_a_compile_remakes_are_named_with_the_way_back(tmp_path):
+    # Was: six of Keras's lines, one per optimizer and inner optimizer,
+    # the unused `model.optimizer` (saved unbuilt) among them.
+    path = str(tmp_path / "two.keras")
+    model = _trained(TwoDefaultOptimizers, path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = kmp.load_model(path)
+    (line,) = _lines(caught)
+    assert not [w for w in caught if "Skipping variable" in str(w.message)]
+    assert (
+        "the saved state (slots, loss scale, iterations) of "
+        "self.encoder_optimizer, self.probe_optimizer was not restored: "
+        "TwoDefaultOptimizers.compile makes them afresh"
+    ) in line
+    assert int(loaded.encoder_optimizer.iterations) == 0
+    # The way back the line gives.
+    loaded.encoder_optimizer.build(loaded.encoder.trainable_variables)
+    loaded.probe_optimizer.build(loaded.probe.trainable_variables)
+    loaded.load_weights(path)
+    for name in ("encoder_optimizer", "probe_optimizer"):
+        saved, restored = getattr(model, name), getattr(loaded, name)
+        assert int(restored.iterations) == int(saved.iterations)
+        for a, b in zip(saved.variables, restored.variables):
+            np.testing.assert_array_equal(
+                keras.ops.convert_to_numpy(b), keras.ops.convert_to_numpy(a)
+            )
+    assert int(loaded.encoder_optimizer.iterations) == 2
