@@ -25,7 +25,7 @@ from kmp.errors import InputError
 
 # floor(log2|x|) of nonzero finite float32 values lies in [-149, 127];
 # float32 subnormals (< 2^-126) share the bottom bin, -127.
-LOG2_MIN = -127
+LOG2_MIN = -149  # float32's smallest subnormal, 2^-149
 LOG2_MAX = 127
 
 
@@ -59,11 +59,19 @@ FORMATS = {
 def log2_bins(magnitudes: np.ndarray) -> np.ndarray:
     """`floor(log2(m))` of nonzero finite float32 magnitudes, exactly.
 
-    Float32 subnormals land in `LOG2_MIN`. The exponent field of a
-    positive float32 is its bits shifted right by 23, biased by 127.
+    The exponent field of a positive float32 is its bits shifted right by
+    23, biased by 127. A subnormal's field is 0, and its value its
+    mantissa times 2^-149: `floor(log2(mantissa)) - 149`, from -149 to
+    -127 (gradients that small are what a loss scale is for).
     """
     bits = np.ascontiguousarray(magnitudes, np.float32).view(np.int32)
-    return np.maximum((bits >> 23) - 127, LOG2_MIN)
+    exponents = (bits >> 23) - 127
+    subnormal = exponents == -127
+    if subnormal.any():
+        mantissas = (bits[subnormal] & 0x7FFFFF).astype(np.float64)
+        # frexp: mantissa = f * 2^e with f in [0.5, 1), so floor(log2) = e-1.
+        exponents[subnormal] = np.frexp(mantissas)[1] - 1 + LOG2_MIN
+    return exponents
 
 
 @dataclasses.dataclass
