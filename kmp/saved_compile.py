@@ -8,6 +8,7 @@ from that config and loads the state, and says in one line each what a
 model's own `compile` keeps it from putting back.
 """
 
+import contextlib
 import inspect
 import re
 import warnings
@@ -25,7 +26,9 @@ _SKIPPED_COUNTS = re.compile(
 )
 
 
-def compile_as_saved(model, config, filepath, custom_objects, safe_mode):
+def compile_as_saved(
+    model, config, filepath, custom_objects, safe_mode, unnamed=False
+):
     """Compiles `model` with the file's compile config and loads the saved
     optimizer state (Keras's `load_weights` reads both from the file).
 
@@ -35,7 +38,8 @@ def compile_as_saved(model, config, filepath, custom_objects, safe_mode):
     model uncompiled, as Keras's load does; a model saved unbuilt (a
     diffusion model whose `call` never ran) cannot load state; and the
     optimizers a `compile` makes afresh, whose variables only the train
-    step knows, start at iteration 0."""
+    step knows, start at iteration 0. `unnamed`: the file's compile
+    config names no optimizer (`kmp.load_model` says so itself)."""
     compile_config = config.get("compile_config")
     if not compile_config:
         return
@@ -69,10 +73,11 @@ def compile_as_saved(model, config, filepath, custom_objects, safe_mode):
         return
     unbuilt = _variable_counts(model)
     model.optimizer.build(model.trainable_variables)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        model.load_weights(filepath)
-    lost = []
+    with _named_by_attribute(model, unbuilt) as unbuilt:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model.load_weights(filepath)
+    lost, keras_says = [], None
     for warning in caught:
         skipped = _SKIPPED_COUNTS.match(str(warning.message))
         if skipped is None:
@@ -82,37 +87,63 @@ def compile_as_saved(model, config, filepath, custom_objects, safe_mode):
                 warning.filename,
                 warning.lineno,
             )
-        elif int(skipped.group(3)) != unbuilt.get(skipped.group(1)):
-            lost.append(skipped.group(1))  # saved built: state lost
-    held = _attributes(model)
-    lost = list(dict.fromkeys(held.get(each, each) for each in lost))
+        elif int(skipped.group(3)) != unbuilt.get(skipped.group(1), -1):
+            # Saved built: its state is lost. Named `_TAG` + attribute,
+            # unless the model holds it otherwise (in a list, say).
+            held = skipped.group(1)
+            attribute = held.removeprefix(_TAG).split(":")[0]
+            if attribute == "optimizer":
+                keras_says = keras_says or str(warning.message)
+            elif held.startswith(_TAG) and attribute not in lost:
+                lost.append(attribute)
+    if keras_says is not None and not unnamed:
+        warnings.warn(lost_optimizer(filepath, keras_says), stacklevel=3)
     if lost:
         warnings.warn(_afresh(filepath, name, lost), stacklevel=3)
 
 
-def _variable_counts(model) -> dict:
-    """Optimizer name -> variable count, for each optimizer the model
-    holds and each one's inner optimizer, as compiled (unbuilt): a file
-    whose optimizer has no more was saved unbuilt, and loses nothing."""
-    counts = {}
-    for _, optimizer in held_optimizers(model, keras.optimizers.Optimizer):
-        for each in (optimizer, getattr(optimizer, "inner_optimizer", None)):
-            if each is not None:
-                counts[each.name] = len(each.variables)
-    return counts
+# Optimizers get this prefix and their attribute's name while the file's
+# state loads: Keras's warnings name an optimizer by its `name`, and a
+# `compile`'s fresh `Adam()` may take the name of the file's ("adam").
+_TAG = "kmp_loading:"
 
 
-def _attributes(model) -> dict:
-    """Optimizer name -> the attribute of `model` that holds it (an inner
-    optimizer: its scaler's)."""
-    names = {}
+def _optimizers(model):
+    """`(attribute, optimizer)` for each optimizer `model` holds and each
+    one's inner optimizer (under its scaler's attribute), once each."""
+    found = []
     for attribute, optimizer in held_optimizers(
         model, keras.optimizers.Optimizer
     ):
-        for each in (optimizer, getattr(optimizer, "inner_optimizer", None)):
-            if each is not None:
-                names.setdefault(each.name, attribute)
-    return names
+        inner = getattr(optimizer, "inner_optimizer", None)
+        for each, suffix in ((optimizer, ""), (inner, ":inner")):
+            if each is not None and not any(each is o for _, o in found):
+                found.append((attribute + suffix, each))
+    return found
+
+
+def _variable_counts(model) -> dict:
+    """id(optimizer) -> its variable count now, for `_optimizers(model)`:
+    read before the load builds any (a file whose optimizer has no more
+    was saved unbuilt, and loses nothing)."""
+    return {id(o): len(o.variables) for _, o in _optimizers(model)}
+
+
+@contextlib.contextmanager
+def _named_by_attribute(model, counts):
+    """Names each of `_optimizers(model)` after the attribute that holds
+    it, for the duration (after any build: a variable's path takes its
+    optimizer's name when made); yields that name -> `counts`' entry."""
+    renamed = [(o, o.name) for _, o in _optimizers(model)]
+    named = {}
+    for attribute, optimizer in _optimizers(model):
+        optimizer.name = f"{_TAG}{attribute}"
+        named[optimizer.name] = counts.get(id(optimizer), -1)
+    try:
+        yield named
+    finally:
+        for optimizer, name in renamed:
+            optimizer.name = name
 
 
 def _afresh(filepath, name, attributes):
@@ -129,4 +160,26 @@ def _afresh(filepath, name, attributes):
         "trains, so each starts at iteration 0. To resume, build each on "
         f"its variables and load the file's weights again: {builds}; "
         "model.load_weights(path)."
+    )
+
+
+def lost_optimizer(filepath, keras_says):
+    """The line that says a load dropped the model's optimizer's saved
+    state (`keras_says`: Keras's warning, with both variable counts)."""
+    counts = re.findall(r"(\d+) variables", keras_says)
+    detail = (
+        f" (the file's has {counts[1]} variables, the one built here "
+        f"{counts[0]})"
+        if len(counts) == 2
+        else ""
+    )
+    return (
+        f"kmp.load_model: {filepath}: the optimizer's saved state was not "
+        f"restored{detail}: it starts afresh at iteration 0 (slots, loss "
+        "scale). The file was saved with another optimizer than this load "
+        "built, usually a LossScaleOptimizer that Keras's compile added "
+        f"under mixed_float16, loaded under {keras.config.dtype_policy().name}."
+        " To restore it, load under the policy it was trained with "
+        '(kmp.load_model(path, policy="saved")); to keep the scaler in the '
+        "file, compile with optimizer=kmp.wrap(...)."
     )

@@ -44,29 +44,23 @@ from kmp.islands import Float32Activation
 from kmp.islands import Float32Softmax
 from kmp.islands import MultiHeadAttention
 from kmp.islands import pin_float32
-from kmp.layer_policies import Float32Compute
 from kmp.model_layers import output_layers
 from kmp.saved_compile import SKIPPED_OPTIMIZER
 from kmp.saved_compile import compile_as_saved
+from kmp.saved_compile import lost_optimizer
 from kmp.scaling import LossScaleOptimizer
 from kmp_config.names import HALF_DTYPES
 from kmp_config.names import MIXED_POLICIES
-from kmp_config.names import MIXED_POLICY
 
 # Keras's warning when it skips a custom `compile` on load: kmp does it.
 _SKIPPED_COMPILE = "`compile()` was not called as part of model loading"
-# The classes `kmp.pin_float32` puts in, as a `.keras` config names them.
-_ISLAND_NAMES = frozenset(
-    keras.saving.get_registered_name(cls)
-    for cls in (
-        BatchNormalization,
-        Float32Activation,
-        Float32Softmax,
-        MultiHeadAttention,
-    )
+# The classes `kmp.pin_float32` puts in.
+_ISLAND_CLASSES = (
+    BatchNormalization,
+    Float32Activation,
+    Float32Softmax,
+    MultiHeadAttention,
 )
-# Classes of policies a config may record (`Float32Compute` is kmp's).
-_POLICY_CLASSES = ("DTypePolicy", "FloatDTypePolicy", Float32Compute.__name__)
 # Keras's error when a config names a class nothing registered.
 _MISSING_CLASS = re.compile(r"Could not locate (?:class|function) '([^']+)'")
 
@@ -91,13 +85,15 @@ def load_model(
       pinned, `kmp.pin_float32` runs on it again: the softmax islands
       that a `.keras` file cannot keep (inside KerasHub's attention
       layers, for one) come back, and everything pinned already stays as
-      it is. "Was pinned": the file keeps a float32 island of a mixed
-      model (a float32 output, one of `kmp.layers`' island classes), the
-      model is made mixed by the load (a float32 file loaded under
-      `kmp.enable(...)`: pinned as a model built there would be), or its
-      file cannot say (a subclassed `keras.Model`, whose outputs no
-      config records). A Functional, Sequential or KerasHub model saved
-      unpinned comes back as it was saved, predictions included;
+      it is. "Was pinned": every output of the loaded mixed model is
+      float32 (`kmp.pin_float32`'s, or yours as Keras's mixed-precision
+      guide writes it), or it holds one of `kmp.layers`' island classes;
+      or the load changes the dtype the model computes in (a float32
+      file loaded under `kmp.enable(...)`: pinned as a model built there
+      would be); or its file cannot say (a subclassed `keras.Model`,
+      whose outputs no config records). A Functional, Sequential or
+      KerasHub model saved unpinned and loaded under the policy it was
+      saved with comes back as it was saved, predictions included;
     - if the model's class has its own `compile` (KerasHub's tasks),
       which Keras does not call on load, the model is compiled with the
       file's compile config (kmp's `LossScaleOptimizer` included) and the
@@ -151,12 +147,14 @@ def load_model(
             filepath, custom_objects, compile, safe_mode, unnamed
         )
         if compile and type(model).compile is not keras.Model.compile:
-            compile_as_saved(model, config, filepath, custom_objects, safe_mode)
+            compile_as_saved(
+                model, config, filepath, custom_objects, safe_mode, unnamed
+            )
     if unnamed:
         warnings.warn(_no_optimizer(filepath, model), stacklevel=2)
     if pin is not False:
         if pin or _was_pinned(model, config):
-            if _loaded_policy(model) != "float32":
+            if _compute(model) != "float32":
                 pin_float32(model)
         use_default_matmul(model)
     return model
@@ -167,6 +165,14 @@ def saved_policy(config) -> str:
     `config.json`), or "float32": a layer's `DTypePolicy` (a quantized
     one's source policy too) or a `dtype` given by name. mixed_float16
     wins where both appear (it needs the scaler)."""
+    found = _policy_names(config)
+    return next((p for p in MIXED_POLICIES if p in found), "float32")
+
+
+def _policy_names(config) -> set:
+    """The names of the policies a parsed `config.json` records: a
+    `DTypePolicy`'s (a quantized one's source policy too), a `dtype` given
+    by name."""
     found = set()
     for node in _nodes(config):
         if str(node.get("class_name", "")).endswith("DTypePolicy"):
@@ -174,7 +180,7 @@ def saved_policy(config) -> str:
             found.update(inner.get(k) for k in ("name", "source_name"))
         if isinstance(node.get("dtype"), str):
             found.add(node["dtype"])
-    return next((p for p in MIXED_POLICIES if p in found), "float32")
+    return {str(name) for name in found if name is not None}
 
 
 def _nodes(config):
@@ -189,36 +195,50 @@ def _nodes(config):
             stack.extend(node.values())
 
 
-def _loaded_policy(model) -> str:
-    """The mixed policy the loaded model's layers compute in, or
-    "float32" (mixed_float16 where both 16-bit dtypes appear)."""
-    half = {
+def _compute(model) -> str:
+    """The 16-bit dtype the loaded model's layers compute in, or "float32"
+    (float16 where both appear)."""
+    found = {
         getattr(layer, "compute_dtype", None)
         for layer in model._flatten_layers()
     }
-    return next((MIXED_POLICY[d] for d in HALF_DTYPES if d in half), "float32")
+    return next((d for d in HALF_DTYPES if d in found), "float32")
+
+
+def _saved_compute(config) -> str:
+    """The 16-bit dtype the file's layers computed in, or "float32", from
+    the policies its config records (`"mixed_bfloat16"`, a bare
+    `"bfloat16"` of bfloat16 master weights; not `Float32Compute`'s
+    `"float32_over_bfloat16"`, a float32 island)."""
+    names = {
+        name
+        for name in _policy_names(config)
+        if not name.startswith("float32_over_")
+    }
+    if any(re.search(r"(?<!b)float16", name) for name in names):
+        return "float16"
+    return "bfloat16" if any("bfloat16" in n for n in names) else "float32"
 
 
 def _was_pinned(model, config) -> bool:
     """Whether `kmp.load_model` pins the loaded `model` again by default
     (its docstring says when, and why)."""
-    loaded = _loaded_policy(model)
+    loaded = _compute(model)
     if loaded == "float32":
         return False
-    if saved_policy(config) != loaded or output_layers(model) is None:
+    outputs = output_layers(model)
+    if _saved_compute(config) != loaded or outputs is None:
         return True
-    # `pin_float32` leaves a float32 policy in a mixed model's config (its
-    # outputs', a layer's in its host's `DTypePolicyMap`), or a class of
-    # its own; Keras's and KerasHub's layers record none of either.
-    for node in _nodes(config):
-        if node.get("registered_name") in _ISLAND_NAMES:
-            return True
-        name = (node.get("config") or {}).get("name")
-        if node.get("class_name") in _POLICY_CLASSES and (
-            name == "float32" or str(name).startswith("float32_over_")
-        ):
-            return True
-    return False
+    # `pin_float32`'s marks that a file keeps: every output float32 (a
+    # Functional config's, or a KerasHub task's head through its
+    # backbone's `DTypePolicyMap`), or a class of its own (a
+    # MultiHeadAttention it swapped). A float32 layer elsewhere is no
+    # mark: `Normalization(dtype="float32")`, say, is a user's own fix.
+    if outputs and all(layer.compute_dtype == "float32" for layer in outputs):
+        return True
+    return any(
+        isinstance(layer, _ISLAND_CLASSES) for layer in model._flatten_layers()
+    )
 
 
 def _read_config(filepath):
@@ -304,7 +324,7 @@ def _keras_load(filepath, custom_objects, compile, safe_mode, unnamed):
         if text.startswith(SKIPPED_OPTIMIZER):
             if custom_compile or unnamed:
                 continue  # unbuilt until `compile_as_saved` loads it
-            warnings.warn(_lost_optimizer(filepath, model, text), stacklevel=3)
+            warnings.warn(lost_optimizer(filepath, text), stacklevel=3)
             continue
         warnings.warn_explicit(
             warning.message, warning.category, warning.filename, warning.lineno
@@ -340,25 +360,4 @@ def _no_optimizer(filepath, model):
         "removes the optimizer from its compile config, for every later "
         ".keras save too: save .keras files only, and compile the loaded "
         "model again with optimizer=kmp.wrap(...) to train on."
-    )
-
-
-def _lost_optimizer(filepath, model, keras_says):
-    """The line that says a load dropped the optimizer's state."""
-    counts = re.findall(r"(\d+) variables", keras_says)
-    detail = (
-        f" (the file's has {counts[1]} variables, the one built here "
-        f"{counts[0]})"
-        if len(counts) == 2
-        else ""
-    )
-    return (
-        f"kmp.load_model: {filepath}: the optimizer's saved state was not "
-        f"restored{detail}: it starts afresh at iteration 0 (slots, loss "
-        "scale). The file was saved with another optimizer than this load "
-        "built, usually a LossScaleOptimizer that Keras's compile added "
-        f"under mixed_float16, loaded under {keras.config.dtype_policy().name}."
-        " To restore it, load under the policy it was trained with "
-        '(kmp.load_model(path, policy="saved")); to keep the scaler in the '
-        "file, compile with optimizer=kmp.wrap(...)."
     )

@@ -153,3 +153,68 @@ def test_optimizers_a_compile_remakes_are_named_with_the_way_back(tmp_path):
                 keras.ops.convert_to_numpy(b), keras.ops.convert_to_numpy(a)
             )
     assert int(loaded.encoder_optimizer.iterations) == 2
+
+
+@keras.saving.register_keras_serializable("saved_compile_test")
+class OwnCompile(keras.Model):
+    """A Functional model with its own `compile` (a KerasHub task's shape),
+    which makes a probe's optimizer when given none."""
+
+    def compile(self, probe_optimizer=None, **kwargs):
+        super().compile(**kwargs)
+        self.probe_optimizer = probe_optimizer or keras.optimizers.Adam(
+            name="adam"  # the name the file's own Adam loads with
+        )
+
+
+def _own_compile(optimizer):
+    inputs = keras.Input((3,))
+    model = OwnCompile(inputs, keras.layers.Dense(2)(inputs))
+    model.compile(optimizer=optimizer, loss="mse")
+    x, y = np.ones((4, 3), "float32"), np.ones((4, 2), "float32")
+    model.fit(x, y, verbose=0)
+    variables = model.trainable_variables
+    model.probe_optimizer.apply(
+        [keras.ops.ones(v.shape) for v in variables], variables
+    )
+    return model
+
+
+def test_keras_s_scaler_loaded_under_another_policy_is_told_as_such(tmp_path):
+    # Keras's compile wrapped Adam in its scaler under mixed_float16; under
+    # float32 the load builds Adam alone. The line said the model's compile
+    # remade it and named a way back that fails; the fix is the policy.
+    kmp.enable("mixed_float16")
+    path = str(tmp_path / "own.keras")
+    _own_compile(keras.optimizers.Adam()).save(path)
+    kmp.disable()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kmp.load_model(path)
+    lines = _lines(caught)
+    assert not [m for m in lines if "self.optimizer" in m]
+    (line,) = [m for m in lines if "the optimizer's saved state" in m]
+    assert "the optimizer's saved state was not restored" in line
+    assert 'kmp.load_model(path, policy="saved")' in line
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        restored = kmp.load_model(path, policy="saved")
+    assert not [m for m in _lines(caught) if "self.optimizer" in m]
+    assert int(restored.optimizer.iterations) == 1
+
+
+def test_the_optimizer_lost_is_named_where_two_share_a_name(tmp_path):
+    # The file's Adam loads as "adam", and the probe's fresh one is
+    # "adam" too: the line named self.optimizer (restored), not the
+    # probe's (lost).
+    kmp.enable("mixed_float16")
+    path = str(tmp_path / "own.keras")
+    _own_compile(kmp.wrap(keras.optimizers.Adam(name="adam"))).save(path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = kmp.load_model(path)
+    (line,) = _lines(caught)
+    assert "of self.probe_optimizer was not restored" in line
+    assert "self.optimizer" not in line
+    assert int(loaded.optimizer.iterations) == 1
+    assert loaded.probe_optimizer.name == "adam"  # its own name, back

@@ -137,11 +137,19 @@ def _draws_without_dtype(method):
 
 
 def _cast(tree, draw) -> bool:
-    """Whether the method casts the draw, or a name it flows into through
-    assignments (keras-io's SimCLR: draws made a colour matrix, which
-    the fix casts), with a `cast(...)`. The first clash may come before
-    that cast: then kmp's line at run time names it."""
+    """Whether the method, after the draw, casts it or a name it flows
+    into through assignments after it (keras-io's SimCLR: draws made a
+    colour matrix, which the fix casts), with a `cast(...)`. A cast
+    before the draw (the input's, say) does not count. The first clash
+    may still come before the cast: then kmp's line at run time names
+    it."""
     flowing = set()
+
+    def after(node):
+        return (node.end_lineno, node.end_col_offset) >= (
+            draw.end_lineno,
+            draw.end_col_offset,
+        )
 
     def carries(expression):
         return any(
@@ -154,6 +162,7 @@ def _cast(tree, draw) -> bool:
         for node in ast.walk(tree)
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign))
         and node.value is not None
+        and after(node)
     ]
     grown = True
     while grown:  # names made from names made from the draw
@@ -173,6 +182,7 @@ def _cast(tree, draw) -> bool:
         and source_reading.dotted(node.func).rpartition(".")[2] == "cast"
         and node.args
         and carries(node.args[0])
+        and after(node)
         for node in ast.walk(tree)
     )
 

@@ -143,7 +143,7 @@ _SUBCLASS_NOTE = (
     "; a subclass of MultiHeadAttention (KerasHub's CachedMultiHeadAttention"
     " among them) keeps its own code, so kmp.pin_float32 pins its built "
     "softmax only, and a .keras file does not keep that pin: load it with "
-    "kmp.load_model, which pins again"
+    "kmp.load_model, which pins a pinned model again"
 )
 
 

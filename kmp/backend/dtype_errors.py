@@ -170,7 +170,11 @@ def _culprit(error, layer):
     found = lambda_layer = None
     for frame, _ in traceback.walk_tb(error.__traceback__):
         owner = frame.f_locals.get("self")
-        if _ADAPT == (type(owner), frame.f_code.co_name):
+        if (
+            isinstance(owner, _ADAPT[0])
+            and frame.f_code.co_name == _ADAPT[1]
+            and not is_users(frame.f_globals.get("__name__", ""))
+        ):
             return owner, "adapt"  # Keras's own mix (`_ADAPT`)
         if isinstance(owner, keras.layers.Lambda):
             # Keras's class, the user's function: the layer to fix.
@@ -255,6 +259,7 @@ def _line(owner, method, dtypes):
     half, other = dtypes
     cls = type(owner).__name__
     if method == "adapt":
+        named = cls if is_users(type(owner)) else f"keras.layers.{cls}"
         return (
             f"{PREFIX}{cls} '{owner.name}' computes in {owner.compute_dtype}"
             f" ({owner.dtype_policy.name}), and Keras's adapt reads each "
@@ -262,8 +267,8 @@ def _line(owner, method, dtypes):
             f"sums, which TensorFlow refuses (JAX and torch compute the "
             f"statistics from {owner.compute_dtype} batches): build the "
             f"layer in float32, {cls}(..., dtype='float32'), or "
-            f"kmp.pin_float32(model, also=[keras.layers.{cls}]) before "
-            "adapt, or adapt it on a float32 NumPy array."
+            f"kmp.pin_float32(model, also=[{named}]) before adapt, or "
+            "adapt it on a float32 NumPy array."
         )
     held = _half_outputs(owner)
     # A step, or a model's helper beside its call (keras-io's WGAN-GP's

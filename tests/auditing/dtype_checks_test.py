@@ -121,6 +121,15 @@ class CastsWhatItsDrawsMade(keras.layers.Layer):
         return keras.ops.matmul(images, transforms)
 
 
+class CastsItsInputFirst(keras.layers.Layer):
+    """The input cast, then a float32 draw added: TensorFlow refuses."""
+
+    def call(self, x):
+        x = keras.ops.cast(x, self.compute_dtype)
+        x = x + keras.random.normal(keras.ops.shape(x), stddev=0.1)
+        return x
+
+
 class PythonScalar(keras.layers.Layer):
     def call(self, x):
         return x * random.uniform(0.9, 1.1)  # Python's: a float
@@ -150,6 +159,9 @@ def test_a_draw_in_the_layer_s_dtype_or_a_float32_layer_is_no_finding():
     images = keras.Input((4, 4, 3))
     model = keras.Model(images, CastsWhatItsDrawsMade()(images))
     assert not has(quiet_audit(model), "without dtype=")
+    # A cast before the draw is not the draw's.
+    noisy = keras.Sequential([CastsItsInputFirst()])
+    assert has(quiet_audit(noisy), "CastsItsInputFirst.call draws")
     # Python's random module draws Python floats, which do not clash.
     assert not has(quiet_audit(keras.Sequential([PythonScalar()])), "dtype=")
     # TensorFlow's draws are float32 too (a model not built: subclassed).

@@ -238,7 +238,7 @@ def test_a_subclassed_attention_s_float16_softmax_is_reported_until_pinned():
     model = keras.Model(inputs, keras.layers.Dense(8, dtype="float32")(h))
     report = quiet_audit(model)
     assert has(report, "warning|sub|Attention softmax computes in float16")
-    assert has(report, "load it with kmp.load_model, which pins again")
+    assert has(report, "load it with kmp.load_model, which pins a pinned")
     kmp.pin_float32(model)
     attention = model.get_layer("sub")
     assert type(attention) is MyAttention  # its own code kept

@@ -149,6 +149,14 @@ def test_keras_s_normalization_adapt_over_a_dataset_gets_the_line():
         "(mixed_float16), and Keras's adapt reads each batch of a dataset"
     )
     assert "also=[keras.layers.Normalization]) before adapt" in line
+
+    # A subclass of the user's that keeps Keras's adapt: named as theirs.
+    class Standardize(keras.layers.Normalization):
+        pass
+
+    (line,) = _kmp_notes(_raised(lambda: Standardize().adapt(dataset)))
+    assert line.startswith("kmp: Standardize 'standardize' computes in")
+    assert "also=[Standardize]) before adapt" in line
     pinned = keras.layers.Normalization(dtype="float32")  # the fix named
     pinned.adapt(dataset)
     np.testing.assert_allclose(
