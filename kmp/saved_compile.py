@@ -80,7 +80,9 @@ def compile_as_saved(
     lost, keras_says = [], None
     for warning in caught:
         skipped = _SKIPPED_COUNTS.match(str(warning.message))
-        if skipped is None:
+        if skipped is None or not skipped.group(1).startswith(_TAG):
+            # Not of an optimizer held as an attribute (one in a list,
+            # say): Keras's own words, which name it.
             warnings.warn_explicit(
                 warning.message,
                 warning.category,
@@ -88,13 +90,11 @@ def compile_as_saved(
                 warning.lineno,
             )
         elif int(skipped.group(3)) != unbuilt.get(skipped.group(1), -1):
-            # Saved built: its state is lost. Named `_TAG` + attribute,
-            # unless the model holds it otherwise (in a list, say).
-            held = skipped.group(1)
-            attribute = held.removeprefix(_TAG).split(":")[0]
+            # Saved built: its state is lost.
+            attribute = skipped.group(1).removeprefix(_TAG).split(":")[0]
             if attribute == "optimizer":
                 keras_says = keras_says or str(warning.message)
-            elif held.startswith(_TAG) and attribute not in lost:
+            elif attribute not in lost:
                 lost.append(attribute)
     if keras_says is not None and not unnamed:
         warnings.warn(lost_optimizer(filepath, keras_says), stacklevel=3)

@@ -222,3 +222,30 @@ def test_the_optimizer_lost_is_named_where_two_share_a_name(tmp_path):
     assert "self.optimizer" not in line
     assert int(loaded.optimizer.iterations) == 1
     assert loaded.probe_optimizer.name == "adam"  # its own name, back
+
+
+@keras.saving.register_keras_serializable("saved_compile_test")
+class ListedOptimizers(TwoOptimizers):
+    """Optimizers its `compile` keeps in a list, where no attribute names
+    each."""
+
+    def compile(self, **kwargs):
+        super().compile(kmp.wrap("adam"), kmp.wrap("adam"), **kwargs)
+        self.listed = [keras.optimizers.Adam()]
+
+
+def test_an_optimizer_in_a_list_keeps_keras_s_own_words(tmp_path):
+    path = str(tmp_path / "listed.keras")
+    model = _trained(ListedOptimizers, path)
+    variables = model.encoder.trainable_variables
+    model.listed[0].apply(
+        [keras.ops.ones(v.shape) for v in variables], variables
+    )
+    model.save(path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kmp.load_model(path)
+    said = [str(w.message) for w in caught]
+    assert [m for m in said if m.startswith("Skipping variable loading")]
+    (line,) = _lines(caught)
+    assert "self.encoder_optimizer, self.probe_optimizer was not" in line
