@@ -71,9 +71,12 @@ def compile_as_saved(
             stacklevel=3,
         )
         return
-    unbuilt = _variable_counts(model)
+    optimizers = _optimizers(model)
+    # Counted before any is built: a file whose optimizer has no more
+    # variables than these was saved unbuilt, and loses nothing.
+    counts = {id(o): len(o.variables) for _, o in optimizers}
     model.optimizer.build(model.trainable_variables)
-    with _named_by_attribute(model, unbuilt) as unbuilt:
+    with _named_by_attribute(optimizers, counts) as unbuilt:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             model.load_weights(filepath)
@@ -122,27 +125,19 @@ def _optimizers(model):
     return found
 
 
-def _variable_counts(model) -> dict:
-    """id(optimizer) -> its variable count now, for `_optimizers(model)`:
-    read before the load builds any (a file whose optimizer has no more
-    was saved unbuilt, and loses nothing)."""
-    return {id(o): len(o.variables) for _, o in _optimizers(model)}
-
-
 @contextlib.contextmanager
-def _named_by_attribute(model, counts):
-    """Names each of `_optimizers(model)` after the attribute that holds
-    it, for the duration (after any build: a variable's path takes its
-    optimizer's name when made); yields that name -> `counts`' entry."""
-    renamed = [(o, o.name) for _, o in _optimizers(model)]
-    named = {}
-    for attribute, optimizer in _optimizers(model):
+def _named_by_attribute(optimizers, counts):
+    """Names each of `optimizers` (`_optimizers`' pairs) after the
+    attribute that holds it, for the duration (after any build: a
+    variable's path takes its optimizer's name when made); yields that
+    name -> `counts`' entry."""
+    names = [o.name for _, o in optimizers]
+    for attribute, optimizer in optimizers:
         optimizer.name = f"{_TAG}{attribute}"
-        named[optimizer.name] = counts.get(id(optimizer), -1)
     try:
-        yield named
+        yield {o.name: counts[id(o)] for _, o in optimizers}
     finally:
-        for optimizer, name in renamed:
+        for (_, optimizer), name in zip(optimizers, names):
             optimizer.name = name
 
 

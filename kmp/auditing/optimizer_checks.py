@@ -310,7 +310,7 @@ def step_scales(model, reached=None):
 def _loss_name(attribute) -> str:
     """The loss an optimizer held as `attribute` scales, in a fix's
     words: `d_optimizer` -> `d_loss`, `probe_optimizer` -> `probe_loss`."""
-    stem = attribute.removesuffix("optimizer").rstrip("_")
+    stem = scaled_losses.stem(attribute)
     return f"{stem}_loss" if stem else "loss"
 
 

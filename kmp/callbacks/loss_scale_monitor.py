@@ -36,8 +36,7 @@ def _scales(optimizer):
 def _prefix(name):
     """The logs' prefix for the optimizer a model holds as `name`:
     `d_optimizer` -> `d_`, `gen_opt` -> `gen_opt_`."""
-    stem = name.removesuffix("optimizer").rstrip("_")
-    return f"{stem or name}_"
+    return f"{scaled_losses.stem(name) or name}_"
 
 
 def _held_scalers(model):

@@ -23,9 +23,9 @@ import numpy as np
 
 from kmp.errors import InputError
 
-# floor(log2|x|) of nonzero finite float32 values lies in [-149, 127];
-# float32 subnormals (< 2^-126) share the bottom bin, -127.
-LOG2_MIN = -149  # float32's smallest subnormal, 2^-149
+# floor(log2|x|) of nonzero finite float32 values lies in [-149, 127]
+# (2^-149: float32's smallest subnormal); each value in its own bin.
+LOG2_MIN = -149
 LOG2_MAX = 127
 
 

@@ -214,6 +214,13 @@ def attribute_of(model, optimizer) -> str:
     return "optimizer"
 
 
+def stem(attribute) -> str:
+    """What an optimizer's attribute names less `optimizer` (`d_optimizer`
+    -> `d`, `gen_opt` -> `gen_opt`, `optimizer` -> ""): the monitor's
+    log prefix, the audit's name for the loss it scales."""
+    return attribute.removesuffix("optimizer").rstrip("_")
+
+
 def held_optimizers(model, kind, other_than=None) -> list:
     """`(name, optimizer)` for each optimizer of `kind` the model holds
     as an attribute (a GAN's `d_optimizer`, named as `attribute_of`
