@@ -158,6 +158,31 @@ def _afresh(filepath, name, attributes):
     )
 
 
+def lost_state(optimizer, keras_says) -> str | None:
+    """The first of Keras's warnings `keras_says` (`SKIPPED_OPTIMIZER`,
+    for `optimizer` or its inner optimizer) whose file held more
+    variables than that optimizer has unbuilt: saved state the load
+    lost. A file saved before the first step (its optimizer unbuilt)
+    loses nothing: Keras warns all the same."""
+    if not keras_says or optimizer is None:
+        return next(iter(keras_says), None)
+    # Counted on a fresh copy: the load has built the model's own. (On
+    # torch Keras's `get_config` reads the learning rate through a NumPy
+    # path NumPy 2 deprecates: Keras's to mend, not the user's to read.)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        fresh = type(optimizer).from_config(optimizer.get_config())
+    inner = getattr(fresh, "inner_optimizer", None)
+    unbuilt = {o.name: len(o.variables) for o in (fresh, inner) if o}
+    for text in keras_says:
+        skipped = _SKIPPED_COUNTS.match(text)
+        if skipped is None or int(skipped.group(3)) != unbuilt.get(
+            skipped.group(1)
+        ):
+            return text
+    return None
+
+
 def lost_optimizer(filepath, keras_says):
     """The line that says a load dropped the model's optimizer's saved
     state (`keras_says`: Keras's warning, with both variable counts)."""

@@ -48,6 +48,7 @@ from kmp.model_layers import output_layers
 from kmp.saved_compile import SKIPPED_OPTIMIZER
 from kmp.saved_compile import compile_as_saved
 from kmp.saved_compile import lost_optimizer
+from kmp.saved_compile import lost_state
 from kmp.scaling import LossScaleOptimizer
 from kmp_config.names import HALF_DTYPES
 from kmp_config.names import MIXED_POLICIES
@@ -317,18 +318,21 @@ def _keras_load(filepath, custom_objects, compile, safe_mode, unnamed):
             unknown.class_name = missing.group(1)  # for the command's hint
             raise unknown from None
     custom_compile = type(model).compile is not keras.Model.compile
+    skipped = []  # Keras's words for each optimizer whose state it skipped
     for warning in caught:
         text = str(warning.message)
         if _SKIPPED_COMPILE in text:
             continue  # kmp compiles it (`compile_as_saved`)
         if text.startswith(SKIPPED_OPTIMIZER):
-            if custom_compile or unnamed:
-                continue  # unbuilt until `compile_as_saved` loads it
-            warnings.warn(lost_optimizer(filepath, text), stacklevel=3)
-            continue
+            if not (custom_compile or unnamed):
+                skipped.append(text)
+            continue  # else unbuilt until `compile_as_saved` loads it
         warnings.warn_explicit(
             warning.message, warning.category, warning.filename, warning.lineno
         )
+    keras_says = lost_state(getattr(model, "optimizer", None), skipped)
+    if keras_says is not None:
+        warnings.warn(lost_optimizer(filepath, keras_says), stacklevel=3)
     return model
 
 
@@ -339,9 +343,8 @@ def _names_no_optimizer(config) -> bool:
     it in place; 3.16 pops it from a copy), so each later `.keras` save of
     that model lacks it too."""
     compile_config = config.get("compile_config")
-    return isinstance(compile_config, dict) and (
-        "optimizer" not in compile_config
-    )
+    # An uncompiled model's file has an empty one: nothing to lose.
+    return bool(compile_config) and "optimizer" not in compile_config
 
 
 def _no_optimizer(filepath, model):

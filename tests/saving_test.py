@@ -248,6 +248,33 @@ def test_lost_optimizer_state_is_said_in_one_line_with_the_fix(tmp_path):
     assert keras.config.dtype_policy().name == "float32"  # left as it was
 
 
+@pytest.mark.parametrize("compiled", [None, "keras", "kmp"])
+def test_a_model_saved_before_its_first_step_loads_without_a_line(
+    tmp_path, compiled
+):
+    # Nothing was lost: the file's optimizer was never built. Keras warns
+    # all the same ("it has 6 variables whereas the saved optimizer has
+    # 2"); kmp had said the state was lost, once per optimizer (the
+    # scaler's inner one too), and of an uncompiled model's file that
+    # its compile config names no optimizer.
+    kmp.enable("mixed_float16")
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, keras.layers.Dense(3)(inputs))
+    if compiled is not None:
+        optimizer = kmp.wrap("adam") if compiled == "kmp" else "adam"
+        model.compile(optimizer=optimizer, loss="mse")
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        # Keras's own get_config on torch, through NumPy's deprecated path.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        loaded = kmp.load_model(path)
+    assert (getattr(loaded, "optimizer", None) is None) == (compiled is None)
+    if compiled is not None:
+        loaded.fit(np.ones((4, 4)), np.ones((4, 3)), verbose=0)
+
+
 def _scaled_model():
     """A trained mixed_float16 model compiled with kmp's scaler."""
     kmp.enable("mixed_float16")
