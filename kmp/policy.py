@@ -185,7 +185,12 @@ def enable(
     keep their variables in its `variable_dtype` (float32). Under
     `"mixed_float16"`, compile with `kmp.wrap(optimizer)` so the loss is
     scaled. On hardware where mixed precision is slower (CPU, pre-Volta
-    GPUs), a warning says so, once.
+    GPUs), a warning says so, once. While a 16-bit policy is in force, a
+    mixed-dtype error of a layer or step of yours ends with a line of
+    kmp's (`kmp.backend.dtype_errors`), and a `keras.layers.Normalization`
+    computes in float32 from its `adapt` on
+    (`kmp.islands.feature_normalization`: in float16 a raw feature with
+    a variance over 65504 comes out 0).
 
     `master_weights="bfloat16"` (with `"mixed_bfloat16"`) stores the
     variables in bfloat16 too: Keras's `"bfloat16"` policy, 2 bytes per

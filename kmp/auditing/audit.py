@@ -113,6 +113,7 @@ def audit(model, optimizer=None, verbose: bool = True) -> AuditReport:
     half = model_checks.half_layers(model)
     model_checks.check_outputs(model, outputs, findings)
     model_checks.check_inner_softmaxes(half, outputs, findings)
+    model_checks.check_feature_normalizations(half, findings)
     applied = [("optimizer", optimizer)]
     if optimizer is getattr(model, "optimizer", None):
         applied = optimizer_checks.applied_optimizers(model, optimizer)

@@ -37,7 +37,10 @@ Keras API; what cannot be branches here, each function once, on
                  a variable whose value a JAX step holds
     dtype_errors how TensorFlow, torch and JAX word a 16-bit/float32
                  mismatch, and kmp's line at the end of such an error in
-                 a user's layer or step while a 16-bit policy is on
+                 a user's layer or step
+    policy_hooks what kmp wraps in Keras while a 16-bit kmp policy is
+                 in force (dtype_errors' line, `while_16_bit`), and the
+                 switch
     random_state the framework's global random generator (torch's, which
                  unseeded layers draw from), kept by a run's backup
     distribution the active distribution, its mesh and the variables it
@@ -72,10 +75,8 @@ from kmp.backend.distribution import processes
 from kmp.backend.distribution import runtime_started
 from kmp.backend.distribution import sum_over_replicas
 from kmp.backend.dtype_errors import dtype_note
-from kmp.backend.dtype_errors import dtype_notes_on
 from kmp.backend.dtype_errors import is_users
 from kmp.backend.dtype_errors import mismatched_dtypes
-from kmp.backend.dtype_errors import note_dtype_errors
 from kmp.backend.initialization import initialized_together
 from kmp.backend.keras_internals import TESTED_KERAS
 from kmp.backend.keras_internals import KerasInternalsError
@@ -105,6 +106,9 @@ from kmp.backend.optimizer_updates import stored_dtype
 from kmp.backend.optimizer_updates import stored_reads
 from kmp.backend.optimizer_updates import updates_in_groups
 from kmp.backend.optimizer_updates import updates_per_replica
+from kmp.backend.policy_hooks import dtype_notes_on
+from kmp.backend.policy_hooks import note_dtype_errors
+from kmp.backend.policy_hooks import while_16_bit
 from kmp.backend.random_state import random_state
 from kmp.backend.random_state import restore_random_state
 from kmp.backend.recompute import RecomputedState
@@ -189,4 +193,5 @@ __all__ = [
     "updates_per_replica",
     "use_compile_cache",
     "variable_bytes",
+    "while_16_bit",
 ]

@@ -16,32 +16,23 @@ line naming the user's layer, the two dtypes and the fix:
     layer's dtype (keras.random.normal(..., dtype=self.compute_dtype),
     ...), or run the layer in float32: ...
 
-Where the line comes from (BUILD_NOTES, "What kmp reaches in Keras's
-private code"): `install` wraps `Layer._open_name_scope`, the name scope
-that `Layer.__call__` opens around `build` and around the call itself
-(symbolic, eager or traced). The scope's `__exit__` sees the exception
-Keras raises, after Keras has rewritten it ("Exception encountered when
-calling ..."), and adds the note; an `__exit__` adds no frame to the
-traceback. A train step's error passes through no layer: `install` also
-wraps `keras.Model`'s `fit`, `evaluate`, `predict` and their `*_on_batch`
-forms, which the user calls (one frame of kmp's in such a traceback).
+Where the line comes from: `dtype_note`, which the wrappers of
+`policy_hooks` call on the way out of a layer's call or a step's `fit`.
 The layer named is the innermost frame of the traceback whose `self` is
 a layer of the user's (not of Keras, KerasHub or kmp); the line is added
-once. The exception's type and message are Keras's. A layer call that
-succeeds goes through one more `__enter__`/`__exit__` per scope, two per
-call (`benchmarks/dtype_notes_cost.py`); a compiled step runs none.
+once. The exception's type and message are Keras's.
 
-Three errors of 16-bit training that no layer of the user's raises get
+Two errors of 16-bit training that no layer of the user's raises get
 a line of their own: TensorFlow's refusal to sum a layer's float16
-`add_loss` value with the float32 loss (in Keras's `compute_loss`),
+`add_loss` value with the float32 loss (in Keras's `compute_loss`), and
 JAX's CPU refusing the float16 matmul with float32 accumulation that
-Keras's fused attention asks for, and TensorFlow's refusal inside
-Keras's `Normalization.adapt` over a dataset (wrapped as `fit` is). A
-Keras `Lambda` whose function of the user's raised is named as the
-user's layer.
+Keras's fused attention asks for. (TensorFlow's refusal inside Keras's
+`Normalization.adapt` over a dataset has none: under kmp's policies the
+layer adapts in float32, `kmp.islands.feature_normalization`.) A Keras
+`Lambda` whose function of the user's raised is named as the user's
+layer.
 """
 
-import functools
 import re
 import traceback
 
@@ -55,16 +46,6 @@ PREFIX = "kmp: "
 LIBRARIES = frozenset(
     ("keras", "keras_hub", "keras_nlp", "keras_cv", "kmp", "tf_keras")
     + ("tensorflow", "jax", "jaxlib", "torch", "numpy", "optree")
-)
-
-# The Model methods a user calls to run a step (`train_step`, ...).
-ENTRY_POINTS = (
-    "fit",
-    "evaluate",
-    "predict",
-    "train_on_batch",
-    "test_on_batch",
-    "predict_on_batch",
 )
 
 # How TensorFlow (graph and eager), torch and JAX name the two dtypes of
@@ -106,13 +87,6 @@ _MISMATCHES = (
 # list, TensorFlow does not. Keras's frame is filtered from the traceback.
 _LOSSES = "list containing a tensor of dtype"
 
-# Keras's `Normalization.adapt` over a dataset (keras-io's diffusion
-# model adapts it on its `tf.data` images) converts each batch to the
-# layer's compute dtype and adds its mean to float32 zeros: under a 16-bit
-# policy TensorFlow refuses, in no layer call. The user calls it, as they
-# call `fit`: wrapped the same way.
-_ADAPT = (keras.layers.Normalization, "adapt")
-
 # JAX's CPU backend refuses a 16-bit matmul that accumulates in float32
 # ("The precision 'F16_F16_F32' is not supported by dot_general on
 # CPU"), which Keras's fused attention asks for under mixed_float16: at
@@ -130,8 +104,6 @@ _NAMES = {
     "double": "float64",
     "float64": "float64",
 }
-
-_installed = {}  # (owner, name) -> what the owner's __dict__ held, or None
 
 
 def mismatched_dtypes(error) -> tuple | None:
@@ -170,12 +142,6 @@ def _culprit(error, layer):
     found = lambda_layer = None
     for frame, _ in traceback.walk_tb(error.__traceback__):
         owner = frame.f_locals.get("self")
-        if (
-            isinstance(owner, _ADAPT[0])
-            and frame.f_code.co_name == _ADAPT[1]
-            and not is_users(frame.f_globals.get("__name__", ""))
-        ):
-            return owner, "adapt"  # Keras's own mix (`_ADAPT`)
         if isinstance(owner, keras.layers.Lambda):
             # Keras's class, the user's function: the layer to fix.
             lambda_layer = owner
@@ -258,18 +224,6 @@ def _losses_line(dtypes, policy):
 def _line(owner, method, dtypes):
     half, other = dtypes
     cls = type(owner).__name__
-    if method == "adapt":
-        named = cls if is_users(type(owner)) else f"keras.layers.{cls}"
-        return (
-            f"{PREFIX}{cls} '{owner.name}' computes in {owner.compute_dtype}"
-            f" ({owner.dtype_policy.name}), and Keras's adapt reads each "
-            f"batch of a dataset in {owner.compute_dtype} into {other} "
-            f"sums, which TensorFlow refuses (JAX and torch compute the "
-            f"statistics from {owner.compute_dtype} batches): build the "
-            f"layer in float32, {cls}(..., dtype='float32'), or "
-            f"kmp.pin_float32(model, also=[{named}]) before adapt, or "
-            "adapt it on a float32 NumPy array."
-        )
     held = _half_outputs(owner)
     # A step, or a model's helper beside its call (keras-io's WGAN-GP's
     # `gradient_penalty`) that may meet a sub-model's 16-bit output:
@@ -328,93 +282,3 @@ def _half_outputs(model):
         ):
             names.append(name)
     return names
-
-
-class _NotingScope:
-    """A layer's name scope whose exit notes a mixed-dtype error."""
-
-    __slots__ = ("scope", "layer")
-
-    def __init__(self, scope, layer):
-        self.scope = scope
-        self.layer = layer
-
-    def __enter__(self):
-        return self.scope.__enter__()
-
-    def __exit__(self, kind, error, tb):
-        if error is not None:
-            dtype_note(error, self.layer)
-        return self.scope.__exit__(kind, error, tb)
-
-
-def _noting_scope(open_scope):
-    @functools.wraps(open_scope)
-    def _open_name_scope(self):
-        return _NotingScope(open_scope(self), self)
-
-    _open_name_scope._kmp_original = open_scope
-    return _open_name_scope
-
-
-def _noting_entry(method):
-    @functools.wraps(method)
-    def entry(self, *args, **kwargs):
-        try:
-            return method(self, *args, **kwargs)
-        except Exception as error:
-            dtype_note(error)
-            raise
-
-    entry._kmp_original = method
-    return entry
-
-
-def _targets():
-    layer = keras.layers.Layer
-    yield layer, "_open_name_scope", _noting_scope
-    for name in ENTRY_POINTS:
-        yield keras.Model, name, _noting_entry
-    yield (*_ADAPT, _noting_entry)
-
-
-def install() -> None:
-    """Adds kmp's line to mixed-dtype errors of the user's layers and
-    steps (idempotent; `remove` undoes it)."""
-    if _installed:
-        return
-    for owner, name, wrap in _targets():
-        method = getattr(owner, name, None)
-        if method is None:  # a Keras without it: no line, nothing fails
-            continue
-        _installed[owner, name] = owner.__dict__.get(name)
-        setattr(owner, name, wrap(method))
-
-
-def remove() -> None:
-    """Undoes `install`: Keras's methods as they were."""
-    for (owner, name), held in _installed.items():
-        if not hasattr(owner.__dict__.get(name), "_kmp_original"):
-            continue  # wrapped again since (a test's spy): left as it is
-        if held is None:
-            delattr(owner, name)
-        else:
-            setattr(owner, name, held)
-    _installed.clear()
-
-
-def dtype_notes_on() -> bool:
-    """Whether kmp's line is being added."""
-    return bool(_installed)
-
-
-def note_dtype_errors() -> bool:
-    """Adds kmp's line to mixed-dtype errors while the global policy
-    computes in 16 bits, and stops otherwise (`kmp.enable`,
-    `kmp.disable` and `kmp.policy_scope` call it); returns whether it is
-    on."""
-    if keras.config.dtype_policy().compute_dtype in HALF_DTYPES:
-        install()
-    else:
-        remove()
-    return dtype_notes_on()

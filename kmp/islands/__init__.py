@@ -23,9 +23,13 @@
                     skips the masked half
     token_ids       `float_ids`: float inputs whose token ids a 16-bit
                     cast rounds before an embedding looks them up
+    feature_normalization  Keras's `Normalization` in float32, its
+                    statistics included, from its `adapt` on under a
+                    16-bit kmp policy
     pin             `kmp.pin_float32`: outputs float32, inner softmaxes
                     and sigmoids float32 inside, float token ids kept
-                    exact, KerasHub's position embeddings broadcast
+                    exact, Normalization layers in float32,
+                    KerasHub's position embeddings broadcast
                     once, GELUs recomputed, projections' biases
                     flattened, decoders' masks known causal; what counts
                     as sensitive
@@ -39,6 +43,9 @@ from kmp.islands.causal_attention import attend_causally
 from kmp.islands.causal_attention import attends_causally
 from kmp.islands.einsum_bias import flatten_bias
 from kmp.islands.einsum_bias import flattens_bias
+from kmp.islands.feature_normalization import is_feature_normalization
+from kmp.islands.feature_normalization import largest_statistic
+from kmp.islands.feature_normalization import normalize_in_float32
 from kmp.islands.float32_layers import Float32Activation
 from kmp.islands.float32_layers import Float32Softmax
 from kmp.islands.float32_layers import MultiHeadAttention
@@ -69,8 +76,11 @@ __all__ = [
     "flatten_bias",
     "flattens_bias",
     "float_ids",
+    "is_feature_normalization",
     "is_gelu",
     "is_sensitive",
+    "largest_statistic",
+    "normalize_in_float32",
     "pin_float32",
     "recompute_gelu",
     "recomputes_gelu",

@@ -16,6 +16,8 @@ fused kernel instead of Keras's many: `batch_norm`). What it pins:
 - Token ids declared as floats keep their values: a layer that would
   cast them to 16 bits before an embedding looks them up computes in
   float32 (`token_ids`).
+- Keras's `Normalization` layers compute in float32, their statistics
+  included (`feature_normalization`).
 
 And, not a float32 matter but a layer pinning already walks: on JAX,
 KerasHub's `PositionEmbedding` repeats one example's embedding over the
@@ -45,6 +47,8 @@ from kmp.islands.batch_norm import BatchNormalization
 from kmp.islands.causal_attention import attend_causally
 from kmp.islands.causal_attention import is_causal_decoder
 from kmp.islands.einsum_bias import flatten_bias
+from kmp.islands.feature_normalization import is_feature_normalization
+from kmp.islands.feature_normalization import normalize_in_float32
 from kmp.islands.gelu import recompute_gelu
 from kmp.islands.position_embedding import broadcast_once
 from kmp.islands.position_embedding import is_keras_hub_position_embedding
@@ -116,6 +120,12 @@ def pin_float32(
       to 2048, bfloat16 up to 256) gets `dtype_policy="float32"`, when
       the table is larger than that. Declaring the input
       `dtype="int32"` is the better fix.
+    - Each Keras `Normalization` layer (`(x - mean) / sqrt(variance)`
+      on raw features) computes in float32 and returns float32, its mean
+      and variance made again in float32: in float16 a variance over
+      65504 is infinite, which zeroes that feature, and bfloat16 keeps
+      8 significant bits of a raw input (`feature_normalization`;
+      under a kmp policy `adapt` does this before it reads the data).
     - Layers matched by `also` get `dtype_policy="float32"`.
     - Not a float32 matter, but on the same walk: on JAX each exact
       KerasHub `PositionEmbedding` repeats one example's embedding over
@@ -144,15 +154,19 @@ def pin_float32(
       Mixtral's and Gemma's tell cuDNN their sliding window too, where
       it takes one (cuDNN 9.10.2 or later; `kmp.backend.causal_attention`).
 
-    Normalization layers keep their policy: Keras computes them in
-    float32 already. On torch each exact `BatchNormalization` becomes
+    BatchNormalization, LayerNormalization, GroupNormalization and
+    RMSNormalization keep their policy: Keras computes them in float32
+    already. On torch each exact `BatchNormalization` becomes
     `kmp.layers.BatchNormalization`, the same float32 arithmetic in one
     fused kernel (eager torch runs each of Keras's ops, and each of their
     gradients, as a kernel of its own). For subclassed models, the
     outputs are not recorded by Keras, so output layers are not pinned
     (the inner softmaxes are); give the final layer `dtype="float32"`
     or name it in `also`. Calling `pin_float32` again changes nothing;
-    under a float32 global policy it does nothing.
+    under a float32 global policy it does nothing. A Functional model's
+    symbolic `model.outputs` (and its `compute_output_spec`) keep the
+    dtype Keras recorded when it built them, float16; the model returns
+    float32, and a `.keras` file of it loads with float32 outputs.
 
     Args:
         model: A Keras model (Sequential, Functional or subclassed), built
@@ -204,6 +218,11 @@ def pin_float32(
                 attend_causally(layer)
             flatten_bias(layer)  # first: the GELU's wrapper runs it
             recompute_gelu(layer)
+        if is_feature_normalization(layer):
+            # An output's too: pinned above, its statistics still 16-bit.
+            normalize_in_float32(layer)
+            pinned.append(layer)
+            continue
         if id(layer) in output_ids:
             continue
         if also and matches(layer, also):

@@ -133,58 +133,6 @@ def test_a_lambda_s_function_is_named_with_the_lambda_s_fixes():
     model(np.ones((2, 2), "float32"))  # no error
 
 
-@pytest.mark.skipif(not TENSORFLOW, reason="JAX and torch promote there")
-def test_keras_s_normalization_adapt_over_a_dataset_gets_the_line():
-    # keras-io's diffusion model adapts its Normalization on tf.data
-    # images; under mixed_float16 Keras's adapt fails in TensorFlow.
-    import tensorflow as tf
-
-    kmp.enable("mixed_float16")
-    images = np.random.default_rng(0).random((8, 4, 4, 3), "float32")
-    dataset = tf.data.Dataset.from_tensor_slices(images).batch(4)
-    layer = keras.layers.Normalization()
-    (line,) = _kmp_notes(_raised(lambda: layer.adapt(dataset)))
-    assert line.startswith(
-        "kmp: Normalization 'normalization' computes in float16 "
-        "(mixed_float16), and Keras's adapt reads each batch of a dataset"
-    )
-    assert "also=[keras.layers.Normalization]) before adapt" in line
-
-    # A subclass of the user's that keeps Keras's adapt: named as theirs.
-    class Standardize(keras.layers.Normalization):
-        pass
-
-    (line,) = _kmp_notes(_raised(lambda: Standardize().adapt(dataset)))
-    assert line.startswith("kmp: Standardize 'standardize' computes in")
-    assert "also=[Standardize]) before adapt" in line
-    pinned = keras.layers.Normalization(dtype="float32")  # the fix named
-    pinned.adapt(dataset)
-    np.testing.assert_allclose(
-        keras.ops.convert_to_numpy(pinned.mean)[0, 0, 0],
-        images.mean(axis=(0, 1, 2)),
-        rtol=1e-6,
-    )
-
-
-def test_the_line_is_on_only_under_a_16_bit_kmp_policy():
-    original = keras.layers.Layer.__dict__["_open_name_scope"]
-    fit = keras.Model.fit
-    kmp.enable("mixed_bfloat16")
-    assert backend.dtype_notes_on()
-    assert keras.layers.Layer._open_name_scope is not original
-    kmp.disable()
-    assert not backend.dtype_notes_on()
-    assert keras.layers.Layer.__dict__["_open_name_scope"] is original
-    assert keras.Model.fit is fit and "fit" not in keras.Model.__dict__
-    with kmp.policy_scope("mixed_float16"):
-        assert backend.dtype_notes_on()
-    assert not backend.dtype_notes_on()
-    # Keras's policy set directly: no line.
-    keras.config.set_dtype_policy("mixed_float16")
-    error = _raised(lambda: Inner()(np.ones((2, 2), "float32")))
-    assert not _kmp_notes(error)
-
-
 def test_other_errors_and_other_code_get_no_line():
     kmp.enable("mixed_float16")
     mismatch = TypeError(

@@ -94,7 +94,7 @@ REACHES = [
         "_open_name_scope",
         (),
         "kmp's note on a 16-bit/float32 error in a user's layer "
-        "(kmp/backend/dtype_errors.py)",
+        "(kmp/backend/policy_hooks.py)",
     ),
     Reach(
         "layer",

@@ -1,0 +1,111 @@
+"""Keras's `Normalization` layer in float32 under kmp's 16-bit policies.
+
+`keras.layers.Normalization` standardizes raw features: `(x - mean) /
+sqrt(variance)`. Under a 16-bit policy Keras computes it in 16 bits, and
+Keras's own mixed precision says nothing of what that costs:
+
+- its mean and variance are cast to the compute dtype (`finalize_state`,
+  `build`): a feature whose variance is over 65504, float16's largest
+  value (a standard deviation over 256: prices, populations, counts),
+  gets an infinite variance, and the layer outputs 0 for it, every row,
+  on every backend (keras-io's `FeatureSpace` with `"float_normalized"`
+  included);
+- its input is cast to the compute dtype before the subtraction: a value
+  over 65504 is infinite in float16, and bfloat16 keeps 8 significant
+  bits (a year of 2003 reads 2000 or 2008, up to 0.4 of a standard
+  deviation of 10);
+- `adapt` over a dataset converts each batch to the compute dtype: its
+  statistics come from 16-bit batches on JAX and torch, and TensorFlow
+  refuses to add them to Keras's float32 sums.
+
+The arithmetic is a subtraction and a division per feature, no matmul:
+16 bits buy it nothing. So while a 16-bit kmp policy is in force
+(`kmp.enable`, `kmp.policy_scope`) a `Normalization` computes in float32:
+its `adapt` puts it in float32 before it reads the data (kmp wraps
+Keras's method on the switch of kmp's error lines,
+`kmp.backend.while_16_bit`, which `kmp.disable` turns off), and
+`kmp.pin_float32` puts every one of a model in float32
+(`normalize_in_float32`). Its output is float32; the next layer casts it
+to its own compute dtype, which a standardized feature survives. The
+layer's `dtype_policy` says `"float32"`, which a `.keras` file keeps.
+"""
+
+import functools
+
+import keras
+import numpy as np
+
+from kmp import backend
+from kmp.layer_policies import pin_to_float32
+from kmp_config.names import HALF_DTYPES
+
+
+def is_feature_normalization(layer) -> bool:
+    """Whether `layer` is a Keras `Normalization` (a subclass included)."""
+    return isinstance(layer, keras.layers.Normalization)
+
+
+def normalize_in_float32(layer) -> bool:
+    """Makes a `Normalization` compute in float32, its statistics
+    included; returns whether it changed anything.
+
+    An unbuilt layer gets Keras's `"float32"` policy, so its statistics'
+    variables are float32 when it builds. A built one keeps its
+    variables' dtype (`kmp.layer_policies.pin_to_float32`: float32, or
+    bfloat16 under bfloat16 master weights, whose statistics were rounded
+    when stored), and its mean and variance tensors, cast to its compute
+    dtype when it built, are made again in float32: from its variables
+    for an adapted layer (Keras's `finalize_state`), from the `mean` and
+    `variance` it was given otherwise (Keras's `build`, which adds no
+    variable then).
+
+    Args:
+        layer: A `keras.layers.Normalization`.
+    """
+    if not layer.built:
+        if layer.compute_dtype not in HALF_DTYPES:
+            return False
+        layer.dtype_policy = keras.DTypePolicy("float32")
+        return True
+    if layer.compute_dtype in HALF_DTYPES:
+        pin_to_float32(layer)
+    elif keras.backend.standardize_dtype(layer.mean.dtype) == "float32":
+        return False
+    if layer.input_mean is None:
+        layer.finalize_state()
+    else:
+        # Keras's own `build`, unwrapped: the wrapper `Layer.__new__` puts
+        # on the instance would also reset the layer's path to the scope
+        # it is called from, which a model's policy map looks layers up by.
+        shape = layer.get_build_config()["input_shape"]
+        type(layer).build(layer, shape)
+    return True
+
+
+def largest_statistic(layer) -> float | None:
+    """The largest of a built `Normalization`'s variances and absolute
+    means, as it holds them in float32 (its variables, or the `mean` and
+    `variance` it was given), or None if it has none yet."""
+    if not layer.built:
+        return None
+    if layer.input_mean is None:
+        held = (layer.adapt_mean, layer.adapt_variance)
+    else:
+        held = (layer.input_mean, layer.input_variance)
+    return max(
+        float(np.max(np.abs(keras.ops.convert_to_numpy(value))))
+        for value in held
+    )
+
+
+def _adapting_in_float32(adapt):
+    @functools.wraps(adapt)
+    def adapt_in_float32(self, *args, **kwargs):
+        normalize_in_float32(self)
+        return adapt(self, *args, **kwargs)
+
+    adapt_in_float32._kmp_original = adapt
+    return adapt_in_float32
+
+
+backend.while_16_bit(keras.layers.Normalization, "adapt", _adapting_in_float32)

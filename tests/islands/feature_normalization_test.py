@@ -1,0 +1,196 @@
+"""kmp.islands.feature_normalization: Keras's `Normalization` layer in float32
+under kmp's 16-bit policies (its `adapt`, and `kmp.pin_float32`), against
+what Keras's own mixed precision makes of it."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kmp
+from kmp import backend
+from kmp.islands import feature_normalization
+
+RNG = np.random.default_rng(0)
+# Raw features as a table holds them: a year (mean 2000, standard
+# deviation 10), a price (standard deviation 3000: a variance of 9e6,
+# over float16's largest value, 65504) and one already standardized.
+FEATURES = np.stack(
+    [
+        RNG.normal(2000, 10, 1024),
+        RNG.normal(5000, 3000, 1024),
+        RNG.normal(0, 1, 1024),
+    ],
+    axis=1,
+).astype("float32")
+YEAR, PRICE = 0, 1
+
+
+def _data(kind):
+    """The features as `adapt` takes them: an array, or batches."""
+    if kind == "array":
+        return FEATURES
+    if kind == "batches":
+        return [FEATURES[i : i + 128] for i in range(0, len(FEATURES), 128)]
+    return tf.data.Dataset.from_tensor_slices(FEATURES).batch(128)
+
+
+def _normalized(layer):
+    out = layer(FEATURES[:256])
+    return keras.ops.convert_to_numpy(keras.ops.cast(out, "float32"))
+
+
+def _float32(kind="array"):
+    """The features standardized in float32 by Keras alone."""
+    layer = keras.layers.Normalization(dtype="float32")
+    layer.adapt(_data(kind))
+    return _normalized(layer)
+
+
+def test_stock_keras_zeroes_a_wide_feature_and_rounds_an_offset_one():
+    # Keras's own mixed precision: the statistics are float32 (adapted
+    # on an array), then cast to the compute dtype with the input.
+    expected = _float32()
+    keras.config.set_dtype_policy("mixed_float16")
+    layer = keras.layers.Normalization()
+    layer.adapt(FEATURES)
+    assert keras.ops.convert_to_numpy(layer.variance)[0, PRICE] == np.inf
+    price = _normalized(layer)[:, PRICE]
+    assert np.all(price == 0) and np.std(expected[:, PRICE]) > 0.9
+
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    layer = keras.layers.Normalization()
+    layer.adapt(FEATURES)
+    # bfloat16 holds 2003.4 as 2000 or 2008: off by up to 0.4 of the
+    # year's standard deviation.
+    year = np.abs(_normalized(layer) - expected)[:, YEAR]
+    assert year.max() > 0.3, year.max()
+
+
+@pytest.mark.parametrize("kind", ["array", "batches", "dataset"])
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_adapt_under_kmp_standardizes_as_float32_does(policy, kind):
+    # A dataset's batches were read in 16 bits (JAX, torch) or refused
+    # by TensorFlow ("expected to be a float tensor but is a half").
+    expected = _float32(kind)
+    kmp.enable(policy)
+    layer = keras.layers.Normalization()
+    assert layer.compute_dtype != "float32"
+    layer.adapt(_data(kind))
+    assert layer.dtype_policy.name == "float32"
+    assert keras.backend.standardize_dtype(layer.adapt_mean.dtype) == "float32"
+    np.testing.assert_allclose(_normalized(layer), expected, atol=1e-6)
+
+
+def test_bfloat16_master_weights_keep_float32_statistics():
+    expected = _float32()
+    kmp.enable("mixed_bfloat16", master_weights="bfloat16")
+    layer = keras.layers.Normalization()
+    layer.adapt(FEATURES)
+    assert keras.backend.standardize_dtype(layer.adapt_mean.dtype) == "float32"
+    np.testing.assert_allclose(_normalized(layer), expected, atol=1e-6)
+
+
+def test_pin_float32_remakes_built_layers_statistics_in_float32():
+    expected = _float32()
+    # Built and adapted under Keras's own mixed precision (kmp's adapt
+    # not in place), nested in a model of their own.
+    keras.config.set_dtype_policy("mixed_float16")
+    given = keras.layers.Normalization(
+        mean=FEATURES.mean(0), variance=FEATURES.var(0), name="given"
+    )
+    adapted = keras.layers.Normalization(name="adapted")
+    adapted.adapt(FEATURES)
+    inputs = keras.Input((3,))
+    inner = keras.Sequential([given], name="inner")
+    model = keras.Model(inputs, [inner(inputs), adapted(inputs)])
+    paths = given.path, adapted.path
+    assert np.all(_normalized(given)[:, PRICE] == 0)
+    assert np.all(_normalized(adapted)[:, PRICE] == 0)
+    # kmp.audit says so before.
+    found = {
+        f.where: f
+        for f in kmp.audit(model, verbose=False)
+        if "Normalization" in f.problem
+    }
+    assert [found[where].severity for where in paths] == ["error"] * 2
+    largest = f"{FEATURES.var(0).max():.4g}"
+    assert f"reach {largest}, over float16's largest value (65504)" in (
+        found["inner/given"].problem
+    )
+
+    assert kmp.pin_float32(model) is model
+    assert (given.path, adapted.path) == paths
+    for layer in (given, adapted):
+        assert layer.dtype_policy.name == "float32"
+        np.testing.assert_allclose(_normalized(layer), expected, atol=1e-4)
+    report = kmp.audit(model, verbose=False)
+    assert not [f for f in report if "Normalization" in f.problem], report
+
+
+def test_the_audit_warns_of_a_16_bit_normalization_within_range():
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    layer = keras.layers.Normalization(mean=0.5, variance=0.25)
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, keras.layers.Dense(2)(layer(inputs)))
+    report = kmp.audit(model, verbose=False)
+    (finding,) = [f for f in report if "Normalization" in f.problem]
+    assert finding.severity == "warning"
+    assert finding.problem.startswith(
+        "Normalization computes in bfloat16: it rounds raw inputs and its "
+        "mean to 8 significant bits"
+    )
+    assert finding.fix == "kmp.pin_float32(model)."
+
+
+def test_a_pinned_normalization_comes_back_from_a_keras_file(tmp_path):
+    kmp.enable("mixed_float16")
+    layer = keras.layers.Normalization()
+    layer.adapt(FEATURES)
+    model = kmp.pin_float32(
+        keras.Sequential([keras.Input((3,)), layer, keras.layers.Dense(2)])
+    )
+    model.compile(optimizer=kmp.wrap("adam"), loss="mse")
+    model.save(tmp_path / "model.keras")
+    loaded = kmp.load_model(tmp_path / "model.keras")
+    assert loaded.layers[0].dtype_policy.name == "float32"
+    np.testing.assert_array_equal(
+        loaded.predict(FEATURES, verbose=0), model.predict(FEATURES, verbose=0)
+    )
+
+
+def test_keras_io_feature_space_keeps_a_wide_feature():
+    # keras-io's "Structured data classification with FeatureSpace": its
+    # numeric features are "float_normalized", a Normalization adapted
+    # on a tf.data dataset, encoded in the tf.data pipeline.
+    data = {"price": FEATURES[:, PRICE], "city": RNG.choice(["a", "b"], 1024)}
+    features = {"price": "float_normalized", "city": "string_categorical"}
+
+    def encoded(space):
+        dataset = tf.data.Dataset.from_tensor_slices(data).batch(128)
+        space.adapt(dataset)
+        batch = next(iter(dataset.map(space)))
+        return np.asarray(batch, "float32")
+
+    expected = encoded(keras.utils.FeatureSpace(features, output_mode="concat"))
+    kmp.enable("mixed_float16")
+    got = encoded(keras.utils.FeatureSpace(features, output_mode="concat"))
+    assert np.std(got[:, -1]) > 0.9  # the price, last: 0 under Keras's
+    np.testing.assert_allclose(got, expected, atol=2e-3)  # a float16 concat
+
+
+def test_kmp_disable_puts_keras_s_adapt_back():
+    original = keras.layers.Normalization.__dict__["adapt"]
+    kmp.enable("mixed_float16")
+    assert backend.dtype_notes_on()
+    assert keras.layers.Normalization.__dict__["adapt"] is not original
+    with kmp.policy_scope("float32"):
+        assert keras.layers.Normalization.__dict__["adapt"] is original
+    assert backend.dtype_notes_on()
+    kmp.disable()
+    assert keras.layers.Normalization.__dict__["adapt"] is original
+    assert not backend.dtype_notes_on()
+    # A float32 layer under a 16-bit policy is left as it is.
+    kmp.enable("mixed_float16")
+    layer = keras.layers.Normalization(dtype="float32")
+    assert not feature_normalization.normalize_in_float32(layer)
