@@ -188,7 +188,7 @@ def enable(
     GPUs), a warning says so, once. While a 16-bit policy is in force, a
     mixed-dtype error of a layer or step of yours ends with a line of
     kmp's (`kmp.backend.dtype_errors`), and a `keras.layers.Normalization`
-    computes in float32 from its `adapt` on
+    made or adapted then computes in float32
     (`kmp.islands.feature_normalization`: in float16 a raw feature with
     a variance over 65504 comes out 0).
 

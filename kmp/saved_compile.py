@@ -12,8 +12,11 @@ import contextlib
 import inspect
 import re
 import warnings
+import zipfile
 
+import h5py
 import keras
+import numpy as np
 
 from kmp.scaling.scaled_losses import held_optimizers
 
@@ -158,29 +161,41 @@ def _afresh(filepath, name, attributes):
     )
 
 
-def lost_state(optimizer, keras_says) -> str | None:
-    """The first of Keras's warnings `keras_says` (`SKIPPED_OPTIMIZER`,
-    for `optimizer` or its inner optimizer) whose file held more
-    variables than that optimizer has unbuilt: saved state the load
-    lost. A file saved before the first step (its optimizer unbuilt)
-    loses nothing: Keras warns all the same."""
-    if not keras_says or optimizer is None:
-        return next(iter(keras_says), None)
-    # Counted on a fresh copy: the load has built the model's own. (On
-    # torch Keras's `get_config` reads the learning rate through a NumPy
-    # path NumPy 2 deprecates: Keras's to mend, not the user's to read.)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        fresh = type(optimizer).from_config(optimizer.get_config())
-    inner = getattr(fresh, "inner_optimizer", None)
-    unbuilt = {o.name: len(o.variables) for o in (fresh, inner) if o}
-    for text in keras_says:
-        skipped = _SKIPPED_COUNTS.match(text)
-        if skipped is None or int(skipped.group(3)) != unbuilt.get(
-            skipped.group(1)
-        ):
-            return text
-    return None
+def saved_unbuilt(filepath, group="optimizer") -> bool:
+    """Whether the `.keras` file at `filepath` holds no more state of an
+    optimizer (`group`, its path among the file's weights) than an
+    unbuilt one has: scalars only (a built one holds slots shaped as the
+    weights it trains) and integer counters at 0 (one without slots,
+    SGD without momentum, still counts its iterations). Its state is
+    then not lost when a load skips it (a model saved before its first
+    step: Keras warns all the same), whatever class the load builds.
+
+    Read from the file, not counted on the optimizer the load built:
+    loaded under another policy, that is another class (Keras's scaler
+    around the file's Adam, or the Adam alone)."""
+    with zipfile.ZipFile(filepath) as archive:
+        if _WEIGHTS not in archive.namelist():
+            return False  # weights kept elsewhere: cannot tell
+        with archive.open(_WEIGHTS) as stream, h5py.File(stream, "r") as h5:
+            if group not in h5:
+                return True
+            values = []
+            h5[group].visititems(
+                lambda _, node: (
+                    values.append(node[()])
+                    if isinstance(node, h5py.Dataset)
+                    else None
+                )
+            )
+    return all(
+        np.ndim(value) == 0
+        and not (np.issubdtype(np.asarray(value).dtype, np.integer) and value)
+        for value in values
+    )
+
+
+# Where a `.keras` archive keeps its weights (Keras's `saving_lib`).
+_WEIGHTS = "model.weights.h5"
 
 
 def lost_optimizer(filepath, keras_says):

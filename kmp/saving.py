@@ -48,7 +48,7 @@ from kmp.model_layers import output_layers
 from kmp.saved_compile import SKIPPED_OPTIMIZER
 from kmp.saved_compile import compile_as_saved
 from kmp.saved_compile import lost_optimizer
-from kmp.saved_compile import lost_state
+from kmp.saved_compile import saved_unbuilt
 from kmp.scaling import LossScaleOptimizer
 from kmp_config.names import HALF_DTYPES
 from kmp_config.names import MIXED_POLICIES
@@ -147,7 +147,7 @@ def load_model(
         model = _keras_load(
             filepath, custom_objects, compile, safe_mode, unnamed
         )
-        if compile and type(model).compile is not keras.Model.compile:
+        if compile and _own_compile(model):
             compile_as_saved(
                 model, config, filepath, custom_objects, safe_mode, unnamed
             )
@@ -317,7 +317,7 @@ def _keras_load(filepath, custom_objects, compile, safe_mode, unnamed):
             )
             unknown.class_name = missing.group(1)  # for the command's hint
             raise unknown from None
-    custom_compile = type(model).compile is not keras.Model.compile
+    custom_compile = _own_compile(model)
     skipped = []  # Keras's words for each optimizer whose state it skipped
     for warning in caught:
         text = str(warning.message)
@@ -330,10 +330,19 @@ def _keras_load(filepath, custom_objects, compile, safe_mode, unnamed):
         warnings.warn_explicit(
             warning.message, warning.category, warning.filename, warning.lineno
         )
-    keras_says = lost_state(getattr(model, "optimizer", None), skipped)
-    if keras_says is not None:
-        warnings.warn(lost_optimizer(filepath, keras_says), stacklevel=3)
+    if skipped and not saved_unbuilt(filepath):
+        # One line: the scaler's inner optimizer is skipped with it.
+        warnings.warn(lost_optimizer(filepath, skipped[0]), stacklevel=3)
     return model
+
+
+def _own_compile(model) -> bool:
+    """Whether the loaded object is a model whose class has a `compile` of
+    its own (a file may hold a layer: `FeatureSpace.save`; on torch every
+    layer has `torch.nn.Module.compile`)."""
+    return isinstance(model, keras.Model) and (
+        type(model).compile is not keras.Model.compile
+    )
 
 
 def _names_no_optimizer(config) -> bool:

@@ -248,16 +248,27 @@ def test_lost_optimizer_state_is_said_in_one_line_with_the_fix(tmp_path):
     assert keras.config.dtype_policy().name == "float32"  # left as it was
 
 
-@pytest.mark.parametrize("compiled", [None, "keras", "kmp"])
+@pytest.mark.parametrize(
+    "compiled, loaded_under",
+    [
+        (None, "mixed_float16"),
+        ("keras", "mixed_float16"),
+        ("kmp", "mixed_float16"),
+        # Another class than the file's: Keras's scaler taken off, or
+        # put around the file's Adam.
+        ("keras", "float32"),
+        ("float32", "mixed_float16"),
+    ],
+)
 def test_a_model_saved_before_its_first_step_loads_without_a_line(
-    tmp_path, compiled
+    tmp_path, compiled, loaded_under
 ):
     # Nothing was lost: the file's optimizer was never built. Keras warns
     # all the same ("it has 6 variables whereas the saved optimizer has
     # 2"); kmp had said the state was lost, once per optimizer (the
     # scaler's inner one too), and of an uncompiled model's file that
     # its compile config names no optimizer.
-    kmp.enable("mixed_float16")
+    kmp.enable("float32" if compiled == "float32" else "mixed_float16")
     inputs = keras.Input((4,))
     model = keras.Model(inputs, keras.layers.Dense(3)(inputs))
     if compiled is not None:
@@ -265,6 +276,7 @@ def test_a_model_saved_before_its_first_step_loads_without_a_line(
         model.compile(optimizer=optimizer, loss="mse")
     path = str(tmp_path / "m.keras")
     model.save(path)
+    kmp.enable(loaded_under)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         # Keras's own get_config on torch, through NumPy's deprecated path.
@@ -273,6 +285,46 @@ def test_a_model_saved_before_its_first_step_loads_without_a_line(
     assert (getattr(loaded, "optimizer", None) is None) == (compiled is None)
     if compiled is not None:
         loaded.fit(np.ones((4, 4)), np.ones((4, 3)), verbose=0)
+
+
+def test_state_lost_under_another_policy_is_one_line_with_custom_objects(
+    tmp_path,
+):
+    # An optimizer class given to the load only (not registered): the
+    # line reads the file, and makes no optimizer of that class.
+    class MyAdam(keras.optimizers.Adam):
+        pass
+
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, keras.layers.Dense(3)(inputs))
+    model.compile(optimizer=MyAdam(), loss="mse")
+    model.fit(np.ones((4, 4)), np.ones((4, 3)), verbose=0)
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    kmp.enable("mixed_float16")  # Keras's compile wraps it in its scaler
+    with pytest.warns(UserWarning) as caught:
+        loaded = kmp.load_model(path, custom_objects={"MyAdam": MyAdam})
+    (line,) = [str(w.message) for w in caught if "kmp.load_model" in str(w)]
+    assert "optimizer's saved state was not restored" in line
+    assert isinstance(loaded.optimizer.inner_optimizer, MyAdam)
+
+
+def test_a_file_holding_a_layer_loads_as_keras_loads_it(tmp_path):
+    # keras-io's "FeatureSpace advanced use cases" saves its FeatureSpace,
+    # a layer: no `compile` (on torch, torch.nn.Module's).
+    kmp.enable("mixed_float16")
+    space = keras.utils.FeatureSpace(
+        {"price": "float_normalized"}, output_mode="concat"
+    )
+    space.adapt({"price": RNG.normal(5000, 3000, (64, 1))})
+    path = str(tmp_path / "space.keras")
+    space.save(path)
+    loaded = kmp.load_model(path)
+    price = {"price": np.array([[2000.0], [8000.0]])}
+    np.testing.assert_array_equal(
+        np.asarray(loaded(price), "float32"),
+        np.asarray(space(price), "float32"),
+    )
 
 
 def _scaled_model():

@@ -1,7 +1,8 @@
 """The preflight check: `kmp.audit(model)` and its findings.
 
-    model_checks        outputs, inner softmaxes, Normalization layers,
-                        tensor-core sizes, loss
+    model_checks        outputs, inner softmaxes, tensor-core sizes, loss
+    normalization_checks  Normalization layers in 16 bits, or with
+                        statistics a 16-bit adapt made infinite
     source_reading      a model's own methods, read (not run): the
                         methods of `self` a step reaches
     optimizer_checks    loss scaling, a scaler saving would lose, a

@@ -17,6 +17,7 @@ from kmp.auditing import dtype_checks
 from kmp.auditing import environment_checks
 from kmp.auditing import float8_checks
 from kmp.auditing import model_checks
+from kmp.auditing import normalization_checks
 from kmp.auditing import optimizer_checks
 from kmp.errors import InputError
 from kmp.model_layers import all_layers
@@ -113,7 +114,9 @@ def audit(model, optimizer=None, verbose: bool = True) -> AuditReport:
     half = model_checks.half_layers(model)
     model_checks.check_outputs(model, outputs, findings)
     model_checks.check_inner_softmaxes(half, outputs, findings)
-    model_checks.check_feature_normalizations(half, findings)
+    normalization_checks.check_feature_normalizations(
+        all_layers(model), findings
+    )
     applied = [("optimizer", optimizer)]
     if optimizer is getattr(model, "optimizer", None):
         applied = optimizer_checks.applied_optimizers(model, optimizer)

@@ -1,5 +1,5 @@
 """The audit's checks of the model itself: its outputs, inner softmaxes,
-Normalization layers, tensor-core sizes and compiled loss.
+tensor-core sizes and compiled loss.
 
 Like every `check_*` function of `kmp.auditing`, each reads the model
 (layers, policies, compiled loss) and runs nothing on it, and appends
@@ -9,14 +9,11 @@ them into `kmp.Finding`s. Severities: "error" (results are wrong),
 """
 
 import keras
-import numpy as np
 
 from kmp import backend
 from kmp import islands
 from kmp.islands import activation_name
-from kmp.islands import is_feature_normalization
 from kmp.islands import is_sensitive
-from kmp.islands import largest_statistic
 from kmp.model_layers import all_layers
 from kmp_config.names import HALF_DTYPES
 
@@ -220,38 +217,6 @@ def check_inner_softmaxes(half, outputs, findings):
                     f"kmp.pin_float32(model, also=['{_path(layer)}']).",
                 )
             )
-
-
-def check_feature_normalizations(half, findings):
-    """Keras `Normalization` layers left in 16 bits (`kmp.pin_float32`
-    and a kmp policy's `adapt` make them float32:
-    `kmp.islands.feature_normalization`)."""
-    for layer in half:
-        if not is_feature_normalization(layer):
-            continue
-        dtype = layer.compute_dtype
-        largest = largest_statistic(layer)
-        limit = float(np.finfo(dtype).max) if dtype == "float16" else None
-        if largest is not None and limit is not None and largest > limit:
-            severity = "error"
-            problem = (
-                f"Normalization computes in {dtype}, and its statistics "
-                f"reach {largest:.4g}, over {dtype}'s largest value "
-                f"({limit:.0f}): a feature with such a variance or mean "
-                "comes out 0 or NaN."
-            )
-        else:
-            severity = "warning"
-            problem = (
-                f"Normalization computes in {dtype}: it rounds raw "
-                "inputs and its mean to "
-                f"{'11' if dtype == 'float16' else '8'} significant bits "
-                "before subtracting, and a variance over 65504 is "
-                "infinite in float16."
-            )
-        findings.append(
-            (severity, _path(layer), problem, "kmp.pin_float32(model).")
-        )
 
 
 def _dims(layer):

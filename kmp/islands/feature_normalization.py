@@ -21,13 +21,15 @@ Keras's own mixed precision says nothing of what that costs:
 The arithmetic is a subtraction and a division per feature, no matmul:
 16 bits buy it nothing. So while a 16-bit kmp policy is in force
 (`kmp.enable`, `kmp.policy_scope`) a `Normalization` computes in float32:
-its `adapt` puts it in float32 before it reads the data (kmp wraps
-Keras's method on the switch of kmp's error lines,
-`kmp.backend.while_16_bit`, which `kmp.disable` turns off), and
-`kmp.pin_float32` puts every one of a model in float32
-(`normalize_in_float32`). Its output is float32; the next layer casts it
-to its own compute dtype, which a standardized feature survives. The
-layer's `dtype_policy` says `"float32"`, which a `.keras` file keeps.
+one made then builds in float32 (given its `mean` and `variance` or
+adapted), and `adapt` puts one made before in float32 before it reads
+the data (kmp wraps Keras's two methods on the switch of kmp's error
+lines, `kmp.backend.while_16_bit`, which `kmp.disable` turns off); and
+`kmp.pin_float32` puts every one of a model in float32, its statistics
+made again (`normalize_in_float32`). Its output is float32; the next
+layer casts it to its own compute dtype, which a standardized feature
+survives. The layer's `dtype_policy` says `"float32"`, which a `.keras`
+file keeps.
 """
 
 import functools
@@ -84,8 +86,9 @@ def normalize_in_float32(layer) -> bool:
 
 def largest_statistic(layer) -> float | None:
     """The largest of a built `Normalization`'s variances and absolute
-    means, as it holds them in float32 (its variables, or the `mean` and
-    `variance` it was given), or None if it has none yet."""
+    means as it holds them (its variables, or the `mean` and `variance`
+    it was given; `inf` or NaN if an adapt in 16 bits made them so), or
+    None if it has none yet."""
     if not layer.built:
         return None
     if layer.input_mean is None:
@@ -108,4 +111,19 @@ def _adapting_in_float32(adapt):
     return adapt_in_float32
 
 
+def _building_in_float32(build):
+    # A layer made while kmp's policy is on gets this as its `build`
+    # (Keras's `Layer.__new__` wraps the class's method it finds then):
+    # one given its `mean` and `variance` casts them when it builds.
+    @functools.wraps(build)
+    def build_in_float32(self, *args, **kwargs):
+        if not self.built:
+            normalize_in_float32(self)
+        return build(self, *args, **kwargs)
+
+    build_in_float32._kmp_original = build
+    return build_in_float32
+
+
 backend.while_16_bit(keras.layers.Normalization, "adapt", _adapting_in_float32)
+backend.while_16_bit(keras.layers.Normalization, "build", _building_in_float32)

@@ -128,21 +128,6 @@ def test_pin_float32_remakes_built_layers_statistics_in_float32():
     assert not [f for f in report if "Normalization" in f.problem], report
 
 
-def test_the_audit_warns_of_a_16_bit_normalization_within_range():
-    keras.config.set_dtype_policy("mixed_bfloat16")
-    layer = keras.layers.Normalization(mean=0.5, variance=0.25)
-    inputs = keras.Input((3,))
-    model = keras.Model(inputs, keras.layers.Dense(2)(layer(inputs)))
-    report = kmp.audit(model, verbose=False)
-    (finding,) = [f for f in report if "Normalization" in f.problem]
-    assert finding.severity == "warning"
-    assert finding.problem.startswith(
-        "Normalization computes in bfloat16: it rounds raw inputs and its "
-        "mean to 8 significant bits"
-    )
-    assert finding.fix == "kmp.pin_float32(model)."
-
-
 def test_a_pinned_normalization_comes_back_from_a_keras_file(tmp_path):
     kmp.enable("mixed_float16")
     layer = keras.layers.Normalization()

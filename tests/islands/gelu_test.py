@@ -73,13 +73,16 @@ def test_it_changes_gelu_layers_only_and_reports_it():
     assert decoder.activation is keras.activations.gelu
 
 
-# Recomputed, the GELU may be fused differently by XLA: a last-bit
-# difference in a float32 gradient (seen on a CPU).
+# Recomputed, the GELU may be fused differently by XLA: float32
+# gradients a few units in their last places apart, summed over a
+# matmul (on a CPU, weights drawn after other tests: 3.3e-6 of 0.5). The
+# weights are seeded: how far apart depends on them.
 @pytest.mark.parametrize(
-    "policy, rtol", [("float32", 1e-6), ("mixed_bfloat16", 1e-2)]
+    "policy, rtol", [("float32", 1e-5), ("mixed_bfloat16", 1e-2)]
 )
 def test_values_gradients_and_configs_are_unchanged(policy, rtol):
     kmp.enable(policy)
+    keras.utils.set_random_seed(0)
     model = three_gelu_layers()
     x = np.linspace(-3.0, 3.0, 60, dtype="float32").reshape(2, 5, 6)
     configs = [model.get_layer(name).get_config() for name in GELU_LAYERS]

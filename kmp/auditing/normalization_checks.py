@@ -1,0 +1,71 @@
+"""The audit's check of Keras's `Normalization` layers: one left in 16
+bits (under Keras's mixed_float16 a feature whose variance is over
+65504 comes out 0), and one whose statistics an adapt in 16 bits made
+infinite. `kmp.pin_float32` and a kmp policy make them float32
+(`kmp.islands.feature_normalization`).
+
+Like every `check_*` function of `kmp.auditing`, it reads the layers and
+runs nothing, and appends `(severity, where, problem, fix)` tuples to
+`findings`, as in `model_checks`.
+"""
+
+import numpy as np
+
+from kmp.islands import is_feature_normalization
+from kmp.islands import largest_statistic
+from kmp_config.names import HALF_DTYPES
+
+
+def _path(layer):
+    return layer.path or layer.name
+
+
+def check_feature_normalizations(layers, findings):
+    """Keras `Normalization` layers left in 16 bits (`kmp.pin_float32`
+    and a kmp policy make them float32:
+    `kmp.islands.feature_normalization`), and ones whose statistics an
+    adapt in 16 bits made infinite."""
+    for layer in layers:
+        if not is_feature_normalization(layer):
+            continue
+        dtype = layer.compute_dtype
+        largest = largest_statistic(layer)
+        limit = float(np.finfo(dtype).max) if dtype == "float16" else None
+        if largest is not None and not np.isfinite(largest):
+            findings.append(
+                (
+                    "error",
+                    _path(layer),
+                    "Normalization's statistics are not finite (an adapt "
+                    "in 16 bits, outside kmp's policy: Keras's reads each "
+                    "batch in the layer's compute dtype): its features "
+                    "come out 0 or NaN.",
+                    "Adapt it again under kmp.enable(...), or build it "
+                    "with dtype='float32' and adapt it.",
+                )
+            )
+        elif largest is not None and limit is not None and largest > limit:
+            findings.append(
+                (
+                    "error",
+                    _path(layer),
+                    f"Normalization computes in {dtype}, and its "
+                    f"statistics reach {largest:.4g}, over {dtype}'s "
+                    f"largest value ({limit:.0f}): a feature with such a "
+                    "variance or mean comes out wrong (0, inf or NaN).",
+                    "kmp.pin_float32(model).",
+                )
+            )
+        elif dtype in HALF_DTYPES:
+            bits = 11 if dtype == "float16" else 8
+            findings.append(
+                (
+                    "warning",
+                    _path(layer),
+                    f"Normalization computes in {dtype}: it rounds raw "
+                    "values (its input; its output with invert=True) and "
+                    f"its mean to {bits} significant bits, and a variance "
+                    "over 65504 is infinite in float16.",
+                    "kmp.pin_float32(model).",
+                )
+            )
