@@ -5,7 +5,9 @@ with the optimizer state Keras's load leaves out (`kmp.load_model`).
 Keras's load skips such a `compile` and warns; the file's compile config
 and optimizer state stay unread. `compile_as_saved` compiles the model
 from that config and loads the state, and says in one line each what a
-model's own `compile` keeps it from putting back.
+model's own `compile` keeps it from putting back. For any model,
+`saved_unbuilt` reads from a file whether its optimizer ever took a
+step: a load that skips an unbuilt one's state loses nothing.
 """
 
 import contextlib
@@ -27,6 +29,9 @@ _SKIPPED_COUNTS = re.compile(
     SKIPPED_OPTIMIZER + r" '([^']+)', because it has (\d+) variables "
     r"whereas the saved optimizer has (\d+) variables"
 )
+
+# Where a `.keras` archive keeps its weights (Keras's `saving_lib`).
+_WEIGHTS = "model.weights.h5"
 
 
 def compile_as_saved(
@@ -178,7 +183,7 @@ def saved_unbuilt(filepath, group="optimizer") -> bool:
             return False  # weights kept elsewhere: cannot tell
         with archive.open(_WEIGHTS) as stream, h5py.File(stream, "r") as h5:
             if group not in h5:
-                return True
+                return False  # Keras's layout moved: cannot tell
             values = []
             h5[group].visititems(
                 lambda _, node: (
@@ -192,10 +197,6 @@ def saved_unbuilt(filepath, group="optimizer") -> bool:
         and not (np.issubdtype(np.asarray(value).dtype, np.integer) and value)
         for value in values
     )
-
-
-# Where a `.keras` archive keeps its weights (Keras's `saving_lib`).
-_WEIGHTS = "model.weights.h5"
 
 
 def lost_optimizer(filepath, keras_says):

@@ -2,15 +2,20 @@
 SimCLR (`compile(contrastive_optimizer, probe_optimizer)`), its GANs and
 its diffusion model (`kmp.saved_compile`). Keras's load gives each back
 uncompiled with a warning; kmp's raised on them, or remade their
-optimizers in silence."""
+optimizers in silence. And `saved_unbuilt`, which reads from a file
+whether its optimizer ever took a step."""
 
+import io
 import warnings
+import zipfile
 
+import h5py
 import keras
 import numpy as np
 import pytest
 
 import kmp
+from kmp.saved_compile import saved_unbuilt
 
 
 def _lines(caught):
@@ -249,3 +254,31 @@ def test_an_optimizer_in_a_list_keeps_keras_s_own_words(tmp_path):
     assert [m for m in said if m.startswith("Skipping variable loading")]
     (line,) = _lines(caught)
     assert "self.encoder_optimizer, self.probe_optimizer was not" in line
+
+
+def _archive(path, variables):
+    """A `.keras` archive whose weights hold `variables` (name -> array)."""
+    buffer = io.BytesIO()
+    with h5py.File(buffer, "w") as weights:
+        for name, value in variables.items():
+            weights[name] = value
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("model.weights.h5", buffer.getvalue())
+    return str(path)
+
+
+def test_saved_unbuilt_reads_whether_the_optimizer_took_a_step(tmp_path):
+    unbuilt = {
+        "optimizer/vars/0": np.int64(0),  # iterations
+        "optimizer/vars/1": np.float32(1e-3),  # learning rate
+        "optimizer/inner_optimizer/vars/0": np.int64(0),
+    }
+    assert saved_unbuilt(_archive(tmp_path / "a.keras", unbuilt))
+    # A slot shaped as a weight; a step counted (SGD without slots).
+    slot = {**unbuilt, "optimizer/vars/2": np.zeros((4, 3), "float32")}
+    assert not saved_unbuilt(_archive(tmp_path / "b.keras", slot))
+    stepped = {**unbuilt, "optimizer/vars/0": np.int64(2)}
+    assert not saved_unbuilt(_archive(tmp_path / "c.keras", stepped))
+    # Not where Keras keeps it: cannot tell, so the state counts as lost.
+    moved = {"optimizers/vars/0": np.int64(0)}
+    assert not saved_unbuilt(_archive(tmp_path / "d.keras", moved))

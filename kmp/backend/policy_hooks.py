@@ -14,8 +14,9 @@ otherwise `remove` puts Keras's methods back as they were.
   forms, which the user calls: a train step's error passes through no
   layer (one frame of kmp's in such a traceback).
 - Whatever another part of kmp registers with `while_16_bit`
-  (`kmp.islands` registers `Normalization.adapt`: the switch is
-  `kmp.enable`'s, which a core part beneath the islands keeps).
+  (`kmp.islands` registers `Normalization`'s `build` and `adapt`: the
+  switch is `kmp.enable`'s, which a core part beneath the islands
+  keeps).
 
 A layer call that succeeds goes through one more `__enter__`/`__exit__`
 per scope, two per call (`benchmarks/dtype_notes_cost.py`); a compiled
