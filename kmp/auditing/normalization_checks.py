@@ -1,7 +1,8 @@
 """The audit's check of Keras's `Normalization` layers: one left in 16
 bits (under Keras's mixed_float16 a feature whose variance is over
-65504 comes out 0), and one whose statistics an adapt in 16 bits made
-infinite. `kmp.pin_float32` and a kmp policy make them float32
+65504 comes out 0), one whose statistics an adapt in 16 bits made
+infinite, and one whose statistics are stored in bfloat16.
+`kmp.pin_float32` and a kmp policy make them float32
 (`kmp.islands.feature_normalization`).
 
 Like every `check_*` function of `kmp.auditing`, it reads the layers and
@@ -9,6 +10,7 @@ runs nothing, and appends `(severity, where, problem, fix)` tuples to
 `findings`, as in `model_checks`.
 """
 
+import keras
 import numpy as np
 
 from kmp.islands import is_feature_normalization
@@ -18,6 +20,13 @@ from kmp_config.names import HALF_DTYPES
 
 def _path(layer):
     return layer.path or layer.name
+
+
+def _stored_in(layer):
+    """The dtype of an adapted layer's statistics' variables, or None."""
+    if not layer.built or layer.input_mean is not None:
+        return None
+    return keras.backend.standardize_dtype(layer.adapt_mean.dtype)
 
 
 def check_feature_normalizations(layers, findings):
@@ -54,6 +63,19 @@ def check_feature_normalizations(layers, findings):
                     f"largest value ({limit:.0f}): a feature with such a "
                     "variance or mean comes out wrong (0, inf or NaN).",
                     "kmp.pin_float32(model).",
+                )
+            )
+        elif _stored_in(layer) in HALF_DTYPES:
+            findings.append(
+                (
+                    "warning",
+                    _path(layer),
+                    "Normalization's statistics are stored in "
+                    f"{_stored_in(layer)} (a layer built before kmp's "
+                    "policy, under bfloat16 master weights): its mean "
+                    "keeps 8 significant bits of a raw feature.",
+                    "Make the layer under kmp.enable(...) and adapt it "
+                    "again, or make it with dtype='float32'.",
                 )
             )
         elif dtype in HALF_DTYPES:

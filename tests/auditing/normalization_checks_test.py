@@ -74,3 +74,20 @@ def test_statistics_a_16_bit_adapt_made_infinite_are_an_error():
         "Normalization's statistics are not finite (an adapt in 16 bits"
     )
     assert finding.fix.startswith("Adapt it again under kmp.enable")
+
+
+def test_statistics_stored_in_bfloat16_are_a_warning():
+    # Built before kmp's policy, under Keras's bfloat16 (what bfloat16
+    # master weights use): pinned, it computes in float32 over bfloat16
+    # variables, whose mean of a year (2003.4) is 2000 or 2008.
+    keras.config.set_dtype_policy("bfloat16")
+    layer = keras.layers.Normalization()
+    layer.build((None, 1))
+    kmp.enable("mixed_bfloat16", master_weights="bfloat16")
+    layer.adapt(np.full((8, 1), 2003.4, "float32"))
+    assert layer.dtype_policy.name != "bfloat16"  # computes in float32
+    (finding,) = _normalization_findings(layer)
+    assert finding.severity == "warning"
+    assert finding.problem.startswith(
+        "Normalization's statistics are stored in bfloat16"
+    )
