@@ -82,6 +82,19 @@ def test_adapt_under_kmp_standardizes_as_float32_does(policy, kind):
     np.testing.assert_allclose(_normalized(layer), expected, atol=1e-6)
 
 
+def test_a_layer_made_in_a_policy_scope_adapts_in_float32_after_it():
+    # Built inside the block, adapted after it (kmp's adapt no longer in
+    # place): it built in float32, so Keras's own adapt reads float32.
+    expected = _float32("dataset")
+    with kmp.policy_scope("mixed_float16"):
+        layer = keras.layers.Normalization()
+        inputs = keras.Input((3,))
+        keras.Model(inputs, keras.layers.Dense(2)(layer(inputs)))
+    layer.adapt(_data("dataset"))
+    assert layer.dtype_policy.name == "float32"
+    np.testing.assert_allclose(_normalized(layer), expected, atol=1e-6)
+
+
 def test_bfloat16_master_weights_keep_float32_statistics():
     expected = _float32()
     kmp.enable("mixed_bfloat16", master_weights="bfloat16")
