@@ -177,16 +177,20 @@ def test_keras_io_feature_space_keeps_a_wide_feature():
     np.testing.assert_allclose(got, expected, atol=2e-3)  # a float16 concat
 
 
-def test_kmp_disable_puts_keras_s_adapt_back():
-    original = keras.layers.Normalization.__dict__["adapt"]
+def test_kmp_disable_puts_keras_s_build_and_adapt_back():
+    keras_s = dict(keras.layers.Normalization.__dict__)
+
+    def in_place(name):
+        return keras.layers.Normalization.__dict__[name] is keras_s[name]
+
     kmp.enable("mixed_float16")
     assert backend.dtype_notes_on()
-    assert keras.layers.Normalization.__dict__["adapt"] is not original
+    assert not in_place("adapt") and not in_place("build")
     with kmp.policy_scope("float32"):
-        assert keras.layers.Normalization.__dict__["adapt"] is original
+        assert in_place("adapt") and in_place("build")
     assert backend.dtype_notes_on()
     kmp.disable()
-    assert keras.layers.Normalization.__dict__["adapt"] is original
+    assert in_place("adapt") and in_place("build")
     assert not backend.dtype_notes_on()
     # A float32 layer under a 16-bit policy is left as it is.
     kmp.enable("mixed_float16")
