@@ -184,19 +184,20 @@ def saved_unbuilt(filepath, group="optimizer") -> bool:
         with archive.open(_WEIGHTS) as stream, h5py.File(stream, "r") as h5:
             if group not in h5:
                 return False  # Keras's layout moved: cannot tell
-            values = []
+            datasets = []
             h5[group].visititems(
                 lambda _, node: (
-                    values.append(node[()])
+                    datasets.append(node)
                     if isinstance(node, h5py.Dataset)
                     else None
                 )
             )
-    return all(
-        np.ndim(value) == 0
-        and not (np.issubdtype(np.asarray(value).dtype, np.integer) and value)
-        for value in values
-    )
+            # Shapes first: a slot is told by its shape, never read (a
+            # large model's slots are gigabytes).
+            return all(node.shape == () for node in datasets) and not any(
+                np.issubdtype(node.dtype, np.integer) and node[()]
+                for node in datasets
+            )
 
 
 def lost_optimizer(filepath, keras_says):

@@ -19,6 +19,7 @@ import keras
 
 from kmp import backend
 from kmp.auditing import source_reading
+from kmp.auditing.model_checks import _path
 from kmp.islands import EXACT_UP_TO
 from kmp.islands import float_ids
 from kmp.model_layers import output_layers
@@ -52,10 +53,6 @@ _LIST_OPS = {
     "tf.concat": "keras.ops.concatenate",
     "tf.stack": "keras.ops.stack",
 }
-
-
-def _path(layer):
-    return layer.path or layer.name
 
 
 def check_float_ids(model, findings):

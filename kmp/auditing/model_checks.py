@@ -22,6 +22,8 @@ _MULTIPLE = 8
 
 
 def _path(layer):
+    """Where a finding about `layer` is: its path, or its name (a layer
+    without weights may have no path)."""
     return layer.path or layer.name
 
 

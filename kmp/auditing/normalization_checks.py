@@ -13,13 +13,10 @@ runs nothing, and appends `(severity, where, problem, fix)` tuples to
 import keras
 import numpy as np
 
+from kmp.auditing.model_checks import _path
 from kmp.islands import is_feature_normalization
 from kmp.islands import largest_statistic
 from kmp_config.names import HALF_DTYPES
-
-
-def _path(layer):
-    return layer.path or layer.name
 
 
 def _stored_in(layer):
@@ -39,6 +36,7 @@ def check_feature_normalizations(layers, findings):
             continue
         dtype = layer.compute_dtype
         largest = largest_statistic(layer)
+        stored = _stored_in(layer)
         limit = float(np.finfo(dtype).max) if dtype == "float16" else None
         if largest is not None and not np.isfinite(largest):
             findings.append(
@@ -65,13 +63,13 @@ def check_feature_normalizations(layers, findings):
                     "kmp.pin_float32(model).",
                 )
             )
-        elif _stored_in(layer) in HALF_DTYPES:
+        elif stored in HALF_DTYPES:
             findings.append(
                 (
                     "warning",
                     _path(layer),
                     "Normalization's statistics are stored in "
-                    f"{_stored_in(layer)} (a layer built before kmp's "
+                    f"{stored} (a layer built before kmp's "
                     "policy, under bfloat16 master weights): its mean "
                     "keeps 8 significant bits of a raw feature.",
                     "Make the layer under kmp.enable(...) and adapt it "

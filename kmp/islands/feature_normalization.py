@@ -76,9 +76,11 @@ def normalize_in_float32(layer) -> bool:
     if layer.input_mean is None:
         layer.finalize_state()
     else:
-        # Keras's own `build`, unwrapped: the wrapper `Layer.__new__` puts
-        # on the instance would also reset the layer's path to the scope
-        # it is called from, which a model's policy map looks layers up by.
+        # The class's `build`, not the instance's: the wrapper
+        # `Layer.__new__` puts on the instance would also reset the
+        # layer's path to the scope it is called from, which a model's
+        # policy map looks layers up by. (While kmp's policy is on the
+        # class's is kmp's wrapper, which passes a built layer through.)
         shape = layer.get_build_config()["input_shape"]
         type(layer).build(layer, shape)
     return True
