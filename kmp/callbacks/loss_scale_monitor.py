@@ -152,12 +152,22 @@ class LossScaleMonitor(keras.callbacks.Callback):
     `kmp doctor` / `kmp.diagnose(model, data)` then shows which layers
     overflow. The reason stays in `stop_reason`.
 
+    Before that, from the same streak, an epoch whose every step was
+    skipped gets a `RuntimeWarning` at its end, once per `fit`: the
+    weights did not change in it. On a small dataset (keras-io's
+    structured-data examples run about 20 steps an epoch) the stop can be
+    several epochs away, and the progress bar shows only a NaN loss. The
+    first epochs of a run whose initial scale is too high can also skip
+    every step while the scale falls (the warning gives the scale and its
+    floor).
+
     The per-step values of the latest `fit` are also kept in
     `self.history`, a dict of lists (`"epoch"`, `"batch"`, `"loss_scale"`,
     `"skipped_steps"`, or each scaler's prefixed pair), for plots.
 
     Args:
-        stop_after: Int >= 1, or `None` never to stop. Default 100.
+        stop_after: Int >= 1, or `None` never to stop (nor to warn of
+            an epoch with every step skipped). Default 100.
 
     Example:
 
@@ -189,6 +199,11 @@ class LossScaleMonitor(keras.callbacks.Callback):
         self.stop_after = stop_after
         self.stop_reason = None
         self._records = []
+        # (epoch, batch, prefix, attribute, optimizer, streak, scale):
+        # each step's overflow streak, read at the epoch's end. A list, since
+        # batch-end calls may run at once on Keras's thread pool.
+        self._streaks = []
+        self._epoch_warned = False
         self._epoch = 0
         self._scalers = None
         self._named = frozenset()
@@ -208,6 +223,8 @@ class LossScaleMonitor(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         # Like keras.callbacks.History: each fit starts a new record.
         self._records = []
+        self._streaks = []
+        self._epoch_warned = False
         self.stop_reason = None
         # Found at the first step's end: a GAN's optimizers are built by
         # its first step.
@@ -250,12 +267,15 @@ class LossScaleMonitor(keras.callbacks.Callback):
             scale = logs.get(f"{prefix}loss_scale")
             streak = logs.pop(f"{prefix}{_STREAK}", None)
             if streak is not None:
-                self._stop_if_hopeless(
-                    attribute if prefix else None,
-                    optimizer,
-                    float(streak),
-                    float(scale),
+                # The attribute's name in the lines for a model's own
+                # optimizers only: model.optimizer is the common case.
+                named = attribute if prefix else None
+                streak, scale = float(streak), float(scale)
+                self._streaks.append(
+                    (self._epoch, batch, prefix, named, optimizer)
+                    + (streak, scale)
                 )
+                self._stop_if_hopeless(named, optimizer, streak, scale)
             skipped = f"{prefix}skipped_steps"
             if skipped in logs:
                 # Callbacks share one logs dict, and Keras appends its
@@ -269,6 +289,9 @@ class LossScaleMonitor(keras.callbacks.Callback):
             self._records.append((self._epoch, batch, record))
 
     def on_epoch_end(self, epoch, logs=None):
+        # Keras has run every batch-end call of the epoch by now (it waits
+        # for its thread pool's before on_epoch_end).
+        self._warn_if_nothing_changed(epoch)
         if not logs:
             return
         scalers_now = self._scalers_of_the_run(logs)
@@ -278,6 +301,41 @@ class LossScaleMonitor(keras.callbacks.Callback):
             skipped = f"{prefix}skipped_steps"
             if skipped in logs:
                 logs[skipped] = StepCount(logs[skipped])
+
+    def _warn_if_nothing_changed(self, epoch):
+        """Warns, once per fit, of an epoch whose every step was skipped:
+        the streak at its last step is its count of steps (batches count
+        from 0 each epoch; with `steps_per_execution` the last is the
+        epoch's last step too)."""
+        streaks, self._streaks = self._streaks, []
+        if self._epoch_warned or self.stop_reason is not None:
+            return
+        last = {}
+        for entry in streaks:
+            if entry[0] == epoch and entry[1] >= last.get(entry[2], (0, -1))[1]:
+                last[entry[2]] = entry
+        for _, batch, _, attribute, optimizer, streak, scale in last.values():
+            steps = int(batch) + 1
+            if streak < steps:
+                continue
+            whose = f" (self.{attribute})" if attribute else ""
+            self._epoch_warned = True
+            warnings.warn(
+                f"kmp: every step of epoch {epoch + 1} ({steps} of {steps}) "
+                f"had non-finite gradients{whose} and was skipped: the "
+                "weights did not change in it. The loss scale is now "
+                f"{scale:g} (its floor, min_scale, {optimizer.min_scale:g}); "
+                "if it is still falling, this can be the scale finding its "
+                "level. Otherwise look for a NaN or inf in the data, a "
+                "float16 overflow in a layer (a raw feature over 65504), or "
+                "a diverging learning rate; `kmp doctor` "
+                "(kmp.diagnose(model, data)) shows which layers overflow. "
+                f"fit goes on, and stops after {self.stop_after} such "
+                "steps in a row with the scale at its floor.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return
 
     def _stop_if_hopeless(self, attribute, optimizer, streak, scale):
         if (

@@ -5,6 +5,7 @@ can save."""
 import csv
 import glob
 import itertools
+import warnings
 
 import keras
 import keras_io_steps
@@ -231,6 +232,61 @@ def test_a_run_no_loss_scale_can_save_stops_with_the_reason():
     assert "overflow_streak" not in history.history
 
 
+def _epoch_lines(caught):
+    messages = [str(w.message) for w in caught]
+    return [m for m in messages if "every step of epoch" in m]
+
+
+@pytest.mark.parametrize("in_step_order", [True, False])
+def test_an_epoch_with_every_step_skipped_warns_once_before_the_stop(
+    in_step_order,
+):
+    # The monitor alone is async-safe: on JAX and torch Keras then runs
+    # its batch-end calls on a thread pool, and the epoch's end still
+    # sees all eight.
+    kmp.enable("mixed_float16")
+    model = mlp()
+    optimizer = kmp.wrap("sgd", initial_scale=4.0, min_scale=1.0)
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
+    x, y = classification_data()
+    x[:, 0] = np.nan
+    monitor = kmp.callbacks.LossScaleMonitor()
+    callbacks = [monitor] + ([_InStepOrder()] if in_step_order else [])
+    with pytest.warns(RuntimeWarning, match="every step of epoch") as caught:
+        model.fit(x, y, batch_size=32, epochs=3, verbose=0, callbacks=callbacks)
+    lines = _epoch_lines(caught)
+    assert len(lines) == 1  # once per fit, not for epochs 2 and 3
+    assert (
+        "every step of epoch 1 (8 of 8) had non-finite gradients and"
+        in (lines[0])
+    )
+    assert "now 1 (its floor, min_scale, 1)" in lines[0]
+    assert "stops after 100 such steps" in lines[0]
+    assert monitor.stop_reason is None  # 24 of 100: fit went on
+    assert int(optimizer.skipped_steps) == 24
+
+
+def test_an_epoch_that_took_a_step_or_a_stop_gets_no_epoch_line():
+    kmp.enable("mixed_float16")
+    # 2**20 overflows the first steps' float16 gradients (this model's
+    # last finite scale is 2**17); the scale falls within the first epoch
+    # and its later steps apply.
+    optimizer = kmp.wrap(
+        keras.optimizers.Adam(1e-2), initial_scale=2.0**20, max_scale=2.0**20
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _fit(optimizer, [kmp.callbacks.LossScaleMonitor()], epochs=2)
+    assert 0 < int(optimizer.skipped_steps) < 8
+    assert _epoch_lines(caught) == []
+    # A stop within the epoch says it all: no second line at its end.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, monitor, _ = _nan_fit(stop_after=5)
+    assert monitor.stop_reason is not None
+    assert _epoch_lines(caught) == []
+
+
 def test_stop_after_none_skips_to_the_end_and_bad_values_are_refused():
     optimizer, monitor, _ = _nan_fit(stop_after=None, epochs=2)
     assert int(optimizer.skipped_steps) == 16  # 2 epochs of 8 steps
@@ -297,6 +353,14 @@ def test_a_gan_s_optimizer_at_its_floor_stops_the_run_by_its_name():
     assert "(self.d_optimizer)" in monitor.stop_reason
     assert monitor.stop_reason in [str(w.message) for w in caught]
     assert "d_overflow_streak" not in history.history
+    # Before a stop: the epoch whose every step the GAN's own optimizer
+    # skipped, by its name.
+    with pytest.warns(RuntimeWarning, match="every step of epoch") as caught:
+        _gan_fit(images)
+    (line,) = _epoch_lines(caught)
+    assert "epoch 1 (4 of 4) had non-finite gradients (self.d_optimizer)" in (
+        line
+    )
 
 
 @pytest.mark.skipif(
