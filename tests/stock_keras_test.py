@@ -19,12 +19,14 @@ import keras
 import numpy as np
 import pytest
 from keras import ops
+from util import CentralizedSGD
 from util import DropoutBlock
 from util import DtypeRecordingDense
 from util import classification_data
 from util import mlp
 from util import probability_model
 from util import saved_under_keras_s_scaler
+from util import tf_only
 from util import torch_calls
 from util import torch_only
 
@@ -296,3 +298,21 @@ def test_stock_remat_fails_or_recomputes_another_dropout_mask():
     recomputed = _dropout_block_fit("full")
     apart = max(float(np.abs(a - b).max()) for a, b in zip(plain, recomputed))
     assert apart > 1e-3
+
+
+@describes("3.15", "3.16")
+@tf_only
+def test_stock_scaler_skips_an_optimizer_s_own_apply_gradients():
+    # TensorFlow's fit calls apply_gradients (in float32 the override
+    # keeps the first kernel's column means, `CentralizedSGD`); the
+    # scaler Keras adds under mixed_float16 calls the inner `apply`.
+    keras.config.set_dtype_policy("mixed_float16")
+    model = mlp()
+    means = ops.convert_to_numpy(ops.mean(model.weights[0], axis=0))
+    model.compile(
+        optimizer=CentralizedSGD(0.1), loss="sparse_categorical_crossentropy"
+    )
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    model.fit(*classification_data(), batch_size=32, epochs=1, verbose=0)
+    moved = np.abs(np.mean(model.get_weights()[0], axis=0) - means).max()
+    assert moved > 1e-3

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import tomllib
 from hypothesis import strategies as st
+from keras import ops
 
 from kmp import backend
 
@@ -81,6 +82,20 @@ def classification_data(n=256, features=8, seed=0):
     x = rng.normal(size=(n, features)).astype("float32")
     y = (x[:, 0] + 0.5 * x[:, 1] > 0).astype("int32")
     return x, y
+
+
+class CentralizedSGD(keras.optimizers.SGD):
+    """keras-io's gradient centralization as Keras 3 lets one write it: an
+    override of `apply_gradients`. Under SGD a kernel's column means then
+    never move: each update has a mean of 0 over the kernel's inputs."""
+
+    def apply_gradients(self, grads_and_vars):
+        grads, variables = zip(*grads_and_vars)
+        grads = [
+            g - ops.mean(g, axis=0, keepdims=True) if len(g.shape) > 1 else g
+            for g in grads
+        ]
+        return super().apply_gradients(zip(grads, variables))
 
 
 def mlp(features=8, units=16, seed=0):

@@ -40,6 +40,14 @@ def _check_inner(inner_optimizer):
 
 
 @keras.saving.register_keras_serializable(package="kmp")
+def _overrides_apply_gradients(optimizer):
+    """Whether `optimizer`'s class has an `apply_gradients` of its own."""
+    return (
+        type(optimizer).apply_gradients
+        is not keras.optimizers.Optimizer.apply_gradients
+    )
+
+
 class LossScaleOptimizer(
     ScaledLossTracking, TfKerasLossScaleAPI, _StockLossScaleOptimizer
 ):
@@ -287,10 +295,19 @@ class LossScaleOptimizer(
 
     def _apply_unscaled(self, unscaled, trainable_variables):
         tvs = trainable_variables or self._trainable_variables
-        self.inner_optimizer.apply(
-            self._clip_aggregate(self._agreed_overwrites(unscaled, tvs), tvs),
-            trainable_variables=trainable_variables,
-        )
+        agreed = self._agreed_overwrites(unscaled, tvs)
+        grads = self._clip_aggregate(agreed, tvs)
+        inner = self.inner_optimizer
+        overridden = _overrides_apply_gradients(inner)
+        if overridden and backend.fit_calls_apply_gradients():
+            # In float32, TensorFlow's fit calls the optimizer's
+            # `apply_gradients`, so a subclass's override of it runs there
+            # (keras-io's gradient centralization, as Keras 3 allows it);
+            # `apply` would skip it under float16, as Keras's scaler does
+            # (BUILD_NOTES, defect 38).
+            inner.apply_gradients(zip(grads, tvs))
+        else:
+            inner.apply(grads, trainable_variables=trainable_variables)
         # After the inner apply: it wrote this step's float8 statistics,
         # in the units of the scale the loss was scaled with.
         self._rescale_keras_float8(self._update_scale_state(finite=True))
