@@ -6,7 +6,7 @@ Keras API; what cannot be branches here, each function once, on
 `name()`. One module per concern:
 
     _current     which backend runs: `name`, `is_stateless`,
-                 `fit_calls_apply_gradients`
+                 `fit_calls_own_apply_gradients`
     settings     process-wide: the persistent XLA cache, TF32
     initialization  new variables' values from one compiled program (JAX)
     machine      devices, versions, the environment record, peak memory
@@ -61,7 +61,7 @@ The rest of kmp calls these functions through this package
 (`from kmp import backend; backend.list_devices()`).
 """
 
-from kmp.backend._current import fit_calls_apply_gradients
+from kmp.backend._current import fit_calls_own_apply_gradients
 from kmp.backend._current import is_stateless
 from kmp.backend._current import name
 from kmp.backend.activations import recompute_in_backward
@@ -147,7 +147,7 @@ __all__ = [
     "dtype_notes_on",
     "mesh",
     "environment",
-    "fit_calls_apply_gradients",
+    "fit_calls_own_apply_gradients",
     "framework_versions",
     "fused_batch_norm",
     "float32_reads",

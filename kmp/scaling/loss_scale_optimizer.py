@@ -40,14 +40,6 @@ def _check_inner(inner_optimizer):
 
 
 @keras.saving.register_keras_serializable(package="kmp")
-def _overrides_apply_gradients(optimizer):
-    """Whether `optimizer`'s class has an `apply_gradients` of its own."""
-    return (
-        type(optimizer).apply_gradients
-        is not keras.optimizers.Optimizer.apply_gradients
-    )
-
-
 class LossScaleOptimizer(
     ScaledLossTracking, TfKerasLossScaleAPI, _StockLossScaleOptimizer
 ):
@@ -298,8 +290,7 @@ class LossScaleOptimizer(
         agreed = self._agreed_overwrites(unscaled, tvs)
         grads = self._clip_aggregate(agreed, tvs)
         inner = self.inner_optimizer
-        overridden = _overrides_apply_gradients(inner)
-        if overridden and backend.fit_calls_apply_gradients():
+        if backend.fit_calls_own_apply_gradients(inner):
             # In float32, TensorFlow's fit calls the optimizer's
             # `apply_gradients`, so a subclass's override of it runs there
             # (keras-io's gradient centralization, as Keras 3 allows it);
