@@ -20,6 +20,12 @@ def all_layers(model):
     return list(model._flatten_layers(include_self=True, recursive=True))
 
 
+def nested_layers(layer) -> list:
+    """The layers `layer` holds, at any depth (itself not included): a
+    block's, an attention's projections, a wrapper's layer."""
+    return list(layer._flatten_layers(include_self=False, recursive=True))
+
+
 def output_layers(model):
     """The layers whose outputs are `model`'s outputs, nested models opened.
 

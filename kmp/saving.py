@@ -30,6 +30,7 @@ imported registers.
 
 import contextlib
 import json
+import operator
 import re
 import warnings
 import zipfile
@@ -44,6 +45,7 @@ from kmp.islands import Float32Activation
 from kmp.islands import Float32Softmax
 from kmp.islands import MultiHeadAttention
 from kmp.islands import pin_float32
+from kmp.model_layers import nested_layers
 from kmp.model_layers import output_layers
 from kmp.saved_compile import SKIPPED_OPTIMIZER
 from kmp.saved_compile import compile_as_saved
@@ -235,7 +237,11 @@ def _was_pinned(model, config) -> bool:
     # backbone's `DTypePolicyMap`), or a class of its own (a
     # MultiHeadAttention it swapped). A float32 layer elsewhere is no
     # mark: `Normalization(dtype="float32")`, say, is a user's own fix.
-    if outputs and all(layer.compute_dtype == "float32" for layer in outputs):
+    # An output that a layer of layers makes, pinning only casts (its
+    # 16-bit policy is in the file): the others decide, one at least.
+    float32 = [layer.compute_dtype == "float32" for layer in outputs]
+    cast = [bool(nested_layers(layer)) for layer in outputs]
+    if any(float32) and all(map(operator.or_, float32, cast)):
         return True
     return any(
         isinstance(layer, _ISLAND_CLASSES) for layer in model._flatten_layers()

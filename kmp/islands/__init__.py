@@ -26,13 +26,16 @@
     feature_normalization  Keras's `Normalization` in float32, its
                     statistics included, from its `adapt` on under a
                     16-bit kmp policy
+    float32_outputs  a model output that a layer of layers produces,
+                    in float32: the layer whole where it holds
+                    probabilities, its outputs cast otherwise; what
+                    counts as sensitive
     pin             `kmp.pin_float32`: outputs float32, inner softmaxes
                     and sigmoids float32 inside, float token ids kept
                     exact, Normalization layers in float32,
                     KerasHub's position embeddings broadcast
                     once, GELUs recomputed, projections' biases
-                    flattened, decoders' masks known causal; what counts
-                    as sensitive
+                    flattened, decoders' masks known causal
 
 Imports from kmp: backend, errors, layer_policies, model_layers,
 policy.
@@ -49,11 +52,12 @@ from kmp.islands.feature_normalization import normalize_in_float32
 from kmp.islands.float32_layers import Float32Activation
 from kmp.islands.float32_layers import Float32Softmax
 from kmp.islands.float32_layers import MultiHeadAttention
+from kmp.islands.float32_outputs import activation_name
+from kmp.islands.float32_outputs import is_sensitive
+from kmp.islands.float32_outputs import returns_float32
 from kmp.islands.gelu import is_gelu
 from kmp.islands.gelu import recompute_gelu
 from kmp.islands.gelu import recomputes_gelu
-from kmp.islands.pin import activation_name
-from kmp.islands.pin import is_sensitive
 from kmp.islands.pin import pin_float32
 from kmp.islands.position_embedding import broadcast_once
 from kmp.islands.position_embedding import broadcasts_once
@@ -84,4 +88,5 @@ __all__ = [
     "pin_float32",
     "recompute_gelu",
     "recomputes_gelu",
+    "returns_float32",
 ]

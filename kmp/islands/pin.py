@@ -49,6 +49,9 @@ from kmp.islands.causal_attention import is_causal_decoder
 from kmp.islands.einsum_bias import flatten_bias
 from kmp.islands.feature_normalization import is_feature_normalization
 from kmp.islands.feature_normalization import normalize_in_float32
+from kmp.islands.float32_outputs import is_sensitive
+from kmp.islands.float32_outputs import pins_whole
+from kmp.islands.float32_outputs import return_float32
 from kmp.islands.gelu import recompute_gelu
 from kmp.islands.position_embedding import broadcast_once
 from kmp.islands.position_embedding import is_keras_hub_position_embedding
@@ -59,13 +62,10 @@ from kmp.layer_policies import record_policies
 from kmp.model_layers import all_layers
 from kmp.model_layers import check_patterns
 from kmp.model_layers import matches
+from kmp.model_layers import nested_layers
 from kmp.model_layers import output_layers
 from kmp.model_layers import swap_class
 from kmp.policy import warn_if_reset
-
-# Activations whose float16 results lose the information crossentropy and
-# later matmuls need: probabilities near 0 or 1, and their logarithms.
-_SENSITIVE_ACTIVATIONS = ("softmax", "log_softmax", "sigmoid")
 
 # Exact Keras classes and the kmp class that computes their sensitive part
 # in float32. Subclasses written by users are left alone (pin them with
@@ -75,18 +75,6 @@ _ISLAND_CLASSES = {
     keras.layers.Activation: float32_layers.Float32Activation,
     keras.layers.MultiHeadAttention: float32_layers.MultiHeadAttention,
 }
-
-
-def activation_name(layer):
-    """The layer's activation (`"softmax"` for a Softmax layer), or None."""
-    if isinstance(layer, keras.layers.Softmax):
-        return "softmax"
-    return getattr(getattr(layer, "activation", None), "__name__", None)
-
-
-def is_sensitive(layer):
-    """Whether the layer ends in a softmax, log-softmax or sigmoid."""
-    return activation_name(layer) in _SENSITIVE_ACTIVATIONS
 
 
 def pin_float32(
@@ -106,7 +94,15 @@ def pin_float32(
       (KerasHub idiom (a)): every output is float32, and an output softmax
       or sigmoid computes in float32 and keeps Keras's logits path, so
       crossentropy equals the float32 model's. When the output layer is a
-      `Dense` with a fused softmax, its matmul runs in float32 too.
+      `Dense` with a fused softmax, its matmul runs in float32 too. An
+      output layer with layers of its own computes in float32 whole
+      where it holds a softmax, log-softmax or sigmoid (a head,
+      `TimeDistributed(Dense(..., activation="softmax"))`); any other (a
+      Transformer block returned beside the logits, as keras-io's
+      miniature GPT does, an attention, a `Bidirectional` LSTM) keeps
+      its 16 bits and returns float32 (`kmp.islands.float32_outputs`):
+      by its policy alone its arithmetic would mix float32 with its
+      layers' 16 bits, which TensorFlow refuses.
     - Every other `Softmax` layer, `Activation` layer with softmax,
       log-softmax or sigmoid, and the attention softmax of each
       `MultiHeadAttention` computes in float32 and returns the compute
@@ -126,7 +122,8 @@ def pin_float32(
       65504 is infinite, which zeroes that feature, and bfloat16 keeps
       8 significant bits of a raw input (`feature_normalization`;
       under a kmp policy `adapt` does this before it reads the data).
-    - Layers matched by `also` get `dtype_policy="float32"`.
+    - Layers matched by `also` get `dtype_policy="float32"`, with the
+      layers they hold.
     - Not a float32 matter, but on the same walk: on JAX each exact
       KerasHub `PositionEmbedding` repeats one example's embedding over
       the batch, so that in 16 bits its table's gradient is not a sum
@@ -197,11 +194,16 @@ def pin_float32(
         warn_if_reset("pin_float32")  # built in float32 after kmp.enable
         return model
 
-    outputs = output_layers(model) or []
-    output_ids = {id(layer) for layer in outputs}
-    pinned = [*outputs]  # what a .keras file must keep in float32
-    for layer in outputs:
-        pin_to_float32(layer)
+    pinned = []  # what a .keras file must keep in float32
+    cast = []  # outputs of layers of layers in 16 bits: float32_outputs
+    for layer in output_layers(model) or []:
+        if not nested_layers(layer) or pins_whole(layer):
+            pinned += _pin_whole(layer)
+        else:
+            cast.append(layer)
+    # Left alone below: an output that now computes in float32 (one whose
+    # outputs are only cast goes on, its attention to be pinned).
+    output_ids = {id(layer) for layer in pinned}
     for ids in float_ids(model):
         if ids.rounded:
             for layer in ids.casts:
@@ -226,8 +228,9 @@ def pin_float32(
         if id(layer) in output_ids:
             continue
         if also and matches(layer, also):
-            pin_to_float32(layer)
-            pinned.append(layer)
+            whole = _pin_whole(layer)
+            pinned += whole
+            output_ids.update(map(id, whole))
             continue
         if type(layer) is keras.layers.BatchNormalization:
             if backend.name() == "torch":
@@ -243,6 +246,10 @@ def pin_float32(
         swap_class(layer, island)
         softmax = getattr(layer, "_softmax", None)  # an attention's
         pinned.append(layer if softmax is None else softmax)
+    for layer in cast:
+        # Last: it wraps the call the walk gave the layer (a decoder's
+        # `attend_causally`, which stands aside for another's wrapper).
+        return_float32(layer)
     if isinstance(model, keras.Model):
         # A pinned layer that another layer's code makes is rebuilt
         # unpinned on load, unless its policy is in that layer's config:
@@ -251,6 +258,15 @@ def pin_float32(
             model, {layer: float32_policy(layer) for layer in pinned}
         )
     return model
+
+
+def _pin_whole(layer) -> list:
+    """Pins `layer` and the layers it holds (by its policy alone, a layer
+    of layers would mix float32 with its layers' 16 bits); returns them."""
+    whole = [layer, *nested_layers(layer)]
+    for each in whole:
+        pin_to_float32(each)
+    return whole
 
 
 def _pin_subclassed_attention(layer) -> list:

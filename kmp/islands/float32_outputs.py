@@ -1,0 +1,111 @@
+"""A model output that a layer of layers produces, in float32.
+
+`kmp.pin_float32` gives each layer that produces a model output a
+float32 policy. A layer with layers of its own is not made float32 by
+its own policy: Keras casts its inputs to float32, but the layers it
+built keep their 16-bit policies, so its own arithmetic mixes float32
+with their float16 and its output may stay float16. keras-io's
+miniature GPT returns its Transformer block's output beside the logits
+(`keras.Model(inputs, [logits, x])`); pinned by its policy alone, the
+block's `inputs + attention_output` fails on TensorFlow ("Input 'y' of
+'AddV2' Op has type float16 that does not match type float32 of argument
+'x'"); a `MultiHeadAttention` at the output returns its output
+projection's float16 on every backend. Pinning the layers inside too
+would run the whole block in float32, for its output's dtype alone.
+
+So `kmp.pin_float32` decides by what the layer holds (`pins_whole`):
+
+- one with a softmax, log-softmax or sigmoid in it (an attention's own
+  softmax aside), or as its own activation (a classifier head of one's own,
+  `TimeDistributed(Dense(..., activation="softmax"))`) computes in
+  float32 whole, its layers included: its probabilities must be computed
+  in float32 for crossentropy (BUILD_NOTES, defect 8), and a head is
+  small;
+- any other (a block, an attention, a `Bidirectional` LSTM, a nested
+  subclassed model, whatever it holds) keeps its policy and its layers
+  theirs, and returns its outputs cast to float32 (`return_float32`).
+
+`return_float32` is an instance-level `call`, as `kmp.islands.gelu`
+wraps one: how the layer runs, not what it is. A `.keras` file does not
+keep it, and `kmp.load_model` applies it again when it pins the loaded
+model (a model whose layers of layers hold an attention is seen as
+pinned by its attention's island class). Deleting the instance's `call`
+(`del layer.call`) undoes it.
+"""
+
+import functools
+
+import keras
+from keras import ops
+
+# Activations whose float16 results lose what crossentropy needs.
+SENSITIVE_ACTIVATIONS = ("softmax", "log_softmax", "sigmoid")
+
+
+def activation_name(layer):
+    """The layer's activation (`"softmax"` for a Softmax layer), or None."""
+    if isinstance(layer, keras.layers.Softmax):
+        return "softmax"
+    return getattr(getattr(layer, "activation", None), "__name__", None)
+
+
+def is_sensitive(layer):
+    """Whether the layer ends in a softmax, log-softmax or sigmoid."""
+    return activation_name(layer) in SENSITIVE_ACTIVATIONS
+
+
+def returns_float32(layer) -> bool:
+    """Whether `layer` runs `return_float32`'s call."""
+    return getattr(vars(layer).get("call"), "_kmp_returns_float32", False)
+
+
+def _to_float32(value):
+    if value is None or not hasattr(value, "dtype"):
+        return value
+    dtype = keras.backend.standardize_dtype(value.dtype)
+    if dtype in ("float16", "bfloat16"):
+        return ops.cast(value, "float32")
+    return value
+
+
+def return_float32(layer) -> None:
+    """Makes `layer` return its 16-bit float outputs cast to float32; its
+    computation and its layers' are left as they are."""
+    if returns_float32(layer):
+        return
+    # The class's call, whatever the class is when the layer runs
+    # (pinning swaps an attention's), unless the instance had its own.
+    own = vars(layer).get("call")
+
+    # The bound call's signature, and the marks of kmp's wrappers in
+    # `own` (`attends_causally`): pinning applies this one last.
+    @functools.wraps(layer.call)
+    def call(*args, **kwargs):
+        if own is not None:
+            outputs = own(*args, **kwargs)
+        else:
+            outputs = type(layer).call(layer, *args, **kwargs)
+        return keras.tree.map_structure(_to_float32, outputs)
+
+    call._kmp_returns_float32 = True
+    layer.call = call
+
+
+def pins_whole(layer) -> bool:
+    """Whether an output layer that holds layers computes in float32
+    whole, its layers included (the module's docstring says when); if
+    not, it gets `return_float32`."""
+    return not isinstance(layer, keras.Model) and _holds_probabilities(layer)
+
+
+def _holds_probabilities(layer):
+    """Whether `layer`, or a layer it holds, ends in a softmax, log-softmax
+    or sigmoid; an attention's own softmax (its scores') does not count."""
+    if is_sensitive(layer):
+        return True
+    if isinstance(layer, keras.layers.MultiHeadAttention):
+        return False
+    return any(
+        _holds_probabilities(inner)
+        for inner in layer._flatten_layers(include_self=False, recursive=False)
+    )
