@@ -229,10 +229,13 @@ def _dims(layer):
             dims.append(("input features", layer.kernel.shape[0]))
         return dims
     if isinstance(layer, keras.layers.Embedding):
-        return [
-            ("input_dim", layer.input_dim),
-            ("output_dim", layer.output_dim),
-        ]
+        # A lookup is no matmul: its table's rows (a vocabulary, 20
+        # positions) matter only where the table is one too, the logits
+        # of a reversible embedding (KerasHub's, tied or not).
+        dims = [("output_dim", layer.output_dim)]
+        if hasattr(layer, "tie_weights"):
+            dims.insert(0, ("input_dim", layer.input_dim))
+        return dims
     if isinstance(layer, keras.layers.MultiHeadAttention):
         return [
             ("key_dim", layer.key_dim),

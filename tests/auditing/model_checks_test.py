@@ -117,6 +117,22 @@ def test_sizes_that_miss_tensor_cores_get_the_padded_size(make, phrase):
             assert any(f.fix == fix for f in report)
 
 
+def test_an_embedding_s_rows_count_only_where_it_makes_logits():
+    import keras_hub
+
+    kmp.enable("mixed_float16")
+    inputs = keras.Input((8,), dtype="int32")
+    positions = keras.layers.Embedding(20, 16)(inputs)  # a lookup only
+    tokens = keras_hub.layers.ReversibleEmbedding(1001, 16)
+    h = keras.layers.Add()([positions, tokens(inputs)])
+    logits = keras.layers.Activation("linear", dtype="float32")(
+        tokens(h, reverse=True)
+    )
+    report = quiet_audit(keras.Model(inputs, logits), optimizer=kmp.wrap("sgd"))
+    assert has(report, "input_dim=1001 is not a multiple of 8", "info")
+    assert not has(report, "input_dim=20")
+
+
 def test_transposed_convolution_input_channels_are_read_from_its_kernel():
     kmp.enable("mixed_float16")
     inputs = keras.Input((8, 12))
