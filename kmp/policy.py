@@ -135,6 +135,15 @@ def recommend_policy() -> Recommendation:
     return choose_policy(backend.list_devices())
 
 
+# What a model with an attention meets on JAX's CPU under mixed_float16
+# (`backend.float16_attention_fails`): said before it builds one.
+_ATTENTION_FAILS = (
+    " On JAX's CPU, Keras's attention fails to compile in float16 (\"The "
+    "precision 'F16_F16_F32' is not supported by dot_general on CPU\"): "
+    "mixed_bfloat16 runs it."
+)
+
+
 def _log_once(level, message):
     if message not in _logged_reasons:
         _logged_reasons.add(message)
@@ -156,10 +165,13 @@ def _resolve(policy) -> str:
     if policy != "auto":
         recommended = recommend_policy()
         if recommended.policy == "float32":
+            fails = policy == "mixed_float16" and (
+                backend.float16_attention_fails(backend.list_devices())
+            )
             _log_once(
                 logging.WARNING,
                 f"kmp: {policy} will likely be slower than float32 here. "
-                f"{recommended.reason}",
+                f"{recommended.reason}" + (_ATTENTION_FAILS if fails else ""),
             )
         elif policy != recommended.policy == "mixed_float16":
             _log_once(

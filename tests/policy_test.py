@@ -83,6 +83,19 @@ def test_mixed_policy_on_cpu_warns_once(devices, caplog):
     assert "slower than float32" in warnings[0].message
 
 
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_the_cpu_line_says_where_float16_attention_fails(
+    devices, policy, caplog
+):
+    devices(Device("cpu", "x"))
+    with caplog.at_level(logging.WARNING, logger="kmp"):
+        kmp.enable(policy)
+    (line,) = [r.message for r in caplog.records]
+    fails = backend.name() == "jax" and policy == "mixed_float16"
+    assert ("'F16_F16_F32' is not supported" in line) == fails
+    assert ("mixed_bfloat16 runs it" in line) == fails
+
+
 @pytest.mark.backend_independent
 def test_bfloat16_on_a_gpu_without_bfloat16_tensor_cores_warns(devices, caplog):
     devices(Device("gpu", "T4", (7, 5)))

@@ -88,6 +88,7 @@ from kmp.backend.keras_internals import private_import
 from kmp.backend.layouts import broadcast_over_batch
 from kmp.backend.machine import Device
 from kmp.backend.machine import environment
+from kmp.backend.machine import float16_attention_fails
 from kmp.backend.machine import framework_versions
 from kmp.backend.machine import host_cpu
 from kmp.backend.machine import list_devices
@@ -148,6 +149,7 @@ __all__ = [
     "mesh",
     "environment",
     "fit_calls_own_apply_gradients",
+    "float16_attention_fails",
     "framework_versions",
     "fused_batch_norm",
     "float32_reads",

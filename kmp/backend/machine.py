@@ -48,6 +48,14 @@ def list_devices() -> list[Device]:
     return [Device("cpu", host_cpu())]
 
 
+def float16_attention_fails(devices) -> bool:
+    """Whether Keras's attention fails to compile under mixed_float16 on
+    `devices`: JAX's CPU has no float16 matmul that accumulates in
+    float32, which Keras's fused attention asks for (`dtype_errors` adds
+    kmp's line to the error); bfloat16's it has."""
+    return name() == "jax" and all(d.platform == "cpu" for d in devices)
+
+
 def host_cpu() -> str:
     """The host CPU's model name, for reports."""
     try:
