@@ -154,9 +154,9 @@ class LossScaleMonitor(keras.callbacks.Callback):
 
     Before that, from the same streak, an epoch whose every step was
     skipped gets a `RuntimeWarning` at its end, once per `fit`: the
-    weights did not change in it. On a small dataset (keras-io's
-    structured-data examples run about 20 steps an epoch) the stop can be
-    several epochs away, and the progress bar shows only a NaN loss. The
+    weights did not change in it. On a small dataset (a few hundred rows
+    in batches of 32 are a handful of steps) the stop can be several
+    epochs away, and the progress bar shows only a NaN loss. The
     first epochs of a run whose initial scale is too high can also skip
     every step while the scale falls (the warning gives the scale and its
     floor).
