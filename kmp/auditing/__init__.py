@@ -9,6 +9,8 @@
                         train step of the user's own that may not scale
     dtype_checks        the user's code against 16-bit dtypes: float
                         token ids, float32 random draws, `tf.concat`
+    constant_checks     a constant in the user's layer code that float16
+                        cannot hold (an additive mask's -1e9)
     environment_checks  hardware, TF32, XLA, an active distribution
     float8_checks       float8 layers where they cannot be fast
     audit               `kmp.audit`, `kmp.Finding`, `kmp.AuditReport`

@@ -13,6 +13,7 @@ import json
 
 import keras
 
+from kmp.auditing import constant_checks
 from kmp.auditing import dtype_checks
 from kmp.auditing import environment_checks
 from kmp.auditing import float8_checks
@@ -128,6 +129,7 @@ def audit(model, optimizer=None, verbose: bool = True) -> AuditReport:
     optimizer_checks.check_train_step(model, optimizer, findings)
     dtype_checks.check_float_ids(model, findings)
     dtype_checks.check_random_draws(half, findings)
+    constant_checks.check_large_constants(half, findings)
     dtype_checks.check_step_joins(model, findings)
     model_checks.check_tensor_core_dims(half, findings)
     model_checks.check_loss(model, outputs, findings)

@@ -1,0 +1,99 @@
+"""The audit's check of the constants in a layer of the user's that
+float16 cannot hold.
+
+A layer of one's own that masks attention scores as float32 code does,
+`scores + (1 - mask) * -1e9`, computes it in its compute dtype: under
+mixed_float16 `-1e9` is `-inf`, and where the mask keeps a position
+`(1 - mask) * -inf` is `0 * -inf`, NaN. Every gradient is then
+non-finite and every step skipped, in stock Keras too (a helper's
+keras-io-style attention on TensorFlow, 2026-11-30: loss NaN, 16 of 16
+steps skipped in two epochs, the scale down to its floor). Keras's own
+masks add a number the compute dtype holds (`MultiHeadAttention`'s
+softmax adds -65500 in float16). bfloat16 holds float32's range: the check is
+float16's only.
+
+It reads the layer's `call` and the methods of `self` it reaches
+(`source_reading`) for a float literal beyond 65504 that is an operand
+of `+`, `-` or `*`; a clip's or a `where`'s argument is not arithmetic
+on it and is left alone. Each `check_*` appends `(severity, where,
+problem, fix)` tuples to `findings`, as in `model_checks`.
+"""
+
+import ast
+import math
+
+from kmp import backend
+from kmp.auditing import source_reading
+from kmp.auditing.model_checks import _path
+
+# The largest finite float16.
+FLOAT16_MAX = 65504.0
+
+
+def _operand_value(node):
+    """The float a `+`, `-` or `*` operand spells (`-1e9` is a minus
+    applied to `1e9`), or None."""
+    while isinstance(node, ast.UnaryOp) and isinstance(
+        node.op, (ast.USub, ast.UAdd)
+    ):
+        node = node.operand
+    if isinstance(node, ast.Constant) and isinstance(node.value, float):
+        return node.value
+    return None
+
+
+def large_operands(tree) -> list:
+    """Float literals beyond float16's range that are operands of `+`,
+    `-` or `*` in a method's syntax tree, in the order they are written."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.BinOp) or not isinstance(
+            node.op, (ast.Add, ast.Sub, ast.Mult)
+        ):
+            continue
+        for operand in (node.left, node.right):
+            value = _operand_value(operand)
+            if value is not None and math.isfinite(value):
+                if abs(value) > FLOAT16_MAX:
+                    found.append((operand.lineno, abs(value)))
+    return [value for _, value in sorted(found)]
+
+
+def check_large_constants(half, findings):
+    """A float16 layer of the user's whose `call` does arithmetic with a
+    constant float16 cannot hold: inf there, and NaN where it meets 0."""
+    seen = set()
+    for layer in half:
+        cls = type(layer)
+        if (
+            layer.compute_dtype != "float16"
+            or cls in seen
+            or not backend.is_users(cls)
+        ):
+            continue
+        seen.add(cls)
+        methods, _ = source_reading.reachable(cls, "call")
+        found = [
+            (method, value)
+            for method in methods
+            if method.tree is not None and backend.is_users(method.owner)
+            for value in large_operands(method.tree)
+        ]
+        if not found:
+            continue
+        method, value = found[0]
+        findings.append(
+            (
+                "warning",
+                _path(layer),
+                f"{method.where} computes with the constant {value:g}, "
+                "beyond float16's range (65504): in the layer's float16 "
+                "arithmetic it is inf, and inf * 0 is NaN (an additive "
+                "mask, `scores + (1 - mask) * -1e9`, makes every position "
+                "it keeps NaN, and every step is skipped).",
+                "Use a number float16 holds (Keras's own masks add -65500 "
+                "in float16; -1e4 is common), or run the layer in float32: "
+                f"{cls.__name__}(..., dtype='float32'), or "
+                f"kmp.pin_float32(model, also=[{cls.__name__}]).",
+            )
+        )
