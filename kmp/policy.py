@@ -138,9 +138,10 @@ def recommend_policy() -> Recommendation:
 # What a model with an attention meets on JAX's CPU under mixed_float16
 # (`backend.float16_attention_fails`): said before it builds one.
 _ATTENTION_FAILS = (
-    " On JAX's CPU, Keras's attention fails to compile in float16 (\"The "
-    "precision 'F16_F16_F32' is not supported by dot_general on CPU\"): "
-    "mixed_bfloat16 runs it."
+    " On JAX's CPU, Keras's fused attention (ops.dot_product_attention, "
+    "which MultiHeadAttention runs without dropout) fails to compile in "
+    "float16 (\"The precision 'F16_F16_F32' is not supported by "
+    'dot_general on CPU"): mixed_bfloat16 runs it.'
 )
 
 
@@ -163,10 +164,11 @@ def _resolve(policy) -> str:
     if policy == "float32":
         return policy
     if policy != "auto":
-        recommended = recommend_policy()
+        devices = backend.list_devices()
+        recommended = choose_policy(devices)
         if recommended.policy == "float32":
             fails = policy == "mixed_float16" and (
-                backend.float16_attention_fails(backend.list_devices())
+                backend.float16_attention_fails(devices)
             )
             _log_once(
                 logging.WARNING,

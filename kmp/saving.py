@@ -30,7 +30,6 @@ imported registers.
 
 import contextlib
 import json
-import operator
 import re
 import warnings
 import zipfile
@@ -241,7 +240,7 @@ def _was_pinned(model, config) -> bool:
     # 16-bit policy is in the file): the others decide, one at least.
     float32 = [layer.compute_dtype == "float32" for layer in outputs]
     cast = [bool(nested_layers(layer)) for layer in outputs]
-    if any(float32) and all(map(operator.or_, float32, cast)):
+    if any(float32) and all(f or c for f, c in zip(float32, cast)):
         return True
     return any(
         isinstance(layer, _ISLAND_CLASSES) for layer in model._flatten_layers()

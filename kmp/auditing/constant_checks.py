@@ -8,14 +8,16 @@ mixed_float16 `-1e9` is `-inf`, and where the mask keeps a position
 non-finite and every step skipped, in stock Keras too (a helper's
 keras-io-style attention on TensorFlow, 2026-11-30: loss NaN, 16 of 16
 steps skipped in two epochs, the scale down to its floor). Keras's own
-masks add a number the compute dtype holds (`MultiHeadAttention`'s
-softmax adds -65500 in float16). bfloat16 holds float32's range: the check is
-float16's only.
+masks use a number the compute dtype holds (its `Softmax`, which
+`MultiHeadAttention` masks with, puts -3e4 where a mask hides in
+float16). bfloat16 holds float32's range: the check is float16's only.
 
 It reads the layer's `call` and the methods of `self` it reaches
-(`source_reading`) for a float literal beyond 65504 that is an operand
-of `+`, `-` or `*`; a clip's or a `where`'s argument is not arithmetic
-on it and is left alone. Each `check_*` appends `(severity, where,
+(`source_reading`) for a number literal beyond 65504 that is an operand
+of `+`, `-` or `*` (`+=` ... too; a Python int meets a float16 tensor as
+float16 as well); a clip's or a `where`'s argument is not arithmetic on
+it and is left alone, and so is a named constant (`NEG = -1e9`), which
+it does not follow. Each `check_*` appends `(severity, where,
 problem, fix)` tuples to `findings`, as in `model_checks`.
 """
 
@@ -30,33 +32,47 @@ from kmp.auditing.model_checks import _path
 FLOAT16_MAX = 65504.0
 
 
+_ARITHMETIC = (ast.Add, ast.Sub, ast.Mult)
+
+
 def _operand_value(node):
-    """The float a `+`, `-` or `*` operand spells (`-1e9` is a minus
-    applied to `1e9`), or None."""
+    """The number a `+`, `-` or `*` operand spells, signed (`-1e9` is a
+    minus applied to `1e9`), or None."""
+    sign = 1
     while isinstance(node, ast.UnaryOp) and isinstance(
         node.op, (ast.USub, ast.UAdd)
     ):
+        sign = -sign if isinstance(node.op, ast.USub) else sign
         node = node.operand
-    if isinstance(node, ast.Constant) and isinstance(node.value, float):
-        return node.value
+    if (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, (int, float))
+        and not isinstance(node.value, bool)
+    ):
+        return sign * node.value
     return None
 
 
 def large_operands(tree) -> list:
-    """Float literals beyond float16's range that are operands of `+`,
-    `-` or `*` in a method's syntax tree, in the order they are written."""
+    """Number literals beyond float16's range that are operands of `+`,
+    `-` or `*` (or `+=`, `-=`, `*=`) in a method's syntax tree, signed,
+    in the order they are written."""
     found = []
     for node in ast.walk(tree):
-        if not isinstance(node, ast.BinOp) or not isinstance(
-            node.op, (ast.Add, ast.Sub, ast.Mult)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, _ARITHMETIC):
+            operands = (node.left, node.right)
+        elif isinstance(node, ast.AugAssign) and isinstance(
+            node.op, _ARITHMETIC
         ):
+            operands = (node.value,)
+        else:
             continue
-        for operand in (node.left, node.right):
+        for operand in operands:
             value = _operand_value(operand)
             if value is not None and math.isfinite(value):
                 if abs(value) > FLOAT16_MAX:
-                    found.append((operand.lineno, abs(value)))
-    return [value for _, value in sorted(found)]
+                    found.append((operand.lineno, operand.col_offset, value))
+    return [value for *_, value in sorted(found)]
 
 
 def check_large_constants(half, findings):
@@ -91,8 +107,8 @@ def check_large_constants(half, findings):
                 "arithmetic it is inf, and inf * 0 is NaN (an additive "
                 "mask, `scores + (1 - mask) * -1e9`, makes every position "
                 "it keeps NaN, and every step is skipped).",
-                "Use a number float16 holds (Keras's own masks add -65500 "
-                "in float16; -1e4 is common), or run the layer in float32: "
+                "Use a number float16 holds (Keras's Softmax masks with "
+                "-3e4 in float16), or run the layer in float32: "
                 f"{cls.__name__}(..., dtype='float32'), or "
                 f"kmp.pin_float32(model, also=[{cls.__name__}]).",
             )

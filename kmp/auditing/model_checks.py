@@ -72,7 +72,13 @@ def check_outputs(model, outputs, findings):
                 )
             )
     for layer in outputs:
-        if layer.compute_dtype == "float32" or islands.returns_float32(layer):
+        # A layer of layers that pinning casts is float32 out, but one
+        # that holds probabilities and is cast (a nested model) computed
+        # them in 16 bits.
+        cast = islands.returns_float32(layer)
+        if layer.compute_dtype == "float32" or (
+            cast and not islands.holds_probabilities(layer)
+        ):
             continue
         if is_sensitive(layer):
             findings.append(

@@ -5,8 +5,7 @@ Everything else in kmp is written against `keras.ops` and the public
 Keras API; what cannot be branches here, each function once, on
 `name()`. One module per concern:
 
-    _current     which backend runs: `name`, `is_stateless`,
-                 `fit_calls_own_apply_gradients`
+    _current     which backend runs: `name`, `is_stateless`
     settings     process-wide: the persistent XLA cache, TF32
     initialization  new variables' values from one compiled program (JAX)
     machine      devices, versions, the environment record, peak memory
@@ -61,7 +60,6 @@ The rest of kmp calls these functions through this package
 (`from kmp import backend; backend.list_devices()`).
 """
 
-from kmp.backend._current import fit_calls_own_apply_gradients
 from kmp.backend._current import is_stateless
 from kmp.backend._current import name
 from kmp.backend.activations import recompute_in_backward
@@ -148,7 +146,6 @@ __all__ = [
     "dtype_notes_on",
     "mesh",
     "environment",
-    "fit_calls_own_apply_gradients",
     "float16_attention_fails",
     "framework_versions",
     "fused_batch_norm",

@@ -152,9 +152,10 @@ class LossScaleMonitor(keras.callbacks.Callback):
     `kmp doctor` / `kmp.diagnose(model, data)` then shows which layers
     overflow. The reason stays in `stop_reason`.
 
-    Before that, from the same streak, an epoch whose every step was
-    skipped gets a `RuntimeWarning` at its end, once per `fit`: the
-    weights did not change in it. On a small dataset (a few hundred rows
+    Before that, an epoch in which kmp's optimizer applied no update and
+    skipped some gets a `RuntimeWarning` at its end, once per `fit`: the
+    weights did not change in it (read from the optimizer's counters at
+    the epoch's start and end). On a small dataset (a few hundred rows
     in batches of 32 are a handful of steps) the stop can be several
     epochs away, and the progress bar shows only a NaN loss. The
     first epochs of a run whose initial scale is too high can also skip
@@ -167,7 +168,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
 
     Args:
         stop_after: Int >= 1, or `None` never to stop (nor to warn of
-            an epoch with every step skipped). Default 100.
+            an epoch that applied no update). Default 100.
 
     Example:
 
@@ -199,10 +200,8 @@ class LossScaleMonitor(keras.callbacks.Callback):
         self.stop_after = stop_after
         self.stop_reason = None
         self._records = []
-        # (epoch, batch, prefix, attribute, optimizer, streak, scale):
-        # each step's overflow streak, read at the epoch's end. A list, since
-        # batch-end calls may run at once on Keras's thread pool.
-        self._streaks = []
+        # Each kmp scaler's counters at the epoch's start (`_counters`).
+        self._epoch_start = {}
         self._epoch_warned = False
         self._epoch = 0
         self._scalers = None
@@ -223,7 +222,6 @@ class LossScaleMonitor(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         # Like keras.callbacks.History: each fit starts a new record.
         self._records = []
-        self._streaks = []
         self._epoch_warned = False
         self.stop_reason = None
         # Found at the first step's end: a GAN's optimizers are built by
@@ -232,6 +230,24 @@ class LossScaleMonitor(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
+        # Keras's JAX fit has synced its state into the variables here
+        # and at on_epoch_end; one read each, outside the steps.
+        self._epoch_start = self._counters()
+
+    def _counters(self):
+        """`{prefix: (attribute, optimizer, applied, skipped)}` for each
+        of kmp's scalers the model holds: the updates it applied (its
+        `iterations`) and the steps it skipped, so far."""
+        counters = {}
+        for prefix, attribute, optimizer in _held_scalers(self._fitting):
+            if isinstance(optimizer, LossScaleOptimizer):
+                applied, skipped = (
+                    int(ops.convert_to_numpy(v))
+                    for v in (optimizer.iterations, optimizer.skipped_steps)
+                )
+                named = attribute if prefix else None
+                counters[prefix] = (named, optimizer, applied, skipped)
+        return counters
 
     def _scalers_of_the_run(self, logs):
         """The scalers whose entries `logs` holds, found again when the
@@ -267,15 +283,12 @@ class LossScaleMonitor(keras.callbacks.Callback):
             scale = logs.get(f"{prefix}loss_scale")
             streak = logs.pop(f"{prefix}{_STREAK}", None)
             if streak is not None:
-                # The attribute's name in the lines for a model's own
-                # optimizers only: model.optimizer is the common case.
-                named = attribute if prefix else None
-                streak, scale = float(streak), float(scale)
-                self._streaks.append(
-                    (self._epoch, batch, prefix, named, optimizer)
-                    + (streak, scale)
+                self._stop_if_hopeless(
+                    attribute if prefix else None,
+                    optimizer,
+                    float(streak),
+                    float(scale),
                 )
-                self._stop_if_hopeless(named, optimizer, streak, scale)
             skipped = f"{prefix}skipped_steps"
             if skipped in logs:
                 # Callbacks share one logs dict, and Keras appends its
@@ -289,9 +302,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
             self._records.append((self._epoch, batch, record))
 
     def on_epoch_end(self, epoch, logs=None):
-        # Keras has run every batch-end call of the epoch by now (it waits
-        # for its thread pool's before on_epoch_end).
-        self._warn_if_nothing_changed(epoch)
+        self._warn_if_nothing_applied(epoch)
         if not logs:
             return
         scalers_now = self._scalers_of_the_run(logs)
@@ -302,29 +313,34 @@ class LossScaleMonitor(keras.callbacks.Callback):
             if skipped in logs:
                 logs[skipped] = StepCount(logs[skipped])
 
-    def _warn_if_nothing_changed(self, epoch):
-        """Warns, once per fit, of an epoch whose every step was skipped:
-        the streak at its last step is its count of steps (batches count
-        from 0 each epoch; with `steps_per_execution` the last is the
-        epoch's last step too)."""
-        streaks, self._streaks = self._streaks, []
-        if self._epoch_warned or self.stop_reason is not None:
+    def _warn_if_nothing_applied(self, epoch):
+        """Warns, once per fit, of an epoch in which a scaler applied no
+        update and skipped some (every one of a WGAN-GP critic's three
+        a step, with `steps_per_execution` or an epoch cut short alike).
+        """
+        if (
+            self.stop_after is None
+            or self._epoch_warned
+            or self.stop_reason is not None
+        ):
             return
-        last = {}
-        for entry in streaks:
-            if entry[0] == epoch and entry[1] >= last.get(entry[2], (0, -1))[1]:
-                last[entry[2]] = entry
-        for _, batch, _, attribute, optimizer, streak, scale in last.values():
-            steps = int(batch) + 1
-            if streak < steps:
+        for prefix, now in self._counters().items():
+            attribute, optimizer, applied, skipped = now
+            # A scaler first built in this epoch (a GAN's) started at 0.
+            _, _, applied_0, skipped_0 = self._epoch_start.get(
+                prefix, (None, None, 0, 0)
+            )
+            if applied != applied_0 or skipped == skipped_0:
                 continue
             whose = f" (self.{attribute})" if attribute else ""
+            scale = float(ops.convert_to_numpy(optimizer.dynamic_scale))
             self._epoch_warned = True
             warnings.warn(
-                f"kmp: every step of epoch {epoch + 1} ({steps} of {steps}) "
-                f"had non-finite gradients{whose} and was skipped: the "
-                "weights did not change in it. The loss scale is now "
-                f"{scale:g} (its floor, min_scale, {optimizer.min_scale:g}); "
+                f"kmp: epoch {epoch + 1} applied no update{whose}: all "
+                f"{skipped - skipped_0} of its updates had non-finite "
+                "gradients and were skipped, so the weights did not change. "
+                "The loss "
+                f"scale is now {scale:g} (min_scale={optimizer.min_scale:g}); "
                 "if it is still falling, this can be the scale finding its "
                 "level. Otherwise look for a NaN or inf in the data, a "
                 "float16 overflow in a layer (a raw feature over 65504), or "

@@ -53,6 +53,7 @@ from kmp.islands.float32_layers import Float32Activation
 from kmp.islands.float32_layers import Float32Softmax
 from kmp.islands.float32_layers import MultiHeadAttention
 from kmp.islands.float32_outputs import activation_name
+from kmp.islands.float32_outputs import holds_probabilities
 from kmp.islands.float32_outputs import is_sensitive
 from kmp.islands.float32_outputs import returns_float32
 from kmp.islands.gelu import is_gelu
@@ -80,6 +81,7 @@ __all__ = [
     "flatten_bias",
     "flattens_bias",
     "float_ids",
+    "holds_probabilities",
     "is_feature_normalization",
     "is_gelu",
     "is_sensitive",

@@ -21,22 +21,31 @@ So `kmp.pin_float32` decides by what the layer holds (`pins_whole`):
   float32 whole, its layers included: its probabilities must be computed
   in float32 for crossentropy (BUILD_NOTES, defect 8), and a head is
   small;
-- any other (a block, an attention, a `Bidirectional` LSTM, a nested
-  subclassed model, whatever it holds) keeps its policy and its layers
-  theirs, and returns its outputs cast to float32 (`return_float32`).
+- any other (a block, an attention, a `Bidirectional` LSTM) keeps its
+  policy and its layers theirs, and returns its outputs cast to float32
+  (`return_float32`), a Keras mask on them kept. So does a nested
+  subclassed model, whatever it holds: pinning a whole model to float32
+  would undo mixed precision. One that ends in a softmax then computes
+  it in 16 bits, and `kmp.audit` says so (pin its last layer with
+  `also=`).
 
 `return_float32` is an instance-level `call`, as `kmp.islands.gelu`
 wraps one: how the layer runs, not what it is. A `.keras` file does not
-keep it, and `kmp.load_model` applies it again when it pins the loaded
-model (a model whose layers of layers hold an attention is seen as
-pinned by its attention's island class). Deleting the instance's `call`
-(`del layer.call`) undoes it.
+keep it (nor does `copy.deepcopy`, a pickle or `keras.models.clone_model`:
+call `kmp.pin_float32` on the copy). `kmp.load_model` applies it again
+when it pins the loaded model, which it does where the file shows the
+model was pinned: another output float32, or an attention kmp swapped
+for its island class; a model whose every output is such a layer's and
+that holds no such attention comes back without it. Deleting the
+instance's `call` (`del layer.call`) undoes it.
 """
 
 import functools
 
 import keras
 from keras import ops
+
+from kmp import backend
 
 # Activations whose float16 results lose what crossentropy needs.
 SENSITIVE_ACTIVATIONS = ("softmax", "log_softmax", "sigmoid")
@@ -63,9 +72,19 @@ def _to_float32(value):
     if value is None or not hasattr(value, "dtype"):
         return value
     dtype = keras.backend.standardize_dtype(value.dtype)
-    if dtype in ("float16", "bfloat16"):
-        return ops.cast(value, "float32")
-    return value
+    if dtype not in ("float16", "bfloat16"):
+        return value
+    cast = ops.cast(value, "float32")
+    # A mask the layer's layers put on its output (a LayerNormalization's
+    # passes its input's on) goes on with it: the loss reads it there.
+    mask = _mask_attribute("get_keras_mask")(value)
+    if mask is not None:
+        _mask_attribute("set_keras_mask")(cast, mask)
+    return cast
+
+
+def _mask_attribute(name):
+    return backend.private_import("keras.src.backend", name, "kmp.pin_float32")
 
 
 def return_float32(layer) -> None:
@@ -95,17 +114,19 @@ def pins_whole(layer) -> bool:
     """Whether an output layer that holds layers computes in float32
     whole, its layers included (the module's docstring says when); if
     not, it gets `return_float32`."""
-    return not isinstance(layer, keras.Model) and _holds_probabilities(layer)
+    return not isinstance(layer, keras.Model) and holds_probabilities(layer)
 
 
-def _holds_probabilities(layer):
+def holds_probabilities(layer) -> bool:
     """Whether `layer`, or a layer it holds, ends in a softmax, log-softmax
-    or sigmoid; an attention's own softmax (its scores') does not count."""
+    or sigmoid. An attention's own softmax (its scores') does not count:
+    Keras's `MultiHeadAttention` and `GroupedQueryAttention`, and
+    KerasHub's attentions, hold it as `_softmax`."""
     if is_sensitive(layer):
         return True
-    if isinstance(layer, keras.layers.MultiHeadAttention):
+    if isinstance(getattr(layer, "_softmax", None), keras.layers.Softmax):
         return False
     return any(
-        _holds_probabilities(inner)
+        holds_probabilities(inner)
         for inner in layer._flatten_layers(include_self=False, recursive=False)
     )

@@ -7,8 +7,16 @@ removed both methods (keras-team/keras#19479, #20894), and its
 renamed the calls would divide twice. `TfKerasLossScaleAPI` restores the
 two methods and remembers the gradients it unscaled: when the very same
 tensors reach the next `apply`, the optimizer does not divide them again.
+
+And `apply_gradients`, which TensorFlow's `fit` and tf-keras loops call,
+hands the inner optimizer its unscaled gradients through the inner's own
+`apply_gradients` where its class has one, as that code would run in
+float32 (keras-io's gradient centralization, written as an
+`apply_gradients` override; Keras's scaler calls the inner `apply`
+whatever the entry: BUILD_NOTES, defect 38).
 """
 
+import keras
 from keras import ops
 
 
@@ -22,6 +30,25 @@ class TfKerasLossScaleAPI:
 
     # Gradients returned by `get_unscaled_gradients`, until the next apply.
     _user_unscaled = None
+    # Whether the running apply came in through `apply_gradients`; read
+    # while a step is traced (a class default: torch.compile guards on an
+    # instance's attributes).
+    _via_apply_gradients = False
+
+    def apply_gradients(self, grads_and_vars):
+        self._via_apply_gradients = True
+        try:
+            return super().apply_gradients(grads_and_vars)
+        finally:
+            self._via_apply_gradients = False
+
+    def _inner_applies_gradients(self) -> bool:
+        """Whether this apply's unscaled gradients go through the inner
+        optimizer's own `apply_gradients` (the module's docstring)."""
+        own = type(self.inner_optimizer).apply_gradients
+        return self._via_apply_gradients and (
+            own is not keras.optimizers.Optimizer.apply_gradients
+        )
 
     def _take_user_unscaled(self, grads) -> bool:
         pending = self._user_unscaled

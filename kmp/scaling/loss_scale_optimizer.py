@@ -290,12 +290,7 @@ class LossScaleOptimizer(
         agreed = self._agreed_overwrites(unscaled, tvs)
         grads = self._clip_aggregate(agreed, tvs)
         inner = self.inner_optimizer
-        if backend.fit_calls_own_apply_gradients(inner):
-            # In float32, TensorFlow's fit calls the optimizer's
-            # `apply_gradients`, so a subclass's override of it runs there
-            # (keras-io's gradient centralization, as Keras 3 allows it);
-            # `apply` would skip it under float16, as Keras's scaler does
-            # (BUILD_NOTES, defect 38).
+        if grads and self._inner_applies_gradients():  # _tf_keras_api
             inner.apply_gradients(zip(grads, tvs))
         else:
             inner.apply(grads, trainable_variables=trainable_variables)

@@ -15,7 +15,7 @@ from keras import ops
 import kmp
 from kmp.auditing import constant_checks
 
-WARNING = "computes with the constant 1e+09, beyond float16's range"
+WARNING = "computes with the constant -1e+09, beyond float16's range"
 
 
 class MaskedAttention(keras.layers.Layer):
@@ -89,13 +89,13 @@ def test_no_warning_where_float16_holds_it_or_no_arithmetic_uses_it(
     assert not has(report, "beyond float16's range")
 
 
-def test_large_operands_reads_signs_and_leaves_calls_alone():
+def test_large_operands_reads_signs_ints_and_leaves_calls_alone():
     tree = ast.parse(
         "def f(x, m):\n"
         "    y = x + (1 - m) * -1e9\n"
         "    z = ops.where(m, x, -3e38) - 7e4\n"
-        "    return ops.clip(y, -1e9, 1e9) * 2.0 + 100000\n"
+        "    y -= 100000\n"
+        "    return ops.clip(y, -1e9, 1e9) * 2.0 + 65504.0\n"
     )
-    # 100000 is an int: shapes and counts are, and float16 arithmetic
-    # takes them as given.
-    assert constant_checks.large_operands(tree) == [1e9, 7e4]
+    # An int too: added to a float16 tensor, it is float16.
+    assert constant_checks.large_operands(tree) == [-1e9, 7e4, 100000]

@@ -9,7 +9,6 @@ import textwrap
 
 import keras
 import pytest
-from util import CentralizedSGD
 from util import not_tf
 
 from kmp import backend
@@ -18,12 +17,6 @@ from kmp import backend
 def test_name_is_keras_s_backend_and_only_jax_steps_are_stateless():
     assert backend.name() == keras.backend.backend()
     assert backend.is_stateless() == (backend.name() == "jax")
-
-
-def test_only_tensorflow_s_fit_calls_an_optimizer_s_own_apply_gradients():
-    tensorflow = backend.name() == "tensorflow"
-    assert backend.fit_calls_own_apply_gradients(CentralizedSGD()) == tensorflow
-    assert not backend.fit_calls_own_apply_gradients(keras.optimizers.SGD())
 
 
 # Prepended to a script: TensorFlow and TFDS cannot be imported, as on a

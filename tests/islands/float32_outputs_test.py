@@ -153,3 +153,71 @@ def test_also_pins_a_layer_of_layers_whole():
         loss=[_crossentropy(), None],
     )
     model.fit(*_tokens(), epochs=1, verbose=0)
+
+
+def test_a_grouped_query_attention_block_is_cast_not_pinned_whole():
+    # Its softmax is the attention's own (`_softmax`), as
+    # MultiHeadAttention's: no probabilities at the output.
+    kmp.enable(_policy())
+
+    class Block(keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.att = keras.layers.GroupQueryAttention(8, 2, 1)
+
+        def call(self, x):
+            return x + self.att(x, x)
+
+    inputs = keras.Input((6, 16))
+    block = Block()
+    model = kmp.pin_float32(keras.Model(inputs, block(inputs)))
+    assert float32_outputs.returns_float32(block)
+    assert block.att.compute_dtype != "float32"
+    assert _dtype(model(np.ones((2, 6, 16), "float32"))) == "float32"
+
+
+def test_the_cast_keeps_the_keras_mask_on_the_output():
+    kmp.enable(_policy())
+
+    class Encoder(keras.layers.Layer):
+        """A layer of layers whose output carries its embedding's mask."""
+
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.embed = keras.layers.Embedding(10, 4, mask_zero=True)
+            self.norm = keras.layers.LayerNormalization()
+
+        def call(self, ids):
+            return self.norm(self.embed(ids))
+
+    encoder = Encoder()
+    ids = np.array([[3, 4, 0, 0]])
+    want = keras.ops.convert_to_numpy(encoder(ids)._keras_mask)
+    inputs = keras.Input((4,), dtype="int32")
+    kmp.pin_float32(keras.Model(inputs, encoder(inputs)))
+    out = encoder(ids)
+    assert _dtype(out) == "float32"
+    got = keras.ops.convert_to_numpy(out._keras_mask)
+    np.testing.assert_array_equal(got, want)  # [[True, True, False, False]]
+
+
+def test_a_nested_model_ending_in_a_softmax_is_cast_and_audited():
+    kmp.enable("mixed_float16")
+
+    class Classifier(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.hidden = keras.layers.Dense(8)
+            self.out = keras.layers.Dense(3, activation="softmax")
+
+        def call(self, x):
+            return self.out(self.hidden(x))
+
+    inputs = keras.Input((4,))
+    classifier = Classifier()
+    model = kmp.pin_float32(keras.Model(inputs, classifier(inputs)))
+    # Pinned whole, a nested model would run in float32 entirely.
+    assert classifier.hidden.compute_dtype == "float16"
+    assert float32_outputs.returns_float32(classifier)
+    report = kmp.audit(model, optimizer=kmp.wrap("sgd"), verbose=False)
+    assert any("Model output is float16" in f.problem for f in report)

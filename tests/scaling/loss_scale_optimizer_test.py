@@ -429,6 +429,31 @@ def test_an_inner_optimizer_s_own_apply_gradients_runs_as_in_float32():
         np.testing.assert_allclose(w16, w32, atol=5e-3)
 
 
+@pytest.mark.skipif(
+    backend.is_stateless(), reason="JAX's apply runs stateless_apply"
+)
+@pytest.mark.parametrize("entry", ["apply", "apply_gradients"])
+def test_a_loop_reaches_the_inner_apply_gradients_through_its_own(entry):
+    # As in float32: a loop that calls `apply_gradients` runs the
+    # override, one that calls `apply` does not.
+    class Counting(CentralizedSGD):
+        calls = 0
+
+        def apply_gradients(self, grads_and_vars):
+            type(self).calls += 1
+            return super().apply_gradients(grads_and_vars)
+
+    variables = [keras.Variable(np.ones((3, 2), "float32"))]
+    scaler = kmp.LossScaleOptimizer(Counting(0.1))
+    grads = [ops.ones((3, 2))]
+    if entry == "apply":
+        scaler.apply(grads, variables)
+    else:
+        scaler.apply_gradients(zip(grads, variables))
+    assert Counting.calls == (entry == "apply_gradients")
+    assert int(scaler.iterations) == 1
+
+
 @tf_only
 @pytest.mark.parametrize("style", ["keras3", "tf_keras"])
 def test_custom_gradient_tape_loop(style):
