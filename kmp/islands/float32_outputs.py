@@ -47,6 +47,8 @@ from keras import ops
 
 from kmp import backend
 
+_FEATURE = "kmp.pin_float32's float32 outputs"
+
 # Activations whose float16 results lose what crossentropy needs.
 SENSITIVE_ACTIVATIONS = ("softmax", "log_softmax", "sigmoid")
 
@@ -77,14 +79,16 @@ def _to_float32(value):
     cast = ops.cast(value, "float32")
     # A mask the layer's layers put on its output (a LayerNormalization's
     # passes its input's on) goes on with it: the loss reads it there.
-    mask = _mask_attribute("get_keras_mask")(value)
+    get_keras_mask = backend.private_import(
+        "keras.src.backend", "get_keras_mask", _FEATURE
+    )
+    mask = get_keras_mask(value)
     if mask is not None:
-        _mask_attribute("set_keras_mask")(cast, mask)
+        set_keras_mask = backend.private_import(
+            "keras.src.backend", "set_keras_mask", _FEATURE
+        )
+        set_keras_mask(cast, mask)
     return cast
-
-
-def _mask_attribute(name):
-    return backend.private_import("keras.src.backend", name, "kmp.pin_float32")
 
 
 def return_float32(layer) -> None:

@@ -302,6 +302,18 @@ REACHES = [
         "the evaluation's progress bar (kmp/app/report.py)",
     ),
     # Imported from keras.src, where Keras exports nothing.
+    Reach(
+        "keras.src.backend",
+        "get_keras_mask",
+        ("x",),
+        "kmp.pin_float32's float32 outputs (kmp/islands/float32_outputs.py)",
+    ),
+    Reach(
+        "keras.src.backend",
+        "set_keras_mask",
+        ("x", "mask"),
+        "kmp.pin_float32's float32 outputs (kmp/islands/float32_outputs.py)",
+    ),
     Reach(_STATELESS, "get_stateless_scope", (), f"{_REMAT} on JAX"),
     Reach(
         _STATELESS,
