@@ -78,26 +78,16 @@ def large_operands(tree) -> list:
 def check_large_constants(half, findings):
     """A float16 layer of the user's whose `call` does arithmetic with a
     constant float16 cannot hold: inf there, and NaN where it meets 0."""
-    seen = set()
-    for layer in half:
+    float16 = [layer for layer in half if layer.compute_dtype == "float16"]
+
+    def constants(method):  # in the user's code, not a library's
+        users = backend.is_users(method.owner)
+        return large_operands(method.tree) if users else []
+
+    for layer, method, value in source_reading.first_in_calls(
+        float16, constants
+    ):
         cls = type(layer)
-        if (
-            layer.compute_dtype != "float16"
-            or cls in seen
-            or not backend.is_users(cls)
-        ):
-            continue
-        seen.add(cls)
-        methods, _ = source_reading.reachable(cls, "call")
-        found = [
-            (method, value)
-            for method in methods
-            if method.tree is not None and backend.is_users(method.owner)
-            for value in large_operands(method.tree)
-        ]
-        if not found:
-            continue
-        method, value = found[0]
         findings.append(
             (
                 "warning",

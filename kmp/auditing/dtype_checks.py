@@ -188,22 +188,9 @@ def check_random_draws(half, findings):
     """A 16-bit layer of the user's whose `call` draws float32 random
     values (no `dtype=`): TensorFlow refuses to mix them with the
     layer's 16-bit tensors (keras-io's VAE `Sampling`)."""
-    seen = set()
-    for layer in half:
+    found = source_reading.first_in_calls(half, _draws_without_dtype)
+    for layer, method, draw in found:
         cls = type(layer)
-        if cls in seen or not backend.is_users(cls):
-            continue
-        seen.add(cls)
-        methods, _ = source_reading.reachable(cls, "call")
-        draws = [
-            (method, draw)
-            for method in methods
-            if method.tree is not None
-            for draw in _draws_without_dtype(method)
-        ]
-        if not draws:
-            continue
-        method, draw = draws[0]
         findings.append(
             (
                 "warning",

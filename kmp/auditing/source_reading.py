@@ -164,3 +164,23 @@ def dotted(node) -> str:
         parts.append(node.id)
         return ".".join(reversed(parts))
     return ""
+
+
+def first_in_calls(layers, find):
+    """Yields `(layer, method, found)` for each of the user's layer
+    classes among `layers` (its first layer): the first thing
+    `find(method)` lists in the class's `call` or a method of `self` it
+    reaches, where one lists any. A class is read once: a finding is
+    said once for all its layers."""
+    seen = set()
+    for layer in layers:
+        cls = type(layer)
+        if cls in seen or not backend.is_users(cls):
+            continue
+        seen.add(cls)
+        methods, _ = reachable(cls, "call")
+        for method in methods:
+            found = find(method) if method.tree is not None else []
+            if found:
+                yield layer, method, found[0]
+                break

@@ -114,3 +114,26 @@ def test_dotted_names():
     call = ast.parse("tf.random.normal(shape)").body[0].value
     assert source_reading.dotted(call.func) == "tf.random.normal"
     assert source_reading.dotted(ast.parse("f()[0].x").body[0].value) == ""
+
+
+class _Scaled(keras.layers.Layer):
+    def call(self, x):
+        return self._scale(x)
+
+    def _scale(self, x):
+        return x * 1e9
+
+
+def test_first_in_calls_reads_each_user_class_once_and_no_library_s():
+    def numbers(method):
+        return [
+            node.value
+            for node in ast.walk(method.tree)
+            if isinstance(node, ast.Constant) and node.value == 1e9
+        ]
+
+    layers = [_Scaled(), _Scaled(), keras.layers.Dense(2)]
+    found = list(source_reading.first_in_calls(layers, numbers))
+    assert [(layer, method.where, value) for layer, method, value in found] == [
+        (layers[0], "_Scaled._scale", 1e9)
+    ]
