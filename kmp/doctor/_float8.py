@@ -28,6 +28,7 @@ from keras import ops
 from kmp.doctor._progress import Progress
 from kmp.fp8 import float8_matmuls
 from kmp.fp8 import observe_operands
+from kmp.model_layers import nested_layers
 
 # E4M3: largest value 448, smallest subnormal 2^-9.
 _E4M3_MAX = 448.0
@@ -39,9 +40,7 @@ def measure(model, batches, progress=None) -> list:
     over all `batches` (`(x, y)` pairs); `[]` without float8 layers.
     `progress` (the doctor's `Progress`; default: a quiet one) says the
     run through them."""
-    layers = float8_matmuls(
-        model._flatten_layers(include_self=False, recursive=True)
-    )
+    layers = float8_matmuls(nested_layers(model))
     if not layers:
         return []
     progress = progress or Progress(verbose=False)

@@ -28,6 +28,7 @@ from kmp.layer_policies import record_policies
 from kmp.model_layers import all_layers
 from kmp.model_layers import check_patterns
 from kmp.model_layers import matches
+from kmp.model_layers import nested_layers
 from kmp_config.names import HALF_DTYPES
 
 _MATMULS = (keras.layers.Dense, keras.layers.EinsumDense)
@@ -367,23 +368,20 @@ def _heads(model, matmuls):
             continue
         seen.add(key)
         if isinstance(layer, keras.Model) and layer is not model:
-            inner = [m for m in matmuls if _inside(m, layer)]
-            heads |= _heads(layer, inner)
+            heads |= _heads(layer, _nested(matmuls, layer))
             continue
         if isinstance(layer, _MATMULS):
             heads.add(id(layer))
             continue
         if isinstance(layer, keras.layers.MultiHeadAttention):
-            heads |= {id(m) for m in matmuls if _inside(m, layer)}
+            heads |= {id(m) for m in _nested(matmuls, layer)}
             continue
         node = layer._inbound_nodes[history.node_index]
         stack.extend(keras.tree.flatten(node.input_tensors))
     return heads
 
 
-def _inside(layer, outer):
-    """Whether `layer` is nested in `outer`."""
-    return any(
-        inner is layer
-        for inner in outer._flatten_layers(include_self=False, recursive=True)
-    )
+def _nested(matmuls, outer):
+    """The layers of `matmuls` nested in `outer`."""
+    inside = {id(layer) for layer in nested_layers(outer)}
+    return [m for m in matmuls if id(m) in inside]

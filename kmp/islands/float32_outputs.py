@@ -79,16 +79,20 @@ def _to_float32(value):
     cast = ops.cast(value, "float32")
     # A mask the layer's layers put on its output (a LayerNormalization's
     # passes its input's on) goes on with it: the loss reads it there.
-    get_keras_mask = backend.private_import(
-        "keras.src.backend", "get_keras_mask", _FEATURE
-    )
+    get_keras_mask, set_keras_mask = _mask_functions()
     mask = get_keras_mask(value)
     if mask is not None:
-        set_keras_mask = backend.private_import(
-            "keras.src.backend", "set_keras_mask", _FEATURE
-        )
         set_keras_mask(cast, mask)
     return cast
+
+
+@functools.cache
+def _mask_functions():
+    # Found once: eager torch runs the cast at every step.
+    return (
+        backend.private_import("keras.src.backend", "get_keras_mask", _FEATURE),
+        backend.private_import("keras.src.backend", "set_keras_mask", _FEATURE),
+    )
 
 
 def return_float32(layer) -> None:
