@@ -95,6 +95,13 @@ _CPU_DOT = re.compile(
     r"'(B?F16)_\1_F32' is not supported by dot_general on CPU"
 )
 
+# How Keras rewrites an error of a layer's call on symbolic inputs
+# (`Operation.compute_output_spec`): a Functional model being built, or
+# a subclassed one built from shapes. No model exists yet for
+# `kmp.pin_float32(model, also=...)` to reach (the masking guide's
+# `TemporalSoftmax`, in a Functional model, on TensorFlow).
+_BUILDING = "Could not automatically infer the output shape / dtype"
+
 _NAMES = {
     "half": "float16",
     "float16": "float16",
@@ -190,7 +197,7 @@ def _line_for(error, layer):
         policy.compute_dtype not in HALF_DTYPES
     ):
         return None
-    return _line(owner, method, dtypes)
+    return _line(owner, method, dtypes, building=_BUILDING in str(error))
 
 
 def _cpu_dot_line(precision):
@@ -221,7 +228,7 @@ def _losses_line(dtypes, policy):
     )
 
 
-def _line(owner, method, dtypes):
+def _line(owner, method, dtypes, building=False):
     half, other = dtypes
     cls = type(owner).__name__
     held = _half_outputs(owner)
@@ -256,12 +263,23 @@ def _line(owner, method, dtypes):
             "keras.ops.cast(x, self.compute_dtype))"
         )
         made = f"{cls}(..., dtype='float32')"
+    if building:
+        # The error stops the model's build: only the layer's own
+        # dtype, where the user makes it, can run it in float32.
+        pin = (
+            ", where you make it; kmp.pin_float32(model, also=[...]) "
+            "cannot, as this error stops the model being built"
+        )
+    else:
+        pin = (
+            f", or kmp.pin_float32(model, also=['{owner.name}']) on the "
+            "model that holds it (a subclassed model's layers are there "
+            "before its build)"
+        )
     return (
         f"{PREFIX}{cls} '{owner.name}' computes in {owner.compute_dtype} "
         f"({owner.dtype_policy.name}) and {what} mixed {half} with "
-        f"{other}: {fix}, or run the layer in float32: {made}, or "
-        f"kmp.pin_float32(model, also=['{owner.name}']) once the model is "
-        "built."
+        f"{other}: {fix}, or run the layer in float32: {made}{pin}."
     )
 
 

@@ -277,7 +277,10 @@ def test_keras_io_s_vae_error_ends_with_kmp_s_line(policy):
     assert line.startswith(f"kmp: Sampling 'sampling' computes in {half}")
     assert f"mixed {half} with float32" in line
     assert "dtype=self.compute_dtype" in line
-    assert "kmp.pin_float32(model, also=['sampling'])" in line
+    # The error stops the Functional model's build: no model for
+    # `also=` to reach, so the line says the layer's own dtype.
+    assert "Sampling(..., dtype='float32'), where you make it" in line
+    assert "also=['sampling']" not in line
     # Type and message as Keras raises them without kmp (its policy set
     # by Keras, the names started again).
     kmp.disable()
@@ -328,6 +331,13 @@ def test_keras_io_s_sampling_called_eagerly_and_traced_gets_the_line():
     traced = _raised(lambda: model.fit(x, x[:, :1], verbose=0))
     (line,) = _kmp_notes(traced)
     assert "Sampling 'traced'" in line
+    # A subclassed model holds its layers before its build: the line's
+    # `also=` reaches the layer, and the model trains.
+    assert "kmp.pin_float32(model, also=['traced'])" in line
+    model = kmp.pin_float32(Encoder(), also=["traced"])
+    model.compile(optimizer=kmp.wrap("sgd"), loss="mse")
+    logs = model.fit(x, x[:, :1], verbose=0).history
+    assert np.isfinite(logs["loss"][-1])
 
 
 @tensorflow_only
