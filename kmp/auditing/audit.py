@@ -71,6 +71,9 @@ def audit(model, optimizer=None, verbose: bool = True) -> AuditReport:
     - model outputs that are not float32, and float16 softmax or sigmoid
       outputs (crossentropy then loses its logits path);
     - softmaxes inside the model computing in half precision;
+    - Keras `Normalization` and `Rescaling` layers in half precision
+      (they read raw values), and a `Normalization`'s statistics that
+      are infinite or stored in bfloat16;
     - float16 compute while the optimizer does not scale the loss; the
       stock Keras scaler instead of kmp's; a scaler with nothing to scale;
       a scaler Keras added at compile time, which saving loses; a
@@ -115,9 +118,9 @@ def audit(model, optimizer=None, verbose: bool = True) -> AuditReport:
     half = model_checks.half_layers(model)
     model_checks.check_outputs(model, outputs, findings)
     model_checks.check_inner_softmaxes(half, outputs, findings)
-    normalization_checks.check_feature_normalizations(
-        all_layers(model), findings
-    )
+    layers = all_layers(model)
+    normalization_checks.check_feature_normalizations(layers, findings)
+    normalization_checks.check_rescalings(layers, findings)
     applied = [("optimizer", optimizer)]
     if optimizer is getattr(model, "optimizer", None):
         applied = optimizer_checks.applied_optimizers(model, optimizer)
@@ -134,7 +137,7 @@ def audit(model, optimizer=None, verbose: bool = True) -> AuditReport:
     model_checks.check_tensor_core_dims(half, findings)
     model_checks.check_loss(model, outputs, findings)
     environment_checks.check_environment(model, half, findings)
-    float8_checks.check_float8(model, all_layers(model), findings)
+    float8_checks.check_float8(model, layers, findings)
     report = AuditReport(
         sorted(
             # Each once: the optimizers of a GAN may repeat a finding.

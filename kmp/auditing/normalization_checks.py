@@ -1,8 +1,10 @@
-"""The audit's check of Keras's `Normalization` layers: one left in 16
-bits (under Keras's mixed_float16 a feature whose variance is over
-65504 comes out 0), one whose statistics an adapt in 16 bits made
-infinite, and one whose statistics are stored in bfloat16.
-`kmp.pin_float32` and a kmp policy make them float32
+"""The audit's checks of the Keras layers that read raw values: a
+`Normalization` left in 16 bits (under Keras's mixed_float16 a feature
+whose variance is over 65504 comes out 0), one whose statistics an
+adapt in 16 bits made infinite, and one whose statistics are stored in
+bfloat16; a `Rescaling` left in 16 bits (it casts its input first: a
+16-bit image's 65535 is infinite in float16). `kmp.pin_float32` makes
+them float32, and a kmp policy a `Normalization`
 (`kmp.islands.feature_normalization`).
 
 Like every `check_*` function of `kmp.auditing`, it reads the layers and
@@ -15,6 +17,7 @@ import numpy as np
 
 from kmp.auditing.model_checks import _path
 from kmp.islands import is_feature_normalization
+from kmp.islands import is_rescaling
 from kmp.islands import largest_statistic
 from kmp_config.names import HALF_DTYPES
 
@@ -89,3 +92,28 @@ def check_feature_normalizations(layers, findings):
                     "kmp.pin_float32(model).",
                 )
             )
+
+
+def check_rescalings(layers, findings):
+    """Keras `Rescaling` layers left in 16 bits (`kmp.pin_float32` makes
+    them float32)."""
+    for layer in layers:
+        dtype = layer.compute_dtype
+        if not is_rescaling(layer) or dtype not in HALF_DTYPES:
+            continue
+        if dtype == "float16":
+            harm = (
+                "a raw value of 65520 or more (a 16-bit image's 65535) is "
+                "infinite, and the loss NaN"
+            )
+        else:
+            harm = "a raw value keeps 8 significant bits (an 8-bit image's)"
+        findings.append(
+            (
+                "warning",
+                _path(layer),
+                f"Rescaling casts its input to {dtype} before it scales "
+                f"it: {harm}.",
+                "kmp.pin_float32(model).",
+            )
+        )

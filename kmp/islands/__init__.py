@@ -25,14 +25,15 @@
                     cast rounds before an embedding looks them up
     feature_normalization  Keras's `Normalization` in float32, its
                     statistics included, from its `adapt` on under a
-                    16-bit kmp policy
+                    16-bit kmp policy; its `Rescaling` in float32
     float32_outputs  a model output that a layer of layers produces,
                     in float32: the layer whole where it holds
                     probabilities, its outputs cast otherwise; what
                     counts as sensitive
     pin             `kmp.pin_float32`: outputs float32, inner softmaxes
                     and sigmoids float32 inside, float token ids kept
-                    exact, Normalization layers in float32,
+                    exact, Normalization and Rescaling layers in
+                    float32,
                     KerasHub's position embeddings broadcast
                     once, GELUs recomputed, projections' biases
                     flattened, decoders' masks known causal
@@ -47,6 +48,7 @@ from kmp.islands.causal_attention import attends_causally
 from kmp.islands.einsum_bias import flatten_bias
 from kmp.islands.einsum_bias import flattens_bias
 from kmp.islands.feature_normalization import is_feature_normalization
+from kmp.islands.feature_normalization import is_rescaling
 from kmp.islands.feature_normalization import largest_statistic
 from kmp.islands.feature_normalization import normalize_in_float32
 from kmp.islands.float32_layers import Float32Activation
@@ -83,6 +85,7 @@ __all__ = [
     "float_ids",
     "holds_probabilities",
     "is_feature_normalization",
+    "is_rescaling",
     "is_gelu",
     "is_sensitive",
     "largest_statistic",

@@ -30,6 +30,14 @@ made again (`normalize_in_float32`). Its output is float32; the next
 layer casts it to its own compute dtype, which a standardized feature
 survives. The layer's `dtype_policy` says `"float32"`, which a `.keras`
 file keeps.
+
+Keras's `Rescaling` (`x * scale + offset`) reads raw values too, and
+casts its input to the compute dtype before it multiplies: a 16-bit
+image's 65535 (`Rescaling(1 / 65535)`) is infinite in float16, and the
+step's loss NaN from the first batch that holds one; bfloat16 keeps 8
+significant bits of it, an 8-bit image's worth. One multiply and add per
+value: `kmp.pin_float32` makes each one compute in float32
+(`rescale_in_float32`), its output float32 for the next layer to cast.
 """
 
 import functools
@@ -83,6 +91,21 @@ def normalize_in_float32(layer) -> bool:
         # class's is kmp's wrapper, which passes a built layer through.)
         shape = layer.get_build_config()["input_shape"]
         type(layer).build(layer, shape)
+    return True
+
+
+def is_rescaling(layer) -> bool:
+    """Whether `layer` is a Keras `Rescaling` (a subclass included)."""
+    return isinstance(layer, keras.layers.Rescaling)
+
+
+def rescale_in_float32(layer) -> bool:
+    """Makes a `Rescaling` that computes in 16 bits compute in float32
+    (it holds no variable; `pin_to_float32` keeps a bfloat16 master
+    weights policy's variable dtype); returns whether it changed it."""
+    if layer.compute_dtype not in HALF_DTYPES:
+        return False
+    pin_to_float32(layer)
     return True
 
 

@@ -17,7 +17,8 @@ fused kernel instead of Keras's many: `batch_norm`). What it pins:
   cast them to 16 bits before an embedding looks them up computes in
   float32 (`token_ids`).
 - Keras's `Normalization` layers compute in float32, their statistics
-  included (`feature_normalization`).
+  included, and so do its `Rescaling` layers, which cast raw values to
+  the compute dtype before they scale them (`feature_normalization`).
 
 And, not a float32 matter but a layer pinning already walks: on JAX,
 KerasHub's `PositionEmbedding` repeats one example's embedding over the
@@ -48,7 +49,9 @@ from kmp.islands.causal_attention import attend_causally
 from kmp.islands.causal_attention import is_causal_decoder
 from kmp.islands.einsum_bias import flatten_bias
 from kmp.islands.feature_normalization import is_feature_normalization
+from kmp.islands.feature_normalization import is_rescaling
 from kmp.islands.feature_normalization import normalize_in_float32
+from kmp.islands.feature_normalization import rescale_in_float32
 from kmp.islands.float32_outputs import is_sensitive
 from kmp.islands.float32_outputs import pins_whole
 from kmp.islands.float32_outputs import return_float32
@@ -122,6 +125,9 @@ def pin_float32(
       65504 is infinite, which zeroes that feature, and bfloat16 keeps
       8 significant bits of a raw input (`feature_normalization`;
       under a kmp policy `adapt` does this before it reads the data).
+      Each Keras `Rescaling` computes in float32 too: Keras casts its
+      input to the compute dtype first, and a 16-bit image's 65535
+      (`Rescaling(1 / 65535)`) is infinite in float16.
     - Layers matched by `also` get `dtype_policy="float32"`, with the
       layers they hold.
     - Not a float32 matter, but on the same walk: on JAX each exact
@@ -224,6 +230,10 @@ def pin_float32(
             # An output's too: pinned above, its statistics still 16-bit.
             normalize_in_float32(layer)
             pinned.append(layer)
+            continue
+        if is_rescaling(layer):
+            if rescale_in_float32(layer):
+                pinned.append(layer)
             continue
         if id(layer) in output_ids:
             continue

@@ -91,3 +91,31 @@ def test_statistics_stored_in_bfloat16_are_a_warning():
     assert finding.problem.startswith(
         "Normalization's statistics are stored in bfloat16"
     )
+
+
+@pytest.mark.parametrize(
+    "policy, harm",
+    [
+        ("mixed_float16", "a raw value of 65520 or more"),
+        ("mixed_bfloat16", "a raw value keeps 8 significant bits"),
+    ],
+)
+def test_a_16_bit_rescaling_is_a_warning_until_pinned(policy, harm):
+    kmp.enable(policy)
+    inputs = keras.Input((4,), dtype="uint16")
+    scaled = keras.layers.Rescaling(1 / 65535, name="scale")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(2)(scaled))
+
+    def findings():
+        report = kmp.audit(model, verbose=False)
+        return [f for f in report if "Rescaling" in f.problem]
+
+    (finding,) = findings()
+    assert (finding.severity, finding.where) == ("warning", "scale")
+    half = policy.removeprefix("mixed_")
+    assert finding.problem.startswith(
+        f"Rescaling casts its input to {half} before it scales it: {harm}"
+    )
+    assert finding.fix == "kmp.pin_float32(model)."
+    kmp.pin_float32(model)
+    assert findings() == []

@@ -196,3 +196,60 @@ def test_kmp_disable_puts_keras_s_build_and_adapt_back():
     kmp.enable("mixed_float16")
     layer = keras.layers.Normalization(dtype="float32")
     assert not feature_normalization.normalize_in_float32(layer)
+
+
+# A 16-bit image's values, the largest 65535, as a uint16 input holds them.
+IMAGE = np.array([[0, 1000, 1001, 1003, 65504, 65519, 65520, 65535]], "uint16")
+
+
+def _rescaling_model():
+    inputs = keras.Input((IMAGE.shape[1],), dtype="uint16")
+    scaled = keras.layers.Rescaling(1 / 65535, name="scale")(inputs)
+    return keras.Model(inputs, keras.layers.Dense(1)(scaled))
+
+
+def _scaled(model):
+    out = model.get_layer("scale")(IMAGE)
+    return keras.ops.convert_to_numpy(keras.ops.cast(out, "float32"))
+
+
+def test_stock_keras_rescaling_loses_a_16_bit_image():
+    # Keras casts the input to the compute dtype, then scales it.
+    keras.config.set_dtype_policy("mixed_float16")
+    scaled = _scaled(_rescaling_model())[0]
+    assert np.isfinite(scaled[:6]).all()
+    assert np.isinf(scaled[6:]).all()  # 65520 and 65535: inf
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    scaled = _scaled(_rescaling_model())[0]
+    assert scaled[1] == scaled[2]  # 1000 and 1001 read alike: 1000
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_pin_float32_rescales_in_float32(policy, tmp_path):
+    expected = IMAGE.astype("float64") / 65535
+    kmp.enable(policy)
+    model = kmp.pin_float32(_rescaling_model())
+    layer = model.get_layer("scale")
+    assert layer.dtype_policy.name == "float32"
+    np.testing.assert_allclose(_scaled(model), expected, rtol=1e-6)
+    assert keras.ops.convert_to_numpy(model(IMAGE)).dtype == "float32"
+    # The next layer casts the float32 output: the model trains.
+    model.compile(optimizer=kmp.wrap("sgd"), loss="mse")
+    x = np.repeat(IMAGE, 8, axis=0)
+    logs = model.fit(x, np.ones((8, 1)), verbose=0).history
+    assert np.isfinite(logs["loss"][-1])
+    model.save(tmp_path / "model.keras")
+    loaded = kmp.load_model(tmp_path / "model.keras")
+    assert loaded.get_layer("scale").dtype_policy.name == "float32"
+    np.testing.assert_allclose(_scaled(loaded), expected, rtol=1e-6)
+
+
+def test_a_rescaling_outside_16_bits_is_left_as_it_is():
+    kmp.enable("mixed_float16")
+    layer = keras.layers.Rescaling(0.5, dtype="float32")
+    assert not feature_normalization.rescale_in_float32(layer)
+    kmp.enable("mixed_bfloat16", master_weights="bfloat16")
+    layer = keras.layers.Rescaling(0.5)
+    assert feature_normalization.rescale_in_float32(layer)
+    assert layer.compute_dtype == "float32"
+    assert layer.variable_dtype == "bfloat16"  # the mode's, kept
