@@ -2,8 +2,8 @@
 `Normalization` left in 16 bits (under Keras's mixed_float16 a feature
 whose variance is over 65504 comes out 0), one whose statistics an
 adapt in 16 bits made infinite, and one whose statistics are stored in
-bfloat16; a `Rescaling` left in 16 bits (it casts its input first: a
-16-bit image's 65535 is infinite in float16). `kmp.pin_float32` makes
+bfloat16; a `Rescaling` of raw values left in 16 bits (it casts its
+input first: a 16-bit image's 65535 is infinite in float16). `kmp.pin_float32` makes
 them float32, and a kmp policy a `Normalization`
 (`kmp.islands.feature_normalization`).
 
@@ -18,6 +18,7 @@ import numpy as np
 from kmp.auditing.model_checks import _path
 from kmp.islands import is_feature_normalization
 from kmp.islands import is_rescaling
+from kmp.islands import reads_raw_values
 from kmp.islands import largest_statistic
 from kmp_config.names import HALF_DTYPES
 
@@ -95,11 +96,13 @@ def check_feature_normalizations(layers, findings):
 
 
 def check_rescalings(layers, findings):
-    """Keras `Rescaling` layers left in 16 bits (`kmp.pin_float32` makes
-    them float32)."""
+    """Keras `Rescaling` layers of raw values left in 16 bits
+    (`kmp.pin_float32` makes them float32)."""
     for layer in layers:
         dtype = layer.compute_dtype
         if not is_rescaling(layer) or dtype not in HALF_DTYPES:
+            continue
+        if not reads_raw_values(layer):
             continue
         if dtype == "float16":
             harm = (

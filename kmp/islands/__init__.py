@@ -25,7 +25,8 @@
                     cast rounds before an embedding looks them up
     feature_normalization  Keras's `Normalization` in float32, its
                     statistics included, from its `adapt` on under a
-                    16-bit kmp policy; its `Rescaling` in float32
+                    16-bit kmp policy; a `Rescaling` of raw values
+                    in float32
     float32_outputs  a model output that a layer of layers produces,
                     in float32: the layer whole where it holds
                     probabilities, its outputs cast otherwise; what
@@ -51,6 +52,7 @@ from kmp.islands.feature_normalization import is_feature_normalization
 from kmp.islands.feature_normalization import is_rescaling
 from kmp.islands.feature_normalization import largest_statistic
 from kmp.islands.feature_normalization import normalize_in_float32
+from kmp.islands.feature_normalization import reads_raw_values
 from kmp.islands.float32_layers import Float32Activation
 from kmp.islands.float32_layers import Float32Softmax
 from kmp.islands.float32_layers import MultiHeadAttention
@@ -90,6 +92,7 @@ __all__ = [
     "is_sensitive",
     "largest_statistic",
     "normalize_in_float32",
+    "reads_raw_values",
     "pin_float32",
     "recompute_gelu",
     "recomputes_gelu",

@@ -36,8 +36,11 @@ casts its input to the compute dtype before it multiplies: a 16-bit
 image's 65535 (`Rescaling(1 / 65535)`) is infinite in float16, and the
 step's loss NaN from the first batch that holds one; bfloat16 keeps 8
 significant bits of it, an 8-bit image's worth. One multiply and add per
-value: `kmp.pin_float32` makes each one compute in float32
-(`rescale_in_float32`), its output float32 for the next layer to cast.
+value: `kmp.pin_float32` makes each one that reads raw values compute
+in float32 (`reads_raw_values`, `rescale_in_float32`), its output
+float32 for the next layer to cast. One that scales a 16-bit layer's
+output (ResNet-9's logits by 0.125) keeps its policy: its input has
+been in 16 bits already.
 """
 
 import functools
@@ -99,11 +102,28 @@ def is_rescaling(layer) -> bool:
     return isinstance(layer, keras.layers.Rescaling)
 
 
+def reads_raw_values(layer) -> bool:
+    """Whether a `Rescaling` may read raw values: in a Functional or
+    Sequential model, whether it is called on a tensor that is no 16-bit
+    float (a `keras.Input`'s uint8, uint16 or float32, a float32 layer's
+    output); with no graph to read (a subclassed model's layer), True."""
+    tensors = [
+        tensor
+        for node in layer._inbound_nodes
+        for tensor in keras.tree.flatten(node.input_tensors)
+    ]
+    return not tensors or any(
+        keras.backend.standardize_dtype(tensor.dtype) not in HALF_DTYPES
+        for tensor in tensors
+    )
+
+
 def rescale_in_float32(layer) -> bool:
-    """Makes a `Rescaling` that computes in 16 bits compute in float32
-    (it holds no variable; `pin_to_float32` keeps a bfloat16 master
-    weights policy's variable dtype); returns whether it changed it."""
-    if layer.compute_dtype not in HALF_DTYPES:
+    """Makes a `Rescaling` that computes in 16 bits and reads raw values
+    compute in float32 (it holds no variable; `pin_to_float32` keeps a
+    bfloat16 master weights policy's variable dtype); returns whether it
+    changed it."""
+    if layer.compute_dtype not in HALF_DTYPES or not reads_raw_values(layer):
         return False
     pin_to_float32(layer)
     return True

@@ -231,16 +231,16 @@ def pin_float32(
             normalize_in_float32(layer)
             pinned.append(layer)
             continue
-        if is_rescaling(layer):
-            if rescale_in_float32(layer):
-                pinned.append(layer)
-            continue
         if id(layer) in output_ids:
             continue
         if also and matches(layer, also):
             whole = _pin_whole(layer)
             pinned += whole
             output_ids.update(map(id, whole))
+            continue
+        if is_rescaling(layer):
+            if rescale_in_float32(layer):
+                pinned.append(layer)
             continue
         if type(layer) is keras.layers.BatchNormalization:
             if backend.name() == "torch":

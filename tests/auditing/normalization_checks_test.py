@@ -119,3 +119,10 @@ def test_a_16_bit_rescaling_is_a_warning_until_pinned(policy, harm):
     assert finding.fix == "kmp.pin_float32(model)."
     kmp.pin_float32(model)
     assert findings() == []
+    # One that scales a 16-bit layer's output is no finding.
+    kmp.enable(policy)
+    inputs = keras.Input((4,))
+    logits = keras.layers.Dense(2)(inputs)
+    scaled = keras.layers.Rescaling(0.125)(logits)
+    model = keras.Model(inputs, keras.layers.Dense(2)(scaled))
+    assert findings() == []

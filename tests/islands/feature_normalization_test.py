@@ -244,6 +244,23 @@ def test_pin_float32_rescales_in_float32(policy, tmp_path):
     np.testing.assert_allclose(_scaled(loaded), expected, rtol=1e-6)
 
 
+def test_a_rescaling_of_a_16_bit_layer_s_output_keeps_its_policy():
+    # ResNet-9's logits scaled by 0.125 (examples/cifar10.py): its input
+    # is a float16 Dense's output, no raw value.
+    kmp.enable("mixed_float16")
+    inputs = keras.Input((4,))
+    raw = keras.layers.Rescaling(1 / 255, name="raw")(inputs)
+    logits = keras.layers.Dense(2)(raw)
+    scaled = keras.layers.Rescaling(0.125, name="scaled")(logits)
+    model = keras.Model(inputs, keras.layers.Softmax()(scaled))
+    kmp.pin_float32(model)
+    assert model.get_layer("raw").compute_dtype == "float32"
+    assert model.get_layer("scaled").compute_dtype == "float16"
+    # A layer with no graph to read (a subclassed model's) reads raw
+    # values as far as pinning knows.
+    assert feature_normalization.reads_raw_values(keras.layers.Rescaling(2.0))
+
+
 def test_a_rescaling_outside_16_bits_is_left_as_it_is():
     kmp.enable("mixed_float16")
     layer = keras.layers.Rescaling(0.5, dtype="float32")
