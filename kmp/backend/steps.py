@@ -112,6 +112,22 @@ def taped_gradients(loss_fn: Callable, jit_compile: bool = False):
     return _taped_gradients.maker(name())(loss_fn, jit_compile)
 
 
+def traced(value) -> bool:
+    """Whether `value` is a tensor of a program being traced, whose
+    Python runs once, at its trace: a TensorFlow graph's (a
+    `tf.function`), a JAX tracer (`jax.jit`). Never on torch: kmp's
+    Python there runs at every call, compiled or not (`uncompiled`)."""
+    if name() == "tensorflow":
+        import tensorflow as tf
+
+        return not tf.executing_eagerly()
+    if name() == "jax":
+        import jax
+
+        return isinstance(value, jax.core.Tracer)
+    return False
+
+
 def out_of_trace():
     """A context in which code runs once, now, even inside a step being
     traced: TensorFlow's `tf.init_scope` (Keras builds an optimizer inside

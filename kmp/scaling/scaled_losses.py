@@ -21,7 +21,8 @@ if frame is not None:                     # fit's step, or the user's
     scaled = optimizer scaled a loss in this very frame
 else:                                     # a loop of the user's own
     scaled = optimizer scaled a loss since its last apply (eagerly), or
-             in the trace being built (tf.function, jax.jit)
+             in the trace being built (tf.function, jax.jit), or ever
+             in a compiled function of a loop (applied outside it)
 if scaled:
     divide by the scale                   # Keras's contract
 else:
@@ -42,7 +43,13 @@ in float32), and the line names the one-line fix.
 
 Python decides, so on TensorFlow (in a `tf.function`) and JAX (under
 `jax.jit`) the decision is taken once, when the step is traced; eagerly
-and on torch at every step (a walk of the stack, microseconds).
+and on torch at every step (a walk of the stack, microseconds). A
+loop may compile the gradients' function alone and apply outside it
+(keras-io's style transfer and DeepDream: a `tf.function`
+`compute_loss_and_grads`, then an eager `apply_gradients`): that
+function's `scale_loss` runs as Python at its trace only, so the
+optimizer is marked for good then, and each later apply outside a
+train step counts as scaled.
 """
 
 import contextlib
@@ -71,6 +78,11 @@ SCALING_CALLS = ("scale_loss", "get_scaled_loss")
 # whose first unscaled gradients would be divided by the scale.
 _local = threading.local()
 _IN_A_LOOP = "loop"
+# Optimizers that scaled a loss in a compiled function of a loop of the
+# user's own (a `tf.function`, `jax.jit`): each later call of it scales
+# too, its Python not run again. Not per thread: a trace is the
+# function's, whichever thread calls it.
+_scaled_when_traced = weakref.WeakSet()
 # Models already told about (once per model, not per optimizer: a GAN's
 # two optimizers make one line), each with the names it holds the
 # optimizers under whose losses went unscaled (the audit names those),
@@ -122,12 +134,15 @@ def loop_line() -> str:
 
 
 @backend.uncompiled
-def note_scaled(optimizer) -> None:
-    """Records that `optimizer` scaled a loss (`scale_loss`, tf-keras's
+def note_scaled(optimizer, loss=None) -> None:
+    """Records that `optimizer` scaled `loss` (`scale_loss`, tf-keras's
     `get_scaled_loss`, Keras's trainers): in the train step running now,
-    or, outside any, in the user's loop, until its next apply."""
+    or, outside any, in the user's loop, until its next apply, and for
+    good where the loop's function is being traced."""
     frame = train_step_frame()
     _marks()[optimizer] = _IN_A_LOOP if frame is None else id(frame)
+    if frame is None and backend.traced(loss):
+        _scaled_when_traced.add(optimizer)
 
 
 @backend.uncompiled
@@ -151,7 +166,7 @@ def loss_was_unscaled(optimizer, grads, stateless=False) -> bool:
     mark = take_mark(optimizer)
     frame = train_step_frame()
     if frame is None:
-        if mark is not None:
+        if mark is not None or optimizer in _scaled_when_traced:
             return False
         _tell_loop(optimizer, grads, stateless)
         return True
@@ -284,7 +299,7 @@ class ScaledLossTracking:
                 "self.optimizer.stateless_scale_loss(optimizer_variables, "
                 "loss), with the step's optimizer_variables."
             )
-        note_scaled(self)
+        note_scaled(self, loss)
         return super().scale_loss(loss)
 
     def stateless_scale_loss(self, optimizer_variables, loss):

@@ -285,3 +285,65 @@ def test_scale_loss_in_a_jax_step_of_one_s_own_names_the_stateless_form():
     # Keras's own error: "'NoneType' object is not callable".
     with pytest.raises(kmp.InputError, match="stateless_scale_loss"):
         _fit_custom("mixed_float16", scale=False, model=model)
+
+
+def _compiled_gradients(model, optimizer):
+    """A loop's gradients function compiled alone, its apply left to the
+    caller, as keras-io's style transfer and DeepDream write it: a
+    `tf.function` (TensorFlow) or `jax.jit` (JAX) that scales the loss
+    (the stateless form on JAX, whose compiled program would keep the
+    scale as a constant otherwise)."""
+    x, y = _regression_data(n=BATCH)
+    if backend.name() == "tensorflow":
+        import tensorflow as tf
+
+        @tf.function
+        def gradients():
+            with tf.GradientTape() as tape:
+                y_pred = ops.cast(model(x), "float32")
+                loss = ops.mean(ops.square(y_pred - y))
+                scaled = optimizer.scale_loss(loss)
+            return tape.gradient(scaled, model.trainable_variables)
+
+        return gradients
+    import jax
+
+    def scaled_loss(trainable, optimizer_variables):
+        y_pred, _ = model.stateless_call(trainable, [], x)
+        loss = ops.mean(ops.square(ops.cast(y_pred, "float32") - y))
+        if not hasattr(optimizer, "stateless_scale_loss"):
+            return loss  # float32: kmp.wrap's optimizer is Keras's own
+        return optimizer.stateless_scale_loss(optimizer_variables, loss)
+
+    compiled = jax.jit(jax.grad(scaled_loss))
+    return lambda: compiled(
+        [v.value for v in model.trainable_variables],
+        [v.value for v in optimizer.variables],
+    )
+
+
+@pytest.mark.skipif(
+    backend.name() == "torch",
+    reason="torch runs kmp's Python at every call, compiled or not",
+)
+def test_a_loop_s_compiled_gradients_applied_outside_are_divided(caplog):
+    # The compiled function's `scale_loss` runs as Python at its trace
+    # only: the applies after the first had no mark, and kmp applied
+    # their gradients undivided, 32768x too large (the loss 0.0016 to
+    # 7.4e4 at the third step, every step skipped after).
+    updates = {}
+    for policy in ("float32", "mixed_float16"):
+        with kmp.policy_scope(policy):
+            keras.utils.set_random_seed(0)
+            model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+            optimizer = kmp.wrap(keras.optimizers.SGD(0.05))
+            optimizer.build(model.trainable_variables)
+            before = _flat(model.trainable_weights)
+            gradients = _compiled_gradients(model, optimizer)
+            with caplog.at_level(logging.WARNING, logger="kmp"):
+                for _ in range(4):
+                    optimizer.apply(gradients(), model.trainable_variables)
+            updates[policy] = _flat(model.trainable_weights) - before
+    assert _off(updates["mixed_float16"], updates["float32"]) < 0.05
+    assert int(optimizer.skipped_steps) == 0
+    assert _told(caplog) == []
