@@ -40,6 +40,7 @@ write is lost), and TensorFlow's optimizer keys a variable by
 
 import contextlib
 
+import keras
 from keras import ops
 from keras.backend import standardize_dtype
 from keras.src.backend.common.stateless_scope import in_stateless_scope
@@ -68,6 +69,11 @@ def reads_in_force():
 
 def stored_dtype(variable) -> str:
     """The dtype `variable` is stored in (its `dtype` is the scope's)."""
+    if not isinstance(variable, keras.Variable):
+        # A framework's own (a `tf.Variable`, which Keras's optimizers
+        # take on TensorFlow: keras-io's style transfer optimizes one):
+        # no autocast, and `value` is a method.
+        return standardize_dtype(variable.dtype)
     with stored_reads():
         return standardize_dtype(variable.value.dtype)
 

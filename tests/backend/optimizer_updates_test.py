@@ -90,3 +90,32 @@ def test_the_optimizer_class_is_what_keras_makes():
         assert (made is stock) == (
             backend.name() != "torch" or stock is keras.optimizers.Muon
         )
+
+
+@pytest.mark.skipif(
+    backend.name() != "tensorflow",
+    reason="Keras's optimizers take a tf.Variable on TensorFlow alone",
+)
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+@pytest.mark.parametrize("state_dtype", [None, "int8"])
+def test_kmp_s_optimizers_update_a_tf_variable_as_keras_s_do(
+    policy, state_dtype
+):
+    # keras-io's neural style transfer optimizes a tf.Variable image:
+    # kmp's optimizers read `variable.value.dtype`, a method's there
+    # (AttributeError); Keras's SGD updates it.
+    import tensorflow as tf
+
+    import kmp
+
+    kmp.enable(policy)
+    try:
+        optimizer = kmp.wrap(keras.optimizers.SGD(0.1), state_dtype=state_dtype)
+        variable = tf.Variable([1.0, 2.0])
+        with tf.GradientTape() as tape:
+            loss = optimizer.scale_loss(tf.reduce_sum(variable * variable))
+        optimizer.apply_gradients([(tape.gradient(loss, variable), variable)])
+    finally:
+        kmp.disable()
+    assert backend.stored_dtype(variable) == "float32"
+    np.testing.assert_allclose(variable.numpy(), [0.8, 1.6], rtol=1e-6)
