@@ -51,6 +51,59 @@ def output_layers(model):
     return found
 
 
+def fed_outputs(model) -> set:
+    """The ids of the layers that make an output of `model` which another
+    of its layers takes too (a feature extractor returns every layer's
+    output, keras-io's style transfer; a transformer block returned
+    beside the logits), nested models opened; read back from its
+    recorded outputs. A layer called twice counts by the call that makes
+    the output (KerasHub's tied embedding looks tokens up first, and
+    makes the logits, which nothing takes, last). Empty for a model with
+    no recorded outputs (a subclassed one)."""
+    outputs = keras.tree.flatten(getattr(model, "outputs", None) or [])
+    taken = set()  # (operation id, node index, tensor index) a node takes
+    nested = []
+    seen = set()
+    stack = list(outputs)
+    while stack:
+        history = getattr(stack.pop(), "_keras_history", None)
+        if history is None:
+            continue
+        operation = history.operation
+        if (id(operation), history.node_index) in seen:
+            continue
+        seen.add((id(operation), history.node_index))
+        if isinstance(operation, keras.Model):
+            nested.append(operation)
+        node = operation._inbound_nodes[history.node_index]
+        for tensor in keras.tree.flatten(node.input_tensors):
+            inner = getattr(tensor, "_keras_history", None)
+            if inner is not None:
+                taken.add(_made_by(inner))
+                stack.append(tensor)
+    fed = {
+        id(_maker(tensor))
+        for tensor in outputs
+        if _made_by(tensor._keras_history) in taken
+    }
+    for inner in nested:
+        fed |= fed_outputs(inner)
+    return fed
+
+
+def _made_by(history):
+    return id(history.operation), history.node_index, history.tensor_index
+
+
+def _maker(tensor):
+    """The layer that makes `tensor`, a nested model's opened."""
+    history = tensor._keras_history
+    while isinstance(history.operation, keras.Model):
+        inner = keras.tree.flatten(history.operation.outputs)
+        history = inner[history.tensor_index]._keras_history
+    return history.operation
+
+
 def check_patterns(patterns, argument="also") -> tuple:
     """`patterns` as a tuple, each checked: a layer class, or a regular
     expression matched against layer paths or names (`matches`).

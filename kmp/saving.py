@@ -43,8 +43,9 @@ from kmp.islands import BatchNormalization
 from kmp.islands import Float32Activation
 from kmp.islands import Float32Softmax
 from kmp.islands import MultiHeadAttention
+from kmp.islands import casts_output
 from kmp.islands import pin_float32
-from kmp.model_layers import nested_layers
+from kmp.model_layers import fed_outputs
 from kmp.model_layers import output_layers
 from kmp.saved_compile import SKIPPED_OPTIMIZER
 from kmp.saved_compile import compile_as_saved
@@ -239,7 +240,8 @@ def _was_pinned(model, config) -> bool:
     # An output that a layer of layers makes, pinning only casts (its
     # 16-bit policy is in the file): the others decide, one at least.
     float32 = [layer.compute_dtype == "float32" for layer in outputs]
-    cast = [bool(nested_layers(layer)) for layer in outputs]
+    fed = fed_outputs(model)
+    cast = [casts_output(layer, fed) for layer in outputs]
     if any(float32) and all(f or c for f, c in zip(float32, cast)):
         return True
     return any(

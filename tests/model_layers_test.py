@@ -47,6 +47,45 @@ def test_output_layers_open_nested_models_and_skip_subclassed_ones():
     assert model_layers.output_layers(Subclassed()) is None
 
 
+def test_fed_outputs_are_outputs_another_layer_takes_by_the_call():
+    x = keras.Input((4,))
+    tied = keras.layers.Dense(4, name="tied")
+    hidden = tied(x)  # taken by `mid` below
+    mid = keras.layers.Dense(4, name="mid")(hidden)
+    last = tied(mid)  # the same layer's second call: taken by nothing
+
+    def fed(*outputs):
+        model = keras.Model(x, list(outputs))
+        return {
+            layer.name
+            for layer in model_layers.all_layers(model)
+            if id(layer) in model_layers.fed_outputs(model)
+        }
+
+    assert fed(last) == set()
+    assert fed(last, hidden) == {"tied"}  # by its first call
+    assert fed(mid, last) == {"mid"}
+    # A nested model's outputs: one its own layers take (`tied`'s first
+    # call), and one the outer model takes on or not (`mid`).
+    inner = keras.Model(x, [hidden, mid], name="inner")
+    y = keras.Input((4,))
+    first, second = inner(y)
+
+    def fed_outer(*outputs):
+        outer = keras.Model(y, list(outputs))
+        return {
+            layer.name
+            for layer in model_layers.all_layers(outer)
+            if id(layer) in model_layers.fed_outputs(outer)
+        }
+
+    assert fed_outer(first, second) == {"tied"}
+    assert fed_outer(first, second, keras.layers.Dense(2)(second)) == {
+        "tied",
+        "mid",
+    }
+
+
 def test_patterns_match_classes_paths_and_names():
     model, _ = _nested()
     side = model.get_layer("side")

@@ -3,9 +3,9 @@
 whose variance is over 65504 comes out 0), one whose statistics an
 adapt in 16 bits made infinite, and one whose statistics are stored in
 bfloat16; a `Rescaling` of raw values left in 16 bits (it casts its
-input first: a 16-bit image's 65535 is infinite in float16). `kmp.pin_float32` makes
-them float32, and a kmp policy a `Normalization`
-(`kmp.islands.feature_normalization`).
+input first: a 16-bit image's 65535 is infinite in float16).
+`kmp.pin_float32` makes them float32, and a kmp policy a
+`Normalization` (`kmp.islands.feature_normalization`).
 
 Like every `check_*` function of `kmp.auditing`, it reads the layers and
 runs nothing, and appends `(severity, where, problem, fix)` tuples to
@@ -18,8 +18,8 @@ import numpy as np
 from kmp.auditing.model_checks import _path
 from kmp.islands import is_feature_normalization
 from kmp.islands import is_rescaling
-from kmp.islands import reads_raw_values
 from kmp.islands import largest_statistic
+from kmp.islands import reads_raw_values
 from kmp_config.names import HALF_DTYPES
 
 

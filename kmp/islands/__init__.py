@@ -57,6 +57,7 @@ from kmp.islands.float32_layers import Float32Activation
 from kmp.islands.float32_layers import Float32Softmax
 from kmp.islands.float32_layers import MultiHeadAttention
 from kmp.islands.float32_outputs import activation_name
+from kmp.islands.float32_outputs import casts_output
 from kmp.islands.float32_outputs import holds_probabilities
 from kmp.islands.float32_outputs import is_sensitive
 from kmp.islands.float32_outputs import returns_float32
@@ -97,4 +98,5 @@ __all__ = [
     "recompute_gelu",
     "recomputes_gelu",
     "returns_float32",
+    "casts_output",
 ]

@@ -13,7 +13,12 @@ block's `inputs + attention_output` fails on TensorFlow ("Input 'y' of
 projection's float16 on every backend. Pinning the layers inside too
 would run the whole block in float32, for its output's dtype alone.
 
-So `kmp.pin_float32` decides by what the layer holds (`pins_whole`):
+An output that another layer of the model takes is an inner layer as
+well: keras-io's neural style transfer returns every layer of VGG19,
+which pinned by their policies computed the whole network in float32.
+So `kmp.pin_float32` casts such an output's tensors (`casts_output`),
+unless the layer ends in a softmax, log-softmax or sigmoid, and decides
+a layer that holds layers by what it holds (`pins_whole`):
 
 - one with a softmax, log-softmax or sigmoid in it (an attention's own
   softmax aside), or as its own activation (a classifier head of one's own,
@@ -46,6 +51,7 @@ import keras
 from keras import ops
 
 from kmp import backend
+from kmp.model_layers import nested_layers
 
 _FEATURE = "kmp.pin_float32's float32 outputs"
 
@@ -123,6 +129,17 @@ def pins_whole(layer) -> bool:
     whole, its layers included (the module's docstring says when); if
     not, it gets `return_float32`."""
     return not isinstance(layer, keras.Model) and holds_probabilities(layer)
+
+
+def casts_output(layer, fed) -> bool:
+    """Whether `kmp.pin_float32` casts an output layer's outputs to
+    float32 (`return_float32`) rather than computing it in float32: one
+    that holds layers, or that another layer of the model takes (`fed`,
+    `kmp.model_layers.fed_outputs`), and holds no probabilities."""
+    if isinstance(layer, keras.layers.InputLayer):
+        return False
+    inner = id(layer) in fed or bool(nested_layers(layer))
+    return inner and not pins_whole(layer)
 
 
 def holds_probabilities(layer) -> bool:

@@ -52,8 +52,8 @@ from kmp.islands.feature_normalization import is_feature_normalization
 from kmp.islands.feature_normalization import is_rescaling
 from kmp.islands.feature_normalization import normalize_in_float32
 from kmp.islands.feature_normalization import rescale_in_float32
+from kmp.islands.float32_outputs import casts_output
 from kmp.islands.float32_outputs import is_sensitive
-from kmp.islands.float32_outputs import pins_whole
 from kmp.islands.float32_outputs import return_float32
 from kmp.islands.gelu import recompute_gelu
 from kmp.islands.position_embedding import broadcast_once
@@ -64,6 +64,7 @@ from kmp.layer_policies import pin_to_float32
 from kmp.layer_policies import record_policies
 from kmp.model_layers import all_layers
 from kmp.model_layers import check_patterns
+from kmp.model_layers import fed_outputs
 from kmp.model_layers import matches
 from kmp.model_layers import nested_layers
 from kmp.model_layers import output_layers
@@ -105,7 +106,11 @@ def pin_float32(
       miniature GPT does, an attention, a `Bidirectional` LSTM) keeps
       its 16 bits and returns float32 (`kmp.islands.float32_outputs`):
       by its policy alone its arithmetic would mix float32 with its
-      layers' 16 bits, which TensorFlow refuses.
+      layers' 16 bits, which TensorFlow refuses. So does an output that
+      another layer of the model takes (a feature extractor's, which
+      returns every layer's output), unless it ends in a softmax,
+      log-softmax or sigmoid: by its policy the whole network would
+      compute in float32.
     - Every other `Softmax` layer, `Activation` layer with softmax,
       log-softmax or sigmoid, and the attention softmax of each
       `MultiHeadAttention` computes in float32 and returns the compute
@@ -202,11 +207,12 @@ def pin_float32(
 
     pinned = []  # what a .keras file must keep in float32
     cast = []  # outputs of layers of layers in 16 bits: float32_outputs
+    fed = fed_outputs(model)
     for layer in output_layers(model) or []:
-        if not nested_layers(layer) or pins_whole(layer):
-            pinned += _pin_whole(layer)
-        else:
+        if casts_output(layer, fed):
             cast.append(layer)
+        else:
+            pinned += _pin_whole(layer)
     # Left alone below: an output that now computes in float32 (one whose
     # outputs are only cast goes on, its attention to be pinned).
     output_ids = {id(layer) for layer in pinned}

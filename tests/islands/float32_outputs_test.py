@@ -221,3 +221,41 @@ def test_a_nested_model_ending_in_a_softmax_is_cast_and_audited():
     assert float32_outputs.returns_float32(classifier)
     report = kmp.audit(model, optimizer=kmp.wrap("sgd"), verbose=False)
     assert any("Model output is float16" in f.problem for f in report)
+
+
+def _feature_extractor():
+    """keras-io's neural style transfer's extractor, reduced: a CNN (VGG19
+    there) as a model returning every layer's output, by name."""
+    inputs = keras.Input((8, 8, 3))
+    x = inputs
+    for i in range(3):
+        x = keras.layers.Conv2D(8, 3, padding="same", name=f"conv{i}")(x)
+    cnn = keras.Model(inputs, keras.layers.MaxPooling2D(name="pool")(x))
+    return keras.Model(
+        cnn.inputs, {layer.name: layer.output for layer in cnn.layers[1:]}
+    )
+
+
+def test_a_feature_extractor_s_inner_outputs_are_cast_not_pinned(tmp_path):
+    # Pinned by policy, every layer of it computed in float32: the whole
+    # network, mixed precision gone, silently (helper, VGG19: 22 of 22).
+    kmp.enable("mixed_float16")
+    model = kmp.pin_float32(_feature_extractor())
+    for i in range(3):
+        layer = model.get_layer(f"conv{i}")
+        assert layer.compute_dtype == "float16"
+        assert float32_outputs.returns_float32(layer)
+    # The last, which no layer takes, computes in float32 as any output.
+    assert model.get_layer("pool").compute_dtype == "float32"
+    x = np.random.default_rng(0).normal(size=(2, 8, 8, 3)).astype("float32")
+    features = model(x)
+    assert {_dtype(value) for value in features.values()} == {"float32"}
+    path = str(tmp_path / "extractor.keras")
+    model.save(path)
+    loaded = kmp.load_model(path)  # the last output's pin marks it pinned
+    assert float32_outputs.returns_float32(loaded.get_layer("conv1"))
+    for name, value in loaded(x).items():
+        np.testing.assert_array_equal(
+            keras.ops.convert_to_numpy(value),
+            keras.ops.convert_to_numpy(features[name]),
+        )
