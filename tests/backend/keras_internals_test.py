@@ -85,7 +85,10 @@ REACHES = [
         "layer",
         "_inbound_nodes",
         None,
-        "kmp.float8's choice of a model's head (kmp/fp8/convert.py)",
+        "kmp.float8's choice of a model's head (kmp/fp8/convert.py); "
+        "kmp.pin_float32's outputs another layer takes and Rescaling "
+        "layers of raw values (kmp/model_layers.py, "
+        "kmp/islands/feature_normalization.py)",
     ),
     Reach("layer", "_outbound_nodes", None, _TOKEN_IDS),
     Reach("layer", "_convert_input_args", None, _TOKEN_IDS),
