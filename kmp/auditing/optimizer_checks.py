@@ -250,8 +250,14 @@ def _scalers(model, optimizer, source):
         model, keras.optimizers.LossScaleOptimizer, optimizer
     )
     reads_compiled = source is None or _reads_compiled(source)
+    # Held optimizers of any kind count: a GAN's plain `d_optimizer` and
+    # `g_optimizer` under Keras's own mixed_float16 leave the compiled
+    # scaler unapplied as much as kmp's would.
+    holds_its_own = scaled_losses.held_optimizers(
+        model, keras.Optimizer, optimizer
+    )
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and (
-        reads_compiled or not found
+        reads_compiled or not holds_its_own
     ):
         found = [("optimizer", optimizer), *found]
     return found
@@ -360,7 +366,10 @@ def check_train_step(model, optimizer, findings):
                 f"{cls} overrides train_step and its source never scales "
                 f"the loss, under Keras's own LossScaleOptimizer "
                 f"({', '.join(stock)}): it divides gradients that were "
-                "never multiplied, so every update is 32768x too small.",
+                "never multiplied, so every gradient it applies is 32768x "
+                "too small (an SGD update too; an adaptive optimizer's, "
+                "Adam's, shrinks less, as far as its epsilon outweighs "
+                "them).",
                 f"compile with kmp.wrap(...), and {fix}.",
             )
         )
@@ -377,7 +386,7 @@ def check_train_step(model, optimizer, findings):
         unscaled = (
             f"where it does not, Keras's own LossScaleOptimizer "
             f"({', '.join(stock)}) divides gradients that were never "
-            "multiplied, so every update is 32768x too small"
+            "multiplied, so every gradient it applies is 32768x too small"
             if stock
             else "where the step does not scale, kmp applies the gradients "
             "unscaled and says so at the first step, but float16 gradients "

@@ -340,3 +340,27 @@ def test_a_gan_s_unscaling_optimizer_is_named_as_its_compile_takes_it():
     (finding,) = [f for f in quiet_audit(gan) if f.severity == "error"]
     assert "but the g_optimizer (SGD) does not scale" in finding.problem
     assert finding.fix.startswith("compile with g_optimizer=kmp.wrap(")
+
+
+@pytest.mark.skipif(
+    backend.is_stateless(), reason="the guide's GAN is TensorFlow's, torch's"
+)
+def test_a_gan_s_plain_optimizers_leave_keras_s_compiled_scaler_unreported():
+    # Under Keras's own mixed_float16 the GAN's compile() makes an
+    # RMSprop in Keras's scaler that no step applies; its plain
+    # d_optimizer and g_optimizer move the weights as in float32. The
+    # audit said that scaler made "every update 32768x too small" (helper,
+    # keras-io's conditional GAN shape).
+    keras.config.set_dtype_policy("mixed_float16")
+    gan = keras_io_steps.gan(scale=False)
+    gan.compile(
+        d_optimizer=keras.optimizers.SGD(),
+        g_optimizer=keras.optimizers.SGD(),
+        loss_fn=keras.losses.BinaryCrossentropy(from_logits=True),
+    )
+    assert isinstance(gan.optimizer, keras.optimizers.LossScaleOptimizer)
+    report = quiet_audit(gan)
+    assert not has(report, "32768x")
+    assert not has(report, "Keras's own LossScaleOptimizer (optimizer)")
+    # What the step applies is reported: its optimizers do not scale.
+    assert has(report, "d_optimizer")
