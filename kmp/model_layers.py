@@ -51,6 +51,25 @@ def output_layers(model):
     return found
 
 
+def held_models(model) -> list:
+    """`(name, model)` for each model with recorded outputs that `model`
+    holds (by the held model's name), where `model` trains them and has no `call`
+    of its own: keras-io's VAE (`encoder`, `decoder`) and GANs
+    (`discriminator`, `generator`), whose train step's loss reads their
+    outputs. Empty for any other model."""
+    if not isinstance(model, keras.Model) or output_layers(model) is not None:
+        return []
+    if type(model).call is not keras.Model.call:
+        return []
+    # Its layers, not `vars(model)`: on torch a layer is a torch module,
+    # which keeps its modules out of the instance's `__dict__`.
+    return [
+        (inner.name, inner)
+        for inner in model._flatten_layers(include_self=False, recursive=False)
+        if isinstance(inner, keras.Model) and output_layers(inner) is not None
+    ]
+
+
 def fed_outputs(model) -> set:
     """The ids of the layers that make an output of `model` which another
     of its layers takes too (a feature extractor returns every layer's

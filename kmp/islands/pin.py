@@ -65,6 +65,7 @@ from kmp.layer_policies import record_policies
 from kmp.model_layers import all_layers
 from kmp.model_layers import check_patterns
 from kmp.model_layers import fed_outputs
+from kmp.model_layers import held_models
 from kmp.model_layers import matches
 from kmp.model_layers import nested_layers
 from kmp.model_layers import output_layers
@@ -170,8 +171,13 @@ def pin_float32(
     gradients, as a kernel of its own). For subclassed models, the
     outputs are not recorded by Keras, so output layers are not pinned
     (the inner softmaxes are); give the final layer `dtype="float32"`
-    or name it in `also`. Calling `pin_float32` again changes nothing;
-    under a float32 global policy it does nothing. A Functional model's
+    or name it in `also`. A subclassed model with no `call` of its own
+    that holds Functional or Sequential models (keras-io's VAE's
+    `encoder` and `decoder`, a GAN's `discriminator` and `generator`)
+    trains them: each is pinned as a model of its own, its outputs
+    float32, since its train step's loss reads them. Calling
+    `pin_float32` again changes nothing; under a float32 global policy
+    it does nothing. A Functional model's
     symbolic `model.outputs` (and its `compute_output_spec`) keep the
     dtype Keras recorded when it built them, float16; the model returns
     float32, and a `.keras` file of it loads with float32 outputs.
@@ -198,6 +204,10 @@ def pin_float32(
             f"pin_float32 expects a Keras model or layer, got {model!r}."
         )
     also = check_patterns(also)
+    for _, inner in held_models(model):
+        # A trainer's models (keras-io's VAE's decoder, a GAN's
+        # generator): their outputs are what its train step's loss reads.
+        pin_float32(inner, also=also)
     layers = all_layers(model)
     if keras.config.dtype_policy().compute_dtype == "float32" and not any(
         layer.compute_dtype != "float32" for layer in layers

@@ -260,3 +260,35 @@ def test_a_subclassed_attention_s_float16_softmax_is_reported_until_pinned():
     assert type(attention) is MyAttention  # its own code kept
     assert type(attention._softmax) is kmp.layers.Float32Softmax
     assert not has(quiet_audit(model), "sub|")
+
+
+def test_a_trainer_s_held_models_outputs_are_checked():
+    # keras-io's VAE: no call of its own, so no output to build and
+    # check ("Call the model on a batch", which it cannot take); its
+    # loss reads the decoder's sigmoid, float16 under Keras's policy
+    # (its crossentropy inf at every epoch: helper, 2026-11-30).
+    keras.config.set_dtype_policy("mixed_float16")
+
+    def coder(activation, name):
+        inputs = keras.Input((4,))
+        out = keras.layers.Dense(4, activation=activation, name="out")
+        return keras.Model(inputs, out(inputs), name=name)
+
+    class Trainer(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.encoder = coder(None, "encoder")
+            self.decoder = coder("sigmoid", "decoder")
+
+    trainer = Trainer()
+    report = quiet_audit(trainer)
+    (error,) = [f for f in report if f.severity == "error"]
+    assert error.where == "decoder/out"
+    assert error.problem.startswith("Model output is a float16 sigmoid")
+    assert error.fix.startswith("kmp.pin_float32(model)")
+    assert has(report, "Model output is float16, not float32", "warning")
+    assert not has(report, "Call the model on a batch")
+    kmp.enable("mixed_float16")
+    kmp.pin_float32(trainer)
+    report = quiet_audit(trainer)
+    assert not has(report, "Model output")

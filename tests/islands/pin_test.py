@@ -340,3 +340,43 @@ def test_kerashub_gpt2_is_pinned_in_memory_and_a_lost_pin_is_reported(
     path = str(tmp_path / "gpt2.keras")
     backbone.save(path)
     assert unpinned(keras.saving.load_model(path)) == decoders
+
+
+class _Trainer(keras.Model):
+    """keras-io's VAE's shape: models held, no `call` of its own (its
+    train step reads the decoder's output)."""
+
+    def __init__(self, encoder, decoder):
+        super().__init__()
+        self.encoder = encoder
+        self.decoder = decoder
+
+
+def _coder(units, activation=None, name=None):
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(8, name=f"{name}_hidden")(inputs)
+    out = keras.layers.Dense(units, activation=activation, name=f"{name}_out")
+    return keras.Model(inputs, out(hidden), name=name)
+
+
+def test_a_trainer_s_held_models_get_their_outputs_pinned():
+    kmp.enable("mixed_float16")
+    trainer = _Trainer(_coder(4, name="enc"), _coder(4, "sigmoid", "dec"))
+    assert kmp.pin_float32(trainer) is trainer
+    for coder in ("enc", "dec"):
+        model = getattr(trainer, f"{coder}oder")
+        assert model.get_layer(f"{coder}_out").compute_dtype == "float32"
+        assert model.get_layer(f"{coder}_hidden").compute_dtype == "float16"
+    x = np.zeros((2, 4), "float32")
+    out = trainer.decoder(trainer.encoder(x))
+    assert keras.backend.standardize_dtype(out.dtype) == "float32"
+
+    # A model with a call of its own returns what it computes: the
+    # models it holds are its layers, their outputs its inner tensors.
+    class Calls(_Trainer):
+        def call(self, x):
+            return self.decoder(self.encoder(x))
+
+    calls = Calls(_coder(4, name="enc"), _coder(4, "sigmoid", "dec"))
+    kmp.pin_float32(calls)
+    assert calls.encoder.get_layer("enc_out").compute_dtype == "float16"
