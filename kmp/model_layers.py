@@ -53,8 +53,8 @@ def output_layers(model):
 
 def held_models(model) -> list:
     """`(name, model)` for each model with recorded outputs that `model`
-    holds (by the held model's name), where `model` trains them and has no `call`
-    of its own: keras-io's VAE (`encoder`, `decoder`) and GANs
+    holds (by the held model's name), where `model` trains them and has
+    no `call` of its own: keras-io's VAE (`encoder`, `decoder`) and GANs
     (`discriminator`, `generator`), whose train step's loss reads their
     outputs. Empty for any other model."""
     if not isinstance(model, keras.Model) or output_layers(model) is not None:

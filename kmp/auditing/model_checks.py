@@ -135,6 +135,10 @@ def _check_subclassed_outputs(model, findings):
             (severity, name if where == "model" else f"{name}/{where}", *rest)
             for severity, where, *rest in found
         )
+    if islands.returns_float32(model):
+        # Pinned: its outputs are cast to float32, whatever made them.
+        _check_cast_probabilities(model, findings)
+        return
     dtypes = _subclassed_output_dtypes(model)
     if dtypes is None:
         if held:
@@ -162,6 +166,34 @@ def _check_subclassed_outputs(model, findings):
                 "kmp.pin_float32 cannot find it.",
             )
         )
+
+
+def _check_cast_probabilities(model, findings):
+    """A subclassed model whose outputs `kmp.pin_float32` casts: a
+    softmax its layers compute in 16 bits (a head's `Dense(...,
+    activation="softmax")`) may be what it returns, rounded before the
+    cast. Sigmoids are left out: a squeeze-and-excitation gate is one."""
+    for layer in all_layers(model)[1:]:
+        if (
+            activation_name(layer) in ("softmax", "log_softmax")
+            and layer.compute_dtype in HALF_DTYPES
+            and not isinstance(
+                layer, (islands.Float32Softmax, islands.Float32Activation)
+            )
+        ):
+            findings.append(
+                (
+                    "warning",
+                    _path(layer),
+                    f"A {activation_name(layer)} computed in "
+                    f"{layer.compute_dtype} inside a subclassed model whose "
+                    "outputs kmp.pin_float32 casts to float32: if it makes "
+                    "an output, its probabilities were rounded before the "
+                    "cast, and crossentropy loses Keras's logits path.",
+                    "Give that layer dtype='float32', or "
+                    f"kmp.pin_float32(model, also=['{_path(layer)}']).",
+                )
+            )
 
 
 _SUBCLASS_NOTE = (

@@ -37,6 +37,7 @@ half of the scores, and their sliding window where cuDNN takes one
 window too.
 """
 
+import functools
 from typing import Iterable
 
 import keras
@@ -170,14 +171,18 @@ def pin_float32(
     fused kernel (eager torch runs each of Keras's ops, and each of their
     gradients, as a kernel of its own). For subclassed models, the
     outputs are not recorded by Keras, so output layers are not pinned
-    (the inner softmaxes are); give the final layer `dtype="float32"`
-    or name it in `also`. A subclassed model with no `call` of its own
-    that holds Functional or Sequential models (keras-io's VAE's
-    `encoder` and `decoder`, a GAN's `discriminator` and `generator`)
-    trains them: each is pinned as a model of its own, its outputs
-    float32, since its train step's loss reads them. Calling
-    `pin_float32` again changes nothing; under a float32 global policy
-    it does nothing. A Functional model's
+    (the inner softmaxes are): the model's outputs are cast to float32
+    on the way out (`kmp.islands.float32_outputs`), and `kmp.audit`
+    reports one whose layers end in a softmax or sigmoid, computed in
+    16 bits (give that layer `dtype="float32"` or name it in `also`).
+    One not built yet is pinned again once Keras builds it, for the
+    layers it makes in `build` (keras-io's Perceiver). A subclassed
+    model with no `call` of its own that holds Functional or Sequential
+    models (keras-io's VAE's `encoder` and `decoder`, a GAN's
+    `discriminator` and `generator`) trains them: each is pinned as a
+    model of its own, its outputs float32, since its train step's loss
+    reads them. Calling `pin_float32` again changes nothing; under a
+    float32 global policy it does nothing. A Functional model's
     symbolic `model.outputs` (and its `compute_output_spec`) keep the
     dtype Keras recorded when it built them, float16; the model returns
     float32, and a `.keras` file of it loads with float32 outputs.
@@ -214,11 +219,19 @@ def pin_float32(
     ):
         warn_if_reset("pin_float32")  # built in float32 after kmp.enable
         return model
+    if not model.built and output_layers(model) is None:
+        _pin_again_when_built(model, also)
 
     pinned = []  # what a .keras file must keep in float32
     cast = []  # outputs of layers of layers in 16 bits: float32_outputs
+    outputs = output_layers(model)
+    if outputs is None and _calls_its_own(model):
+        # A subclassed model records no output layers: its outputs are
+        # cast, as a nested one's (a float16 output crashed TensorFlow's
+        # top-k metrics in keras-io's Perceiver, Keras's policy alike).
+        cast.append(model)
     fed = fed_outputs(model)
-    for layer in output_layers(model) or []:
+    for layer in outputs or []:
         if casts_output(layer, fed):
             cast.append(layer)
         else:
@@ -284,6 +297,35 @@ def pin_float32(
             model, {layer: float32_policy(layer) for layer in pinned}
         )
     return model
+
+
+def _calls_its_own(model) -> bool:
+    """Whether `model` is a Keras model with a `call` of its own (not a
+    trainer of the models it holds, `held_models`)."""
+    return (
+        isinstance(model, keras.Model)
+        and type(model).call is not keras.Model.call
+    )
+
+
+def _pin_again_when_built(model, also) -> None:
+    """Has an unbuilt subclassed model (or layer) pinned again, once,
+    right after Keras builds it (its first call, or `fit`'s): one that
+    makes its layers in `build` (keras-io's Perceiver) has none to pin
+    before, and pinning said nothing (helper, 2026-11-30: its float16
+    logits and attention softmax as under Keras's own policy)."""
+    build = model.build
+    if getattr(build, "_kmp_pins_when_built", False):
+        return
+
+    @functools.wraps(build)
+    def build_then_pin(*args, **kwargs):
+        model.build = build  # once: Keras's build as it was
+        build(*args, **kwargs)
+        pin_float32(model, also=also)
+
+    build_then_pin._kmp_pins_when_built = True
+    model.build = build_then_pin
 
 
 def _pin_whole(layer) -> list:

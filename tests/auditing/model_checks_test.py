@@ -240,6 +240,37 @@ def test_subclassed_model_output_dtype_is_checked_once_built():
     fixed = Net(out_dtype="float32")
     fixed(np.ones((2, 8), "float32"))
     assert not has(quiet_audit(fixed), "Subclassed model")
+    # Pinned, its output is cast to float32 (its Softmax layer computes
+    # in float32 inside): nothing to say.
+    kmp.pin_float32(net)
+    assert not has(quiet_audit(net), "Subclassed model")
+    assert not has(quiet_audit(net), "inside a subclassed model")
+
+
+def test_a_float16_softmax_head_in_a_cast_subclassed_model_is_a_warning():
+    kmp.enable("mixed_float16")
+
+    class Classifier(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.head = keras.layers.Dense(8, activation="softmax")
+
+        def call(self, x):
+            return self.head(x)
+
+    model = kmp.pin_float32(Classifier())
+    out = model(np.ones((2, 4), "float32"))
+    assert keras.backend.standardize_dtype(out.dtype) == "float32"
+    (finding,) = [
+        f for f in quiet_audit(model) if "subclassed model" in f.problem
+    ]
+    assert finding.severity == "warning"
+    assert finding.problem.startswith("A softmax computed in float16 inside")
+    assert finding.where == model.head.path
+    assert finding.fix.endswith(f"also=['{finding.where}']).")
+    kmp.pin_float32(model, also=[finding.where])  # the fix, as it reads
+    assert model.head.compute_dtype == "float32"
+    assert not has(quiet_audit(model), "inside a subclassed model")
 
 
 def test_a_subclassed_attention_s_float16_softmax_is_reported_until_pinned():

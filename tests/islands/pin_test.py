@@ -342,7 +342,7 @@ def test_kerashub_gpt2_is_pinned_in_memory_and_a_lost_pin_is_reported(
     assert unpinned(keras.saving.load_model(path)) == decoders
 
 
-class _Trainer(keras.Model):
+class Trainer(keras.Model):
     """keras-io's VAE's shape: models held, no `call` of its own (its
     train step reads the decoder's output)."""
 
@@ -361,7 +361,7 @@ def _coder(units, activation=None, name=None):
 
 def test_a_trainer_s_held_models_get_their_outputs_pinned():
     kmp.enable("mixed_float16")
-    trainer = _Trainer(_coder(4, name="enc"), _coder(4, "sigmoid", "dec"))
+    trainer = Trainer(_coder(4, name="enc"), _coder(4, "sigmoid", "dec"))
     assert kmp.pin_float32(trainer) is trainer
     for coder in ("enc", "dec"):
         model = getattr(trainer, f"{coder}oder")
@@ -373,10 +373,43 @@ def test_a_trainer_s_held_models_get_their_outputs_pinned():
 
     # A model with a call of its own returns what it computes: the
     # models it holds are its layers, their outputs its inner tensors.
-    class Calls(_Trainer):
+    class Calls(Trainer):
         def call(self, x):
             return self.decoder(self.encoder(x))
 
     calls = Calls(_coder(4, name="enc"), _coder(4, "sigmoid", "dec"))
     kmp.pin_float32(calls)
     assert calls.encoder.get_layer("enc_out").compute_dtype == "float16"
+
+
+class MakesItsLayersInBuild(keras.Model):
+    """keras-io's Perceiver's habit: layers made in `build`."""
+
+    def build(self, input_shape):
+        self.attention = keras.layers.MultiHeadAttention(2, 4, dropout=0.1)
+        self.pool = keras.layers.GlobalAveragePooling1D()
+        self.head = keras.layers.Dense(8)
+        super().build(input_shape)
+
+    def call(self, x):
+        return self.head(self.pool(self.attention(x, x)))
+
+
+def test_an_unbuilt_subclassed_model_is_pinned_once_built():
+    # Pinned before its build, it had nothing to pin, and said nothing:
+    # its attention softmax and logits float16, and TensorFlow's top-k
+    # metric refused them in fit (helper, keras-io's Perceiver).
+    kmp.enable("mixed_float16")
+    model = kmp.pin_float32(MakesItsLayersInBuild())
+    assert kmp.pin_float32(model) is model  # no second wrapper
+    x = np.random.default_rng(0).normal(size=(16, 3, 4)).astype("float32")
+    assert _dtype(model(x)) == "float32"  # the cast, and the build
+    assert isinstance(model.attention._softmax, kmp.layers.Float32Softmax)
+    assert model.attention.compute_dtype == "float16"
+    model.compile(
+        optimizer=kmp.wrap("sgd"),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=[keras.metrics.SparseTopKCategoricalAccuracy(5)],
+    )
+    logs = model.fit(x, np.arange(16) % 8, verbose=0).history
+    assert np.isfinite(logs["loss"][-1])
