@@ -271,8 +271,14 @@ def _line(owner, method, dtypes, building=False):
             "cannot, as this error stops the model being built"
         )
     else:
+        # By class, not by name: every instance runs the code that
+        # failed (keras-io's CCT has four StochasticDepth layers, and
+        # pinning the one named left the next to fail).
+        target = (
+            f"'{owner.name}'" if isinstance(owner, keras.layers.Lambda) else cls
+        )
         pin = (
-            f", or kmp.pin_float32(model, also=['{owner.name}']) on the "
+            f", or kmp.pin_float32(model, also=[{target}]) on the "
             "model that holds it (a subclassed model's layers are there "
             "before its build)"
         )

@@ -105,7 +105,7 @@ def test_the_line_names_the_innermost_user_layer_once():
     (line,) = _kmp_notes(error)
     assert line.startswith("kmp: Inner 'inner' computes in float16")
     assert "mixed float16 with float32" in line
-    assert "kmp.pin_float32(model, also=['inner'])" in line
+    assert "kmp.pin_float32(model, also=[Inner])" in line
     if backend.name() != "torch":  # torch's meta tensors do not refuse
         error = _raised(lambda: Outer(name="o2")(keras.Input((4,))))
         assert len(_kmp_notes(error)) == 1
@@ -333,8 +333,9 @@ def test_keras_io_s_sampling_called_eagerly_and_traced_gets_the_line():
     assert "Sampling 'traced'" in line
     # A subclassed model holds its layers before its build: the line's
     # `also=` reaches the layer, and the model trains.
-    assert "kmp.pin_float32(model, also=['traced'])" in line
-    model = kmp.pin_float32(Encoder(), also=["traced"])
+    # By class: every Sampling runs the code that failed.
+    assert "kmp.pin_float32(model, also=[Sampling])" in line
+    model = kmp.pin_float32(Encoder(), also=[Sampling])
     model.compile(optimizer=kmp.wrap("sgd"), loss="mse")
     logs = model.fit(x, x[:, :1], verbose=0).history
     assert np.isfinite(logs["loss"][-1])
