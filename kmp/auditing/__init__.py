@@ -11,6 +11,8 @@
                         token ids, float32 random draws, `tf.concat`
     constant_checks     a constant in the user's layer code that float16
                         cannot hold (an additive mask's -1e9)
+    softmax_checks      a softmax op in the user's 16-bit layer code,
+                        Keras's Attention layers in 16 bits
     environment_checks  hardware, TF32, XLA, an active distribution
     float8_checks       float8 layers where they cannot be fast
     audit               `kmp.audit`, `kmp.Finding`, `kmp.AuditReport`

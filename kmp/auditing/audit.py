@@ -20,6 +20,7 @@ from kmp.auditing import float8_checks
 from kmp.auditing import model_checks
 from kmp.auditing import normalization_checks
 from kmp.auditing import optimizer_checks
+from kmp.auditing import softmax_checks
 from kmp.errors import InputError
 from kmp.model_layers import all_layers
 from kmp.model_layers import output_layers
@@ -70,7 +71,9 @@ def audit(model, optimizer=None, verbose: bool = True) -> AuditReport:
 
     - model outputs that are not float32, and float16 softmax or sigmoid
       outputs (crossentropy then loses its logits path);
-    - softmaxes inside the model computing in half precision;
+    - softmaxes inside the model computing in half precision: layers,
+      a softmax op in a layer of your own, and Keras's `Attention` and
+      `AdditiveAttention`;
     - Keras `Normalization` and `Rescaling` layers in half precision
       (they read raw values), and a `Normalization`'s statistics that
       are infinite or stored in bfloat16;
@@ -133,6 +136,8 @@ def audit(model, optimizer=None, verbose: bool = True) -> AuditReport:
     dtype_checks.check_float_ids(model, findings)
     dtype_checks.check_random_draws(half, findings)
     constant_checks.check_large_constants(half, findings)
+    softmax_checks.check_softmax_ops(half, findings)
+    softmax_checks.check_attention_layers(half, findings)
     dtype_checks.check_step_joins(model, findings)
     model_checks.check_tensor_core_dims(half, findings)
     model_checks.check_loss(model, outputs, findings)

@@ -13,7 +13,6 @@ Each `check_*` appends `(severity, where, problem, fix)` tuples to
 """
 
 import ast
-import inspect
 
 import keras
 
@@ -100,18 +99,6 @@ def _round(value, dtype) -> int:
     return int(keras.ops.convert_to_numpy(keras.ops.cast(half, "float32")))
 
 
-def _package(method, module):
-    """The top package of the module a dotted name (`keras.random`,
-    `tf.random`, `random` from `from keras import random`) resolves to
-    in the method's globals or closure, or ''."""
-    head, *rest = module.split(".")
-    value = source_reading.names_of(method).get(head)
-    for part in rest:
-        value = getattr(value, part, None)
-    name = getattr(value, "__name__", "") if inspect.ismodule(value) else ""
-    return name.split(".")[0]
-
-
 def _draws_without_dtype(method):
     """`module.function` of each of Keras's or TensorFlow's random draws
     of floats in a method that passes no `dtype`."""
@@ -123,7 +110,9 @@ def _draws_without_dtype(method):
             continue
         name = source_reading.dotted(node.func)
         module, _, function = name.rpartition(".")
-        positions = _DTYPE_POSITION.get(_package(method, module), {})
+        positions = _DTYPE_POSITION.get(
+            source_reading.package_of(method, module), {}
+        )
         if function not in positions:
             continue
         by_keyword = any(k.arg == "dtype" for k in node.keywords)

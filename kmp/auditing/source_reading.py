@@ -135,6 +135,18 @@ def names_of(method) -> dict:
     return names
 
 
+def package_of(method, module) -> str:
+    """The top package of the module a dotted name (`keras.random`,
+    `tf.random`, `random` from `from keras import random`) resolves to
+    in the method's globals or closure, or ''."""
+    head, *rest = module.split(".")
+    value = names_of(method).get(head)
+    for part in rest:
+        value = getattr(value, part, None)
+    name = getattr(value, "__name__", "") if inspect.ismodule(value) else ""
+    return name.split(".")[0]
+
+
 def called_functions(method) -> list:
     """The user's functions (not methods) that a method calls by name,
     found in its globals and closure."""
