@@ -83,17 +83,7 @@ def check_outputs(model, outputs, findings):
         ):
             continue
         if is_sensitive(layer):
-            findings.append(
-                (
-                    "error",
-                    _path(layer),
-                    f"Model output is a {layer.compute_dtype} "
-                    f"{activation_name(layer)}: the loss sees rounded "
-                    "probabilities and loses Keras's logits path (logits "
-                    "[0, -30] give a crossentropy of 16.1 instead of 30).",
-                    "kmp.pin_float32(model), or dtype='float32' on this layer.",
-                )
-            )
+            findings.append(_probabilities_finding(model, layer))
         else:
             findings.append(
                 (
@@ -103,6 +93,47 @@ def check_outputs(model, outputs, findings):
                     "kmp.pin_float32(model), or dtype='float32' on this layer.",
                 )
             )
+
+
+def _probabilities_finding(model, layer):
+    """A 16-bit softmax or sigmoid output: an error under a crossentropy
+    (or a loss not known yet), a warning under a compiled loss that is
+    none (a siamese network's contrastive loss, mse)."""
+    dtype, activation = layer.compute_dtype, activation_name(layer)
+    fix = "kmp.pin_float32(model), or dtype='float32' on this layer."
+    names = [name for name, _ in loss_names(model)]
+    if not names or any("crossentropy" in name for name in names):
+        return (
+            "error",
+            _path(layer),
+            f"Model output is a {dtype} {activation}: the loss sees rounded "
+            "probabilities and loses Keras's logits path (logits "
+            "[0, -30] give a crossentropy of 16.1 instead of 30).",
+            fix,
+        )
+    return (
+        "warning",
+        _path(layer),
+        f"Model output is a {dtype} {activation}: the loss "
+        f"({', '.join(names)}) reads probabilities rounded to {dtype}.",
+        fix,
+    )
+
+
+def loss_names(model) -> list:
+    """`(name, from_logits)` for each loss the model was compiled with:
+    a name, a `keras.losses.Loss`'s name, a function's `__name__`; empty
+    for a model not compiled with one."""
+    names = []
+    for item in keras.tree.flatten(getattr(model, "loss", None)):
+        if isinstance(item, str):
+            names.append((item, False))
+        elif isinstance(item, keras.losses.Loss):
+            config = item.get_config()
+            names.append((item.name, config.get("from_logits", False)))
+        elif callable(item):
+            names.append((getattr(item, "__name__", repr(item)), False))
+    return names
 
 
 def _subclassed_output_dtypes(model):
@@ -328,16 +359,7 @@ def check_tensor_core_dims(half, findings):
 
 
 def check_loss(model, outputs, findings):
-    loss = getattr(model, "loss", None)
-    if loss is None:
-        return
-    names = []
-    for item in keras.tree.flatten(loss):
-        if isinstance(item, str):
-            names.append((item, False))
-        elif isinstance(item, keras.losses.Loss):
-            config = item.get_config()
-            names.append((item.name, config.get("from_logits", False)))
+    names = loss_names(model)
     sigmoid_half = [
         layer
         for layer in outputs or []

@@ -22,6 +22,39 @@ def test_float16_softmax_output_is_an_error_until_pinned():
     assert not has(quiet_audit(model), "Model output")
 
 
+def contrastive_loss(y, distance):  # keras-io's siamese network's, named
+    return keras.ops.mean(keras.ops.square(distance - y))
+
+
+@pytest.mark.parametrize(
+    "loss, severity, said",
+    [
+        (None, "error", "loses Keras's logits path"),  # not compiled
+        ("binary_crossentropy", "error", "loses Keras's logits path"),
+        ("mse", "warning", "the loss (mse) reads probabilities rounded"),
+        (
+            contrastive_loss,
+            "warning",
+            "the loss (contrastive_loss) reads probabilities rounded",
+        ),
+    ],
+)
+def test_a_16_bit_sigmoid_output_is_an_error_under_a_crossentropy(
+    loss, severity, said
+):
+    # Any other loss reads rounded probabilities, and no logits path is
+    # lost (helper, keras-io's siamese contrastive network: "an error ...
+    # crossentropy of 16.1" under its contrastive loss).
+    kmp.enable("mixed_float16")
+    model = small_mlp(activation="sigmoid")
+    if loss is not None:
+        model = compiled_for_audit(model, loss=loss)
+    (finding,) = [f for f in quiet_audit(model) if "Model output" in f.problem]
+    assert finding.severity == severity
+    assert finding.problem.startswith("Model output is a float16 sigmoid")
+    assert said in finding.problem
+
+
 def test_non_float32_output_is_a_warning():
     kmp.enable("mixed_float16")
     assert has(
