@@ -115,7 +115,8 @@ def _draws_without_dtype(method):
         )
         if function not in positions:
             continue
-        by_keyword = any(k.arg == "dtype" for k in node.keywords)
+        # `**kwargs` may hold a dtype: not read, not reported.
+        by_keyword = any(k.arg in ("dtype", None) for k in node.keywords)
         by_position = len(node.args) > positions[function]
         if not (by_keyword or by_position or _cast(method.tree, node)):
             found.append(name)

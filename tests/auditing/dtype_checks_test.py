@@ -130,6 +130,17 @@ class CastsItsInputFirst(keras.layers.Layer):
         return x
 
 
+class DrawsWithKeywords(Sampling):
+    """The dtype passed in `**kwargs` (helper: keras-io-style code that
+    builds the draw's arguments): not read, so not reported."""
+
+    def call(self, inputs):
+        z_mean, z_log_var = inputs
+        options = {"dtype": self.compute_dtype, "seed": self.seed_generator}
+        epsilon = keras.random.normal(keras.ops.shape(z_mean), **options)
+        return z_mean + keras.ops.exp(0.5 * z_log_var) * epsilon
+
+
 class PythonScalar(keras.layers.Layer):
     def call(self, x):
         return x * random.uniform(0.9, 1.1)  # Python's: a float
@@ -153,6 +164,7 @@ def test_a_draw_in_the_layer_s_dtype_or_a_float32_layer_is_no_finding():
         DrawsInItsDtype(),
         Sampling(dtype="float32"),
         CastsItsDraw(),
+        DrawsWithKeywords(),
     ):
         model = keras.Model(z, sampling([z, z]))
         assert not has(quiet_audit(model), "without dtype=")
