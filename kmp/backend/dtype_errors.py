@@ -22,11 +22,13 @@ The layer named is the innermost frame of the traceback whose `self` is
 a layer of the user's (not of Keras, KerasHub or kmp); the line is added
 once. The exception's type and message are Keras's.
 
-Two errors of 16-bit training that no layer of the user's raises get
-a line of their own: TensorFlow's refusal to sum a layer's float16
-`add_loss` value with the float32 loss (in Keras's `compute_loss`), and
-JAX's CPU refusing the float16 matmul with float32 accumulation that
-Keras's fused attention asks for. (TensorFlow's refusal inside Keras's
+An op that has no 16-bit form (Keras's FFTs, on TensorFlow and JAX)
+refusing a user's layer's 16-bit input gets a line of its own, naming
+the layer and the cast. Two errors of 16-bit training that no layer of
+the user's raises get a line of their own too: TensorFlow's refusal to
+sum a layer's float16 `add_loss` value with the float32 loss (in
+Keras's `compute_loss`), and JAX's CPU refusing the float16 matmul with
+float32 accumulation that Keras's fused attention asks for. (TensorFlow's refusal inside Keras's
 `Normalization.adapt` over a dataset has none: under kmp's policies the
 layer adapts in float32, `kmp.islands.feature_normalization`.) A Keras
 `Lambda` whose function of the user's raised is named as the user's
@@ -93,6 +95,16 @@ _LOSSES = "list containing a tensor of dtype"
 # compile time, in no layer's frame. A GPU has it.
 _CPU_DOT = re.compile(
     r"'(B?F16)_\1_F32' is not supported by dot_general on CPU"
+)
+
+# An op with no 16-bit form refusing a 16-bit input: TensorFlow's and
+# JAX's complex numbers, which Keras's FFTs make (keras-io's FNet's
+# `keras.ops.fft2` on its float16 input, TensorFlow: "The `real` and
+# `imag` components have incorrect types: float16 float16"; JAX:
+# "complex does not accept dtype float16").
+_NO_HALF = re.compile(
+    r"components have incorrect types: (b?float16)"
+    r"|complex does not accept dtype (b?float16)"
 )
 
 # How Keras rewrites an error of a layer's call on symbolic inputs
@@ -183,6 +195,14 @@ def _line_for(error, layer):
     refused = _CPU_DOT.search(str(error))
     if refused:
         return _cpu_dot_line(refused.group(1))
+    building = _BUILDING in str(error)
+    no_half = _NO_HALF.search(str(error))
+    if no_half:
+        culprit = _culprit(error, layer)
+        if culprit is None or culprit[0].compute_dtype not in HALF_DTYPES:
+            return None
+        half = no_half.group(1) or no_half.group(2)
+        return _no_half_line(culprit[0], half, building)
     dtypes = mismatched_dtypes(error)
     if dtypes is None:
         return None
@@ -197,7 +217,7 @@ def _line_for(error, layer):
         policy.compute_dtype not in HALF_DTYPES
     ):
         return None
-    return _line(owner, method, dtypes, building=_BUILDING in str(error))
+    return _line(owner, method, dtypes, building=building)
 
 
 def _cpu_dot_line(precision):
@@ -263,29 +283,46 @@ def _line(owner, method, dtypes, building=False):
             "keras.ops.cast(x, self.compute_dtype))"
         )
         made = f"{cls}(..., dtype='float32')"
-    if building:
-        # The error stops the model's build: only the layer's own
-        # dtype, where the user makes it, can run it in float32.
-        pin = (
-            ", where you make it; kmp.pin_float32(model, also=[...]) "
-            "cannot, as this error stops the model being built"
-        )
-    else:
-        # By class, not by name: every instance runs the code that
-        # failed (keras-io's CCT has four StochasticDepth layers, and
-        # pinning the one named left the next to fail).
-        target = (
-            f"'{owner.name}'" if isinstance(owner, keras.layers.Lambda) else cls
-        )
-        pin = (
-            f", or kmp.pin_float32(model, also=[{target}]) on the "
-            "model that holds it (a subclassed model's layers are there "
-            "before its build)"
-        )
     return (
         f"{PREFIX}{cls} '{owner.name}' computes in {owner.compute_dtype} "
         f"({owner.dtype_policy.name}) and {what} mixed {half} with "
-        f"{other}: {fix}, or run the layer in float32: {made}{pin}."
+        f"{other}: {fix}, or run the layer in float32: {made}"
+        f"{_pin_fix(owner, building)}."
+    )
+
+
+def _pin_fix(owner, building):
+    """How `kmp.pin_float32` runs `owner` in float32, or why it cannot."""
+    if building:
+        # The error stops the model's build: only the layer's own
+        # dtype, where the user makes it, can run it in float32.
+        return (
+            ", where you make it; kmp.pin_float32(model, also=[...]) "
+            "cannot, as this error stops the model being built"
+        )
+    # By class, not by name: every instance runs the code that failed
+    # (keras-io's CCT has four StochasticDepth layers, and pinning the
+    # one named left the next to fail).
+    cls = type(owner).__name__
+    target = (
+        f"'{owner.name}'" if isinstance(owner, keras.layers.Lambda) else cls
+    )
+    return (
+        f", or kmp.pin_float32(model, also=[{target}]) on the model that "
+        "holds it (a subclassed model's layers are there before its build)"
+    )
+
+
+def _no_half_line(owner, half, building):
+    """The line for an op that has no 16-bit form (`_NO_HALF`)."""
+    cls = type(owner).__name__
+    return (
+        f"{PREFIX}{cls} '{owner.name}' computes in {owner.compute_dtype} "
+        f"({owner.dtype_policy.name}) and passed {half} to an op that has "
+        "no 16-bit form (an FFT: keras.ops.fft, fft2, rfft, stft): cast "
+        "its input to float32 there (keras.ops.cast(x, 'float32')) and "
+        "the result back to self.compute_dtype, or run the layer in "
+        f"float32: {cls}(..., dtype='float32'){_pin_fix(owner, building)}."
     )
 
 

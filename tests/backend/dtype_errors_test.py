@@ -401,3 +401,30 @@ def test_a_step_s_helper_meeting_a_sub_model_s_output_names_the_sub_model():
     assert "dtype='float32'" not in line
     # The fix the line names.
     assert np.isfinite(fit(kmp.pin_float32(generator()))["gp"][-1])
+
+
+class FNetLayer(keras.layers.Layer):
+    """keras-io's FNet's mixing layer: an FFT of its input."""
+
+    def call(self, inputs):
+        real = keras.ops.fft2((inputs, keras.ops.zeros_like(inputs)))[0]
+        return real + inputs
+
+
+@pytest.mark.skipif(
+    backend.name() == "torch", reason="torch makes complex halves"
+)
+def test_an_fft_of_a_16_bit_input_ends_with_kmp_s_line():
+    # TensorFlow and JAX have no 16-bit complex numbers: the FFT refuses
+    # the float16 input, in stock Keras too, and kmp said nothing.
+    kmp.enable("mixed_float16")
+    inputs = keras.Input((8, 16))
+    error = _raised(lambda: FNetLayer(name="fnet")(inputs))
+    (line,) = _kmp_notes(error)
+    assert line.startswith(
+        "kmp: FNetLayer 'fnet' computes in float16 (mixed_float16) and "
+        "passed float16 to an op that has no 16-bit form"
+    )
+    assert "FNetLayer(..., dtype='float32'), where you make it" in line
+    # The line's fix: the layer in float32 builds.
+    FNetLayer(dtype="float32")(inputs)
