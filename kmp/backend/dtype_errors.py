@@ -28,11 +28,11 @@ the layer and the cast. Two errors of 16-bit training that no layer of
 the user's raises get a line of their own too: TensorFlow's refusal to
 sum a layer's float16 `add_loss` value with the float32 loss (in
 Keras's `compute_loss`), and JAX's CPU refusing the float16 matmul with
-float32 accumulation that Keras's fused attention asks for. (TensorFlow's refusal inside Keras's
-`Normalization.adapt` over a dataset has none: under kmp's policies the
-layer adapts in float32, `kmp.islands.feature_normalization`.) A Keras
-`Lambda` whose function of the user's raised is named as the user's
-layer.
+float32 accumulation that Keras's fused attention asks for.
+(TensorFlow's refusal inside Keras's `Normalization.adapt` over a
+dataset has none: under kmp's policies the layer adapts in float32,
+`kmp.islands.feature_normalization`.) A Keras `Lambda` whose function
+of the user's raised is named as the user's layer.
 """
 
 import re
