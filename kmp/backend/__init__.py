@@ -125,7 +125,7 @@ from kmp.backend.steps import crossentropy_reads_logits
 from kmp.backend.steps import out_of_trace
 from kmp.backend.steps import step_compiler
 from kmp.backend.steps import taped_gradients
-from kmp.backend.steps import traced
+from kmp.backend.steps import tracing
 from kmp.backend.steps import uncompiled
 from kmp.backend.steps import written_at
 
@@ -188,7 +188,7 @@ __all__ = [
     "state_bytes",
     "sum_over_replicas",
     "taped_gradients",
-    "traced",
+    "tracing",
     "tf32_enabled",
     "train_step_memory",
     "uncompiled",

@@ -112,11 +112,13 @@ def taped_gradients(loss_fn: Callable, jit_compile: bool = False):
     return _taped_gradients.maker(name())(loss_fn, jit_compile)
 
 
-def traced(value) -> bool:
-    """Whether `value` is a tensor of a program being traced, whose
-    Python runs once, at its trace: a TensorFlow graph's (a
-    `tf.function`), a JAX tracer (`jax.jit`). Never on torch: kmp's
-    Python there runs at every call, compiled or not (`uncompiled`)."""
+def tracing() -> bool:
+    """Whether a program is being traced now, whose Python runs once, at
+    its trace: a TensorFlow graph (a `tf.function`), a JAX staging
+    transform (`jax.jit`; not `jax.grad` alone, which runs the Python at
+    every call: an array made now is a tracer only while staging). Never
+    on torch: kmp's Python there runs at every call, compiled or not
+    (`uncompiled`)."""
     if name() == "tensorflow":
         import tensorflow as tf
 
@@ -124,7 +126,7 @@ def traced(value) -> bool:
     if name() == "jax":
         import jax
 
-        return isinstance(value, jax.core.Tracer)
+        return isinstance(jax.numpy.zeros(()), jax.core.Tracer)
     return False
 
 

@@ -49,7 +49,8 @@ loop may compile the gradients' function alone and apply outside it
 `compute_loss_and_grads`, then an eager `apply_gradients`): that
 function's `scale_loss` runs as Python at its trace only, so the
 optimizer is marked for good then, and each later apply outside a
-train step counts as scaled.
+train step counts as scaled; one whose apply is in the same trace as
+its `scale_loss` decides there, and is not marked.
 """
 
 import contextlib
@@ -79,9 +80,11 @@ SCALING_CALLS = ("scale_loss", "get_scaled_loss")
 _local = threading.local()
 _IN_A_LOOP = "loop"
 # Optimizers that scaled a loss in a compiled function of a loop of the
-# user's own (a `tf.function`, `jax.jit`): each later call of it scales
-# too, its Python not run again. Not per thread: a trace is the
-# function's, whichever thread calls it.
+# user's own (a `tf.function`, `jax.jit`) that applies outside it: each
+# later call of that function scales too, its Python not run again. An
+# apply in the same trace takes the optimizer out (it decided there, for
+# good). Not per thread: a trace is the function's, whichever thread
+# calls it.
 _scaled_when_traced = weakref.WeakSet()
 # Models already told about (once per model, not per optimizer: a GAN's
 # two optimizers make one line), each with the names it holds the
@@ -134,14 +137,14 @@ def loop_line() -> str:
 
 
 @backend.uncompiled
-def note_scaled(optimizer, loss=None) -> None:
-    """Records that `optimizer` scaled `loss` (`scale_loss`, tf-keras's
+def note_scaled(optimizer) -> None:
+    """Records that `optimizer` scaled a loss (`scale_loss`, tf-keras's
     `get_scaled_loss`, Keras's trainers): in the train step running now,
     or, outside any, in the user's loop, until its next apply, and for
     good where the loop's function is being traced."""
     frame = train_step_frame()
     _marks()[optimizer] = _IN_A_LOOP if frame is None else id(frame)
-    if frame is None and backend.traced(loss):
+    if frame is None and backend.tracing():
         _scaled_when_traced.add(optimizer)
 
 
@@ -166,7 +169,11 @@ def loss_was_unscaled(optimizer, grads, stateless=False) -> bool:
     mark = take_mark(optimizer)
     frame = train_step_frame()
     if frame is None:
-        if mark is not None or optimizer in _scaled_when_traced:
+        if mark is not None:
+            if backend.tracing():  # scaled and applied in one trace
+                _scaled_when_traced.discard(optimizer)
+            return False
+        if optimizer in _scaled_when_traced:
             return False
         _tell_loop(optimizer, grads, stateless)
         return True
@@ -299,7 +306,7 @@ class ScaledLossTracking:
                 "self.optimizer.stateless_scale_loss(optimizer_variables, "
                 "loss), with the step's optimizer_variables."
             )
-        note_scaled(self, loss)
+        note_scaled(self)
         return super().scale_loss(loss)
 
     def stateless_scale_loss(self, optimizer_variables, loss):

@@ -347,3 +347,57 @@ def test_a_loop_s_compiled_gradients_applied_outside_are_divided(caplog):
     assert _off(updates["mixed_float16"], updates["float32"]) < 0.05
     assert int(optimizer.skipped_steps) == 0
     assert _told(caplog) == []
+
+
+@tf_only
+def test_a_step_that_scales_and_applies_in_one_trace_marks_nothing(caplog):
+    # Its apply decided in the trace: an unscaled eager apply after it
+    # is still told and applied as it is (the mark for good, first
+    # written, divided it by the scale, silently: the review's case).
+    import tensorflow as tf
+
+    optimizer = kmp.LossScaleOptimizer(keras.optimizers.SGD(1.0))
+    v = keras.Variable([0.0])
+    optimizer.build([v])
+
+    @tf.function
+    def scaled_step():
+        with tf.GradientTape() as tape:
+            loss = optimizer.scale_loss(ops.sum(v * 2.0))
+        optimizer.apply(tape.gradient(loss, [v]), [v])
+
+    scaled_step()
+    np.testing.assert_allclose(ops.convert_to_numpy(v), [-2.0])
+    with caplog.at_level(logging.WARNING, logger="kmp"):
+        optimizer.apply([ops.convert_to_tensor([2.0])], [v])
+    np.testing.assert_allclose(ops.convert_to_numpy(v), [-4.0])
+    (told,) = _told(caplog)
+    assert told.startswith("kmp: the loop at ")
+
+
+@jax_only
+def test_jax_grad_without_jit_decides_at_every_step(caplog):
+    # jax.grad alone runs the Python at every call: no mark for good.
+    import jax
+
+    optimizer = kmp.LossScaleOptimizer(
+        keras.optimizers.SGD(1.0), initial_scale=8
+    )
+    v = keras.Variable([0.0])
+    optimizer.build([v])
+
+    def gradient(scale):
+        def loss(value, optimizer_variables):
+            loss = ops.sum(value * 2.0)
+            if scale:
+                loss = optimizer.stateless_scale_loss(optimizer_variables, loss)
+            return loss
+
+        return jax.grad(loss)(v.value, [w.value for w in optimizer.variables])
+
+    optimizer.apply([gradient(scale=True)], [v])
+    np.testing.assert_allclose(ops.convert_to_numpy(v), [-2.0])
+    with caplog.at_level(logging.WARNING, logger="kmp"):
+        optimizer.apply([gradient(scale=False)], [v])
+    np.testing.assert_allclose(ops.convert_to_numpy(v), [-4.0])
+    assert len(_told(caplog)) == 1
