@@ -8,6 +8,8 @@ them into `kmp.Finding`s. Severities: "error" (results are wrong),
 "warning" (results or speed are at risk), "info".
 """
 
+import functools
+
 import keras
 
 from kmp import backend
@@ -122,8 +124,10 @@ def _probabilities_finding(model, layer):
 
 def loss_names(model) -> list:
     """`(name, from_logits)` for each loss the model was compiled with:
-    a name, a `keras.losses.Loss`'s name, a function's `__name__`; empty
-    for a model not compiled with one."""
+    a name, a `keras.losses.Loss`'s name, a function's `__name__` (a
+    `functools.partial`'s function's, its `from_logits` read); empty for
+    a model not compiled with one. A callable without a name is left
+    out."""
     names = []
     for item in keras.tree.flatten(getattr(model, "loss", None)):
         if isinstance(item, str):
@@ -131,8 +135,13 @@ def loss_names(model) -> list:
         elif isinstance(item, keras.losses.Loss):
             config = item.get_config()
             names.append((item.name, config.get("from_logits", False)))
-        elif callable(item):
-            names.append((getattr(item, "__name__", repr(item)), False))
+        elif isinstance(item, functools.partial):
+            name = getattr(item.func, "__name__", None)
+            if name is not None:
+                logits = item.keywords.get("from_logits", False)
+                names.append((name, logits))
+        elif callable(item) and hasattr(item, "__name__"):
+            names.append((item.__name__, False))
     return names
 
 
@@ -152,6 +161,14 @@ def _subclassed_output_dtypes(model):
     }
 
 
+def _under(name, where):
+    """Where a finding in the held model `name` is (a layer path that
+    starts with the model's name already keeps it once)."""
+    if where == "model":
+        return name
+    return where if where.startswith(f"{name}/") else f"{name}/{where}"
+
+
 def _check_subclassed_outputs(model, findings):
     # A trainer of models it holds (keras-io's VAE: no `call` of its
     # own, the loss on its decoder's output in `train_step`): their
@@ -163,12 +180,24 @@ def _check_subclassed_outputs(model, findings):
         found = []
         check_outputs(inner, output_layers(inner), found)
         findings.extend(
-            (severity, name if where == "model" else f"{name}/{where}", *rest)
+            (severity, _under(name, where), *rest)
             for severity, where, *rest in found
         )
     if islands.returns_float32(model):
-        # Pinned: its outputs are cast to float32, whatever made them.
-        _check_cast_probabilities(model, findings)
+        # Pinned: its outputs are cast to float32, whatever made them (a
+        # fused softmax inside is `check_inner_softmaxes`' to report).
+        if not model.built:
+            findings.append(
+                (
+                    "info",
+                    "model",
+                    "Subclassed model, not built: kmp.pin_float32 casts "
+                    "its outputs to float32 and pins the layers it makes "
+                    "in build once Keras builds it; those were not "
+                    "checked.",
+                    "Call the model on a batch, then audit again.",
+                )
+            )
         return
     dtypes = _subclassed_output_dtypes(model)
     if dtypes is None:
@@ -197,34 +226,6 @@ def _check_subclassed_outputs(model, findings):
                 "kmp.pin_float32 cannot find it.",
             )
         )
-
-
-def _check_cast_probabilities(model, findings):
-    """A subclassed model whose outputs `kmp.pin_float32` casts: a
-    softmax its layers compute in 16 bits (a head's `Dense(...,
-    activation="softmax")`) may be what it returns, rounded before the
-    cast. Sigmoids are left out: a squeeze-and-excitation gate is one."""
-    for layer in all_layers(model)[1:]:
-        if (
-            activation_name(layer) in ("softmax", "log_softmax")
-            and layer.compute_dtype in HALF_DTYPES
-            and not isinstance(
-                layer, (islands.Float32Softmax, islands.Float32Activation)
-            )
-        ):
-            findings.append(
-                (
-                    "warning",
-                    _path(layer),
-                    f"A {activation_name(layer)} computed in "
-                    f"{layer.compute_dtype} inside a subclassed model whose "
-                    "outputs kmp.pin_float32 casts to float32: if it makes "
-                    "an output, its probabilities were rounded before the "
-                    "cast, and crossentropy loses Keras's logits path.",
-                    "Give that layer dtype='float32', or "
-                    f"kmp.pin_float32(model, also=['{_path(layer)}']).",
-                )
-            )
 
 
 _SUBCLASS_NOTE = (

@@ -16,6 +16,7 @@ import keras
 import numpy as np
 
 from kmp.auditing.model_checks import _path
+from kmp.islands import input_dtypes
 from kmp.islands import is_feature_normalization
 from kmp.islands import is_rescaling
 from kmp.islands import largest_statistic
@@ -97,13 +98,17 @@ def check_feature_normalizations(layers, findings):
 
 def check_rescalings(layers, findings):
     """Keras `Rescaling` layers of raw values left in 16 bits
-    (`kmp.pin_float32` makes them float32)."""
+    (`kmp.pin_float32` makes them float32): a warning for integers wider
+    than 8 bits (a 16-bit image), whose range is known; an info for
+    floats, whose values the graph does not say."""
     for layer in layers:
         dtype = layer.compute_dtype
         if not is_rescaling(layer) or dtype not in HALF_DTYPES:
             continue
         if not reads_raw_values(layer):
             continue
+        read = sorted(input_dtypes(layer))
+        floats = all("float" in name for name in read)
         if dtype == "float16":
             harm = (
                 "a raw value of 65520 or more (a 16-bit image's 65535) is "
@@ -111,12 +116,13 @@ def check_rescalings(layers, findings):
             )
         else:
             harm = "a raw value keeps 8 significant bits (an 8-bit image's)"
+        given = f" (its input is {', '.join(read)})" if read else ""
         findings.append(
             (
-                "warning",
+                "info" if read and floats else "warning",
                 _path(layer),
                 f"Rescaling casts its input to {dtype} before it scales "
-                f"it: {harm}.",
+                f"it{given}: {harm}.",
                 "kmp.pin_float32(model).",
             )
         )

@@ -40,12 +40,11 @@ def _to_float32(node) -> bool:
     torch's `x.float()`."""
     if not isinstance(node, ast.Call):
         return False
-    function = source_reading.dotted(node.func) or getattr(
-        node.func, "attr", ""
-    )
-    if function.endswith(".float") and not node.args:
+    # The called name's last part: `ops.cast`, `(x * 2).to`, `cast`.
+    function = getattr(node.func, "attr", getattr(node.func, "id", ""))
+    if function == "float" and not node.args:
         return True
-    if not function.endswith(("cast", "astype", ".to")):
+    if function not in ("cast", "astype", "to"):
         return False
     named = [*node.args, *(k.value for k in node.keywords)]
     return any(

@@ -40,7 +40,8 @@ value: `kmp.pin_float32` makes each one that reads raw values compute
 in float32 (`reads_raw_values`, `rescale_in_float32`), its output
 float32 for the next layer to cast. One that scales a 16-bit layer's
 output (ResNet-9's logits by 0.125) keeps its policy: its input has
-been in 16 bits already.
+been in 16 bits already; so does one of an 8-bit image, every value of
+which both 16-bit dtypes hold.
 """
 
 import functools
@@ -102,20 +103,30 @@ def is_rescaling(layer) -> bool:
     return isinstance(layer, keras.layers.Rescaling)
 
 
-def reads_raw_values(layer) -> bool:
-    """Whether a `Rescaling` may read raw values: in a Functional or
-    Sequential model, whether it is called on a tensor that is no 16-bit
-    float (a `keras.Input`'s uint8, uint16 or float32, a float32 layer's
-    output); with no graph to read (a subclassed model's layer), True."""
-    tensors = [
-        tensor
+# Inputs whose every value float16 and bfloat16 hold exactly (integers
+# up to 256): an 8-bit image's.
+_EXACT_IN_16_BITS = HALF_DTYPES + ("uint8", "int8", "bool")
+
+
+def input_dtypes(layer) -> set:
+    """The dtypes of the tensors `layer` is called on in a Functional or
+    Sequential model's graph; empty where there is none to read (a
+    subclassed model's layer)."""
+    return {
+        keras.backend.standardize_dtype(tensor.dtype)
         for node in layer._inbound_nodes
         for tensor in keras.tree.flatten(node.input_tensors)
-    ]
-    return not tensors or any(
-        keras.backend.standardize_dtype(tensor.dtype) not in HALF_DTYPES
-        for tensor in tensors
-    )
+    }
+
+
+def reads_raw_values(layer) -> bool:
+    """Whether a `Rescaling` may read raw values that 16 bits round: in
+    a Functional or Sequential model, whether it is called on a tensor
+    that is no 16-bit float nor 8-bit integer (a `keras.Input`'s uint16,
+    int32 or float32, a float32 layer's output); with no graph to read,
+    True."""
+    dtypes = input_dtypes(layer)
+    return not dtypes or not dtypes <= set(_EXACT_IN_16_BITS)
 
 
 def rescale_in_float32(layer) -> bool:

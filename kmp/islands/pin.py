@@ -17,8 +17,9 @@ fused kernel instead of Keras's many: `batch_norm`). What it pins:
   cast them to 16 bits before an embedding looks them up computes in
   float32 (`token_ids`).
 - Keras's `Normalization` layers compute in float32, their statistics
-  included, and so do its `Rescaling` layers, which cast raw values to
-  the compute dtype before they scale them (`feature_normalization`).
+  included, and so do its `Rescaling` layers of raw values, which they
+  cast to the compute dtype before they scale them
+  (`feature_normalization`).
 
 And, not a float32 matter but a layer pinning already walks: on JAX,
 KerasHub's `PositionEmbedding` repeats one example's embedding over the
@@ -132,8 +133,9 @@ def pin_float32(
       65504 is infinite, which zeroes that feature, and bfloat16 keeps
       8 significant bits of a raw input (`feature_normalization`;
       under a kmp policy `adapt` does this before it reads the data).
-      Each Keras `Rescaling` computes in float32 too: Keras casts its
-      input to the compute dtype first, and a 16-bit image's 65535
+      Each Keras `Rescaling` of raw values (its input neither a 16-bit
+      float nor an 8-bit integer) computes in float32 too: Keras casts
+      its input to the compute dtype first, and a 16-bit image's 65535
       (`Rescaling(1 / 65535)`) is infinite in float16.
     - Layers matched by `also` get `dtype_policy="float32"`, with the
       layers they hold.
@@ -219,8 +221,12 @@ def pin_float32(
     ):
         warn_if_reset("pin_float32")  # built in float32 after kmp.enable
         return model
-    if not model.built and output_layers(model) is None:
-        _pin_again_when_built(model, also)
+    for layer in layers:
+        # A layer not built yet may make its layers in `build` (keras-io's
+        # Perceiver): the model, or a layer of the user's in it.
+        subclassed = layer is model and output_layers(model) is None
+        if not layer.built and (subclassed or backend.is_users(type(layer))):
+            _pin_again_when_built(layer, also)
 
     pinned = []  # what a .keras file must keep in float32
     cast = []  # outputs of layers of layers in 16 bits: float32_outputs
@@ -309,19 +315,21 @@ def _calls_its_own(model) -> bool:
 
 
 def _pin_again_when_built(model, also) -> None:
-    """Has an unbuilt subclassed model (or layer) pinned again, once,
-    right after Keras builds it (its first call, or `fit`'s): one that
-    makes its layers in `build` (keras-io's Perceiver) has none to pin
-    before, and pinning said nothing (helper, 2026-11-30: its float16
-    logits and attention softmax as under Keras's own policy)."""
+    """Has an unbuilt subclassed model, or a layer of the user's, pinned
+    again, once, right after Keras builds it (its first call, or
+    `fit`'s): one that makes its layers in `build` (keras-io's
+    Perceiver) has none to pin before, and pinning said nothing
+    (helper, 2026-11-30: its float16 logits and attention softmax as
+    under Keras's own policy). A layer it makes there that makes its
+    own in its `build` is found then, and waits for its own build."""
     build = model.build
     if getattr(build, "_kmp_pins_when_built", False):
         return
 
     @functools.wraps(build)
     def build_then_pin(*args, **kwargs):
+        build(*args, **kwargs)  # a build that raises keeps the wrapper
         model.build = build  # once: Keras's build as it was
-        build(*args, **kwargs)
         pin_float32(model, also=also)
 
     build_then_pin._kmp_pins_when_built = True

@@ -280,7 +280,7 @@ def test_subclassed_model_output_dtype_is_checked_once_built():
     assert not has(quiet_audit(net), "inside a subclassed model")
 
 
-def test_a_float16_softmax_head_in_a_cast_subclassed_model_is_a_warning():
+def test_a_pinned_subclassed_model_s_softmax_head_is_reported_once():
     kmp.enable("mixed_float16")
 
     class Classifier(keras.Model):
@@ -292,18 +292,18 @@ def test_a_float16_softmax_head_in_a_cast_subclassed_model_is_a_warning():
             return self.head(x)
 
     model = kmp.pin_float32(Classifier())
+    # Not built: its outputs are cast, its layers made in build wait.
+    assert has(quiet_audit(model), "model|Subclassed model, not built", "info")
     out = model(np.ones((2, 4), "float32"))
     assert keras.backend.standardize_dtype(out.dtype) == "float32"
-    (finding,) = [
-        f for f in quiet_audit(model) if "subclassed model" in f.problem
-    ]
-    assert finding.severity == "warning"
-    assert finding.problem.startswith("A softmax computed in float16 inside")
+    (finding,) = [f for f in quiet_audit(model) if "softmax" in f.problem]
     assert finding.where == model.head.path
-    assert finding.fix.endswith(f"also=['{finding.where}']).")
-    kmp.pin_float32(model, also=[finding.where])  # the fix, as it reads
+    assert finding.problem.startswith(
+        "Fused softmax activation computes in float16"
+    )
+    kmp.pin_float32(model, also=[finding.where])
     assert model.head.compute_dtype == "float32"
-    assert not has(quiet_audit(model), "inside a subclassed model")
+    assert not has(quiet_audit(model), "softmax")
 
 
 def test_a_subclassed_attention_s_float16_softmax_is_reported_until_pinned():
@@ -356,3 +356,19 @@ def test_a_trainer_s_held_models_outputs_are_checked():
     kmp.pin_float32(trainer)
     report = quiet_audit(trainer)
     assert not has(report, "Model output")
+
+    # A held Sequential built without an Input: its layers' paths start
+    # with its name, said once.
+    keras.config.set_dtype_policy("mixed_float16")
+
+    class GAN(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.generator = keras.Sequential(
+                [keras.layers.Dense(4, activation="sigmoid", name="out")],
+                name="generator",
+            )
+            self.generator(np.ones((1, 4), "float32"))
+
+    (error,) = [f for f in quiet_audit(GAN()) if f.severity == "error"]
+    assert error.where == "generator/out"

@@ -114,11 +114,20 @@ def test_a_16_bit_rescaling_is_a_warning_until_pinned(policy, harm):
     assert (finding.severity, finding.where) == ("warning", "scale")
     half = policy.removeprefix("mixed_")
     assert finding.problem.startswith(
-        f"Rescaling casts its input to {half} before it scales it: {harm}"
+        f"Rescaling casts its input to {half} before it scales it (its "
+        f"input is uint16): {harm}"
     )
     assert finding.fix == "kmp.pin_float32(model)."
     kmp.pin_float32(model)
     assert findings() == []
+    # An 8-bit image: both 16-bit dtypes hold every value, nothing to
+    # say (the review: every keras-io image model was told). A float
+    # input's range the graph does not say: an info.
+    for dtype, said in (("uint8", []), ("float32", ["info"])):
+        inputs = keras.Input((4,), dtype=dtype)
+        scaled = keras.layers.Rescaling(1 / 255)(inputs)
+        model = keras.Model(inputs, keras.layers.Dense(2)(scaled))
+        assert [f.severity for f in findings()] == said
     # One that scales a 16-bit layer's output is no finding.
     kmp.enable(policy)
     inputs = keras.Input((4,))

@@ -79,6 +79,8 @@ def test_keras_s_attention_layer_in_16_bits_is_a_warning():
     )
     assert "also=['keras_attention']" in finding.fix
     assert not has(report, "CastsFirst")  # it casts to float32 first
+    # Keras's own code is not read for ops: the layer is said once.
+    assert len(_findings(report, "Attention")) == 1
     kmp.pin_float32(model, also=["keras_attention"])
     assert not _findings(quiet_audit(model), "score softmax")
 
@@ -102,6 +104,8 @@ def test_float32_layers_and_library_layers_say_nothing():
         ("ops.softmax(ops.cast(x, 'float32'))", []),
         ("tf.nn.softmax(tf.cast(x, tf.float32))", []),
         ("ops.softmax(ops.cast(x, 'float16'))", ["ops.softmax"]),
+        ("ops.softmax((x * 2).astype('float32'))", []),
+        ("tf.nn.softmax(tf.cast(x * 2, 'float32'))", []),
         ("x.softmax(-1)", []),  # a tensor's method: no module to read
         ("mine.softmax(x)", []),  # not a framework's
     ],

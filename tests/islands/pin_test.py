@@ -413,3 +413,40 @@ def test_an_unbuilt_subclassed_model_is_pinned_once_built():
     )
     logs = model.fit(x, np.arange(16) % 8, verbose=0).history
     assert np.isfinite(logs["loss"][-1])
+
+
+class Block(keras.layers.Layer):
+    """A layer of the user's that makes its attention in its own build,
+    which runs inside its model's first call (the review's case)."""
+
+    def build(self, shape):
+        self.attention = keras.layers.MultiHeadAttention(2, 4)
+        self.attention.build(shape, shape)
+
+    def call(self, x):
+        return self.attention(x, x)
+
+
+class HoldsABlock(keras.Model):
+    def build(self, shape):
+        if getattr(self, "fail_once", False):
+            self.fail_once = False
+            raise ValueError("a first build that fails")
+        self.block = Block()
+        self.head = keras.layers.Dense(8)
+
+    def call(self, x):
+        return self.head(keras.ops.mean(self.block(x), axis=1))
+
+
+def test_layers_a_layer_makes_in_its_own_build_are_pinned_too():
+    kmp.enable("mixed_float16")
+    model = HoldsABlock()
+    model.fail_once = True
+    kmp.pin_float32(model)
+    x = np.ones((2, 3, 4), "float32")
+    with pytest.raises(ValueError, match="a first build that fails"):
+        model.build(x.shape)
+    model(x)  # built now: the wrapper stayed for it
+    assert isinstance(model.block.attention._softmax, kmp.layers.Float32Softmax)
+    assert _dtype(model(x)) == "float32"
