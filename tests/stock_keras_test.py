@@ -316,3 +316,33 @@ def test_stock_scaler_skips_an_optimizer_s_own_apply_gradients():
     model.fit(*classification_data(), batch_size=32, epochs=1, verbose=0)
     moved = np.abs(np.mean(model.get_weights()[0], axis=0) - means).max()
     assert moved > 1e-3
+
+
+@describes("3.15", "3.16")
+@tf_only
+def test_stock_top_k_metrics_refuse_a_float16_output():
+    # keras-io's vision examples compile SparseTopKCategoricalAccuracy:
+    # TensorFlow's in_top_k takes float32 predictions only, and Keras
+    # passes the model's float16 logits on (a helper's runs, 2026-11-30).
+    keras.config.set_dtype_policy("mixed_float16")
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, keras.layers.Dense(8)(inputs))
+    model.compile(
+        optimizer="sgd",
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=[keras.metrics.SparseTopKCategoricalAccuracy(5)],
+    )
+    x, y = np.ones((16, 4), "float32"), np.arange(16) % 8
+    with pytest.raises(TypeError, match="'InTopKV2' Op has type float16"):
+        model.fit(x, y, verbose=0)
+    # kmp's outputs are float32 (a subclassed model's cast):
+    # test_an_unbuilt_subclassed_model_is_pinned_once_built.
+    kmp.enable("mixed_float16")
+    inputs = keras.Input((4,))
+    model = kmp.pin_float32(keras.Model(inputs, keras.layers.Dense(8)(inputs)))
+    model.compile(
+        optimizer=kmp.wrap("sgd"),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=[keras.metrics.SparseTopKCategoricalAccuracy(5)],
+    )
+    assert np.isfinite(model.fit(x, y, verbose=0).history["loss"][-1])
