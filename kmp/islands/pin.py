@@ -175,8 +175,9 @@ def pin_float32(
     outputs are not recorded by Keras, so output layers are not pinned
     (the inner softmaxes are): the model's outputs are cast to float32
     on the way out (`kmp.islands.float32_outputs`), and `kmp.audit`
-    reports one whose layers end in a softmax or sigmoid, computed in
-    16 bits (give that layer `dtype="float32"` or name it in `also`).
+    reports a fused softmax its layers compute in 16 bits, which may be
+    what it returns (give that layer `dtype="float32"` or name it in
+    `also`).
     One not built yet is pinned again once Keras builds it, for the
     layers it makes in `build` (keras-io's Perceiver). A subclassed
     model with no `call` of its own that holds Functional or Sequential
