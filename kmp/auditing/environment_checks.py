@@ -8,6 +8,7 @@ Each `check_*` appends `(severity, where, problem, fix)` tuples to
 
 from kmp import backend
 from kmp import policy as policy_lib
+from kmp.model_layers import all_layers
 
 ENVIRONMENT = "environment"
 
@@ -49,6 +50,29 @@ def check_environment(model, half, findings):
     if compiled and jit:
         findings.append(
             ("info", ENVIRONMENT, f"{compiler} is on (jit_compile=True).", "-")
+        )
+    elif compiled and not all(
+        getattr(layer, "supports_jit", True) for layer in all_layers(model)
+    ):
+        # Keras compiles no step of a model with such a layer (a
+        # TextVectorization: keras-io's end-to-end text classifier) and
+        # says so at compile: no fix to give.
+        unjitted = next(
+            type(layer).__name__
+            for layer in all_layers(model)
+            if not getattr(layer, "supports_jit", True)
+        )
+        findings.append(
+            (
+                "info",
+                ENVIRONMENT,
+                f"The step is not compiled: Keras compiles no model holding "
+                f"a {unjitted} (its supports_jit is False), so the casts "
+                "to the compute dtype are ops of their own.",
+                "Run that layer in the input pipeline (tf.data), as "
+                "keras-io's text examples do for training, to compile the "
+                "model.",
+            )
         )
     elif compiled and compiler == "XLA":
         findings.append(

@@ -1,6 +1,7 @@
 """The audit's environment checks (`kmp.auditing.environment_checks`),
 through `kmp.audit`: hardware, TF32, XLA and an active distribution."""
 
+import keras
 from audit_util import compiled_for_audit
 from audit_util import has
 from audit_util import quiet_audit
@@ -81,3 +82,24 @@ def test_an_active_keras_distribution_is_reported_with_its_mesh():
     )
     assert f"multiple of {devices}" in finding.fix
     assert not has(quiet_audit(model), "distribution is active")
+
+
+@tf_only
+def test_a_model_keras_will_not_compile_is_not_told_to_compile():
+    # keras-io's text classifier from scratch, end to end: Keras compiles
+    # no step of a model with a TextVectorization (it warns so at
+    # compile), so the audit's "jit_compile=True" fix did nothing.
+    kmp.enable("mixed_float16")
+    vectorize = keras.layers.TextVectorization(max_tokens=20)
+    vectorize.adapt(["a b c", "d e"])
+    inputs = keras.Input((1,), dtype="string")
+    x = keras.layers.Embedding(20, 8)(vectorize(inputs))
+    outputs = keras.layers.Dense(1, dtype="float32")(x)
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer=kmp.wrap("adam"), loss="mse")
+    report = quiet_audit(model)
+    assert has(report, "environment|The step is not compiled", "info")
+    assert "a TextVectorization" in next(
+        f.problem for f in report if "not compiled" in f.problem
+    )
+    assert not has(report, "jit_compile=True")
