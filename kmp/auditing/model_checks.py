@@ -301,11 +301,27 @@ def check_inner_softmaxes(half, outputs, findings):
                     f"Fused {activation_name(layer)} activation computes in "
                     f"{layer.compute_dtype} (kmp.pin_float32 pins separate "
                     "activation layers only).",
-                    "Split it into keras.layers.Activation("
-                    f"'{activation_name(layer)}'), or "
-                    f"kmp.pin_float32(model, also=['{_path(layer)}']).",
+                    _fused_fix(layer, outputs),
                 )
             )
+
+
+def _fused_fix(layer, outputs):
+    """The fix for a fused softmax in 16 bits. A split-off `Activation`
+    computes in float32 and returns 16 bits, right for a softmax inside;
+    where the softmax may make the model's output (a subclassed model's
+    head: Keras records no output layers) that returns probabilities
+    rounded to 16 bits, cast to float32 after (helper, keras-io's NER
+    transformer): the layer in float32 then."""
+    pin = f"kmp.pin_float32(model, also=['{_path(layer)}'])"
+    split = f"keras.layers.Activation('{activation_name(layer)}')"
+    if outputs is None:
+        return (
+            f"{pin}, which computes its probabilities in float32 where "
+            "they are the model's output; if it is inside the model, "
+            f"split it into {split}."
+        )
+    return f"Split it into {split}, or {pin}."
 
 
 def _dims(layer):

@@ -301,6 +301,11 @@ def test_a_pinned_subclassed_model_s_softmax_head_is_reported_once():
     assert finding.problem.startswith(
         "Fused softmax activation computes in float16"
     )
+    # Pinning first: split into an Activation, a head's probabilities
+    # come out rounded to float16, then cast (helper, keras-io's NER).
+    assert finding.fix.startswith(
+        f"kmp.pin_float32(model, also=['{finding.where}']), which computes"
+    )
     kmp.pin_float32(model, also=[finding.where])
     assert model.head.compute_dtype == "float32"
     assert not has(quiet_audit(model), "softmax")
