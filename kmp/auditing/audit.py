@@ -124,6 +124,7 @@ def audit(model, optimizer=None, verbose: bool = True) -> AuditReport:
     layers = all_layers(model)
     normalization_checks.check_feature_normalizations(layers, findings)
     normalization_checks.check_rescalings(layers, findings)
+    normalization_checks.check_spectrograms(layers, findings)
     applied = [("optimizer", optimizer)]
     if optimizer is getattr(model, "optimizer", None):
         applied = optimizer_checks.applied_optimizers(model, optimizer)

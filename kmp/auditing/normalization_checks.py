@@ -3,8 +3,9 @@
 whose variance is over 65504 comes out 0), one whose statistics an
 adapt in 16 bits made infinite, and one whose statistics are stored in
 bfloat16; a `Rescaling` of raw values left in 16 bits (it casts its
-input first: a 16-bit image's 65535 is infinite in float16).
-`kmp.pin_float32` makes them float32, and a kmp policy a
+input first: a 16-bit image's 65535 is infinite in float16); an
+`STFTSpectrogram` under bfloat16, which it refuses. `kmp.pin_float32`
+makes them float32, and a kmp policy a
 `Normalization` (`kmp.islands.feature_normalization`).
 
 Like every `check_*` function of `kmp.auditing`, it reads the layers and
@@ -17,6 +18,7 @@ import numpy as np
 
 from kmp.auditing.model_checks import _path
 from kmp.islands import input_dtypes
+from kmp.islands import is_bfloat16_spectrogram
 from kmp.islands import is_feature_normalization
 from kmp.islands import is_rescaling
 from kmp.islands import largest_statistic
@@ -126,3 +128,20 @@ def check_rescalings(layers, findings):
                 "kmp.pin_float32(model).",
             )
         )
+
+
+def check_spectrograms(layers, findings):
+    """Keras `STFTSpectrogram` layers under bfloat16, which they refuse
+    (`kmp.pin_float32` makes them float32)."""
+    for layer in layers:
+        if is_bfloat16_spectrogram(layer):
+            findings.append(
+                (
+                    "error",
+                    _path(layer),
+                    "STFTSpectrogram computes in bfloat16, which it "
+                    'refuses: its first call raises ("Invalid input '
+                    'type. Expected float16, float32 or float64").',
+                    "kmp.pin_float32(model), or dtype='float32' on it.",
+                )
+            )

@@ -49,6 +49,7 @@ from kmp.islands.causal_attention import attends_causally
 from kmp.islands.einsum_bias import flatten_bias
 from kmp.islands.einsum_bias import flattens_bias
 from kmp.islands.feature_normalization import input_dtypes
+from kmp.islands.feature_normalization import is_bfloat16_spectrogram
 from kmp.islands.feature_normalization import is_feature_normalization
 from kmp.islands.feature_normalization import is_rescaling
 from kmp.islands.feature_normalization import largest_statistic
@@ -89,6 +90,7 @@ __all__ = [
     "float_ids",
     "holds_probabilities",
     "input_dtypes",
+    "is_bfloat16_spectrogram",
     "is_feature_normalization",
     "is_rescaling",
     "is_gelu",

@@ -42,6 +42,10 @@ float32 for the next layer to cast. One that scales a 16-bit layer's
 output (ResNet-9's logits by 0.125) keeps its policy: its input has
 been in 16 bits already; so does one of an 8-bit image, every value of
 which both 16-bit dtypes hold.
+
+Keras's `STFTSpectrogram`, which reads raw audio, refuses a bfloat16
+input outright: under `mixed_bfloat16` `kmp.pin_float32` makes it
+compute in float32 (`is_bfloat16_spectrogram`); float16 it takes.
 """
 
 import functools
@@ -138,6 +142,19 @@ def rescale_in_float32(layer) -> bool:
         return False
     pin_to_float32(layer)
     return True
+
+
+def is_bfloat16_spectrogram(layer) -> bool:
+    """Whether `layer` is a Keras `STFTSpectrogram` computing in
+    bfloat16, which it refuses ("Invalid input type. Expected float16,
+    float32 or float64"; keras-io's speech examples read raw audio
+    through one)."""
+    spectrogram = getattr(keras.layers, "STFTSpectrogram", None)
+    return (
+        spectrogram is not None
+        and isinstance(layer, spectrogram)
+        and layer.compute_dtype == "bfloat16"
+    )
 
 
 def largest_statistic(layer) -> float | None:

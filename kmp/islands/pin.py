@@ -50,6 +50,7 @@ from kmp.islands.batch_norm import BatchNormalization
 from kmp.islands.causal_attention import attend_causally
 from kmp.islands.causal_attention import is_causal_decoder
 from kmp.islands.einsum_bias import flatten_bias
+from kmp.islands.feature_normalization import is_bfloat16_spectrogram
 from kmp.islands.feature_normalization import is_feature_normalization
 from kmp.islands.feature_normalization import is_rescaling
 from kmp.islands.feature_normalization import normalize_in_float32
@@ -136,7 +137,8 @@ def pin_float32(
       Each Keras `Rescaling` of raw values (its input neither a 16-bit
       float nor an 8-bit integer) computes in float32 too: Keras casts
       its input to the compute dtype first, and a 16-bit image's 65535
-      (`Rescaling(1 / 65535)`) is infinite in float16.
+      (`Rescaling(1 / 65535)`) is infinite in float16. So does each
+      `STFTSpectrogram` under bfloat16, which it refuses.
     - Layers matched by `also` get `dtype_policy="float32"`, with the
       layers they hold.
     - Not a float32 matter, but on the same walk: on JAX each exact
@@ -277,6 +279,10 @@ def pin_float32(
         if is_rescaling(layer):
             if rescale_in_float32(layer):
                 pinned.append(layer)
+            continue
+        if is_bfloat16_spectrogram(layer):
+            pin_to_float32(layer)
+            pinned.append(layer)
             continue
         if type(layer) is keras.layers.BatchNormalization:
             if backend.name() == "torch":

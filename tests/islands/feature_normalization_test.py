@@ -270,3 +270,41 @@ def test_a_rescaling_outside_16_bits_is_left_as_it_is():
     assert feature_normalization.rescale_in_float32(layer)
     assert layer.compute_dtype == "float32"
     assert layer.variable_dtype == "bfloat16"  # the mode's, kept
+
+
+def test_a_spectrogram_under_bfloat16_computes_in_float32_once_pinned():
+    # keras-io's speech examples read raw audio through Keras's
+    # STFTSpectrogram, which refuses bfloat16 at its first call (a
+    # helper's run, 2026-11-30; stock mixed_bfloat16 alike); float16 it
+    # takes.
+    audio = np.random.default_rng(0).uniform(-1, 1, (2, 1024, 1))
+    audio = audio.astype("float32")
+
+    def stft():
+        return keras.layers.STFTSpectrogram(
+            frame_length=256, frame_step=128, name="stft"
+        )
+
+    expected = keras.ops.convert_to_numpy(stft()(audio))  # float32
+    keras.config.set_dtype_policy("mixed_bfloat16")  # Keras's own
+    with pytest.raises(TypeError, match="Invalid input type"):
+        stft()(audio)
+    kmp.enable("mixed_bfloat16")
+    inputs = keras.Input((1024, 1))
+    spectrogram = stft()(inputs)  # a symbolic build does not call it
+    pooled = keras.layers.GlobalAveragePooling1D()(spectrogram)
+    model = keras.Model(inputs, keras.layers.Dense(2)(pooled))
+    (finding,) = [
+        f for f in kmp.audit(model, verbose=False) if f.where == "stft"
+    ]
+    assert finding.severity == "error"
+    assert finding.problem.startswith("STFTSpectrogram computes in bfloat16")
+    kmp.pin_float32(model)
+    layer = model.get_layer("stft")
+    assert layer.compute_dtype == "float32"
+    assert not [f for f in kmp.audit(model, verbose=False) if f.where == "stft"]
+    model(audio)
+    got = keras.ops.convert_to_numpy(layer(audio))
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    kmp.enable("mixed_float16")  # float16 it takes: left as it is
+    assert not feature_normalization.is_bfloat16_spectrogram(stft())
