@@ -24,15 +24,17 @@ once. The exception's type and message are Keras's.
 
 An op that has no 16-bit form (Keras's FFTs, on TensorFlow and JAX)
 refusing a user's layer's 16-bit input gets a line of its own, naming
-the layer and the cast. Two errors of 16-bit training that no layer of
-the user's raises get a line of their own too: TensorFlow's refusal to
-sum a layer's float16 `add_loss` value with the float32 loss (in
-Keras's `compute_loss`), and JAX's CPU refusing the float16 matmul with
-float32 accumulation that Keras's fused attention asks for.
-(TensorFlow's refusal inside Keras's `Normalization.adapt` over a
-dataset has none: under kmp's policies the layer adapts in float32,
-`kmp.islands.feature_normalization`.) A Keras `Lambda` whose function
-of the user's raised is named as the user's layer.
+the layer and the cast, and so does a `Lambda` whose output shape Keras
+failed to infer in 16 bits (Keras drops the error that failed it). Two
+errors of 16-bit training that no layer of the user's raises get a line
+of their own too: TensorFlow's refusal to sum a layer's float16
+`add_loss` value with the float32 loss (in Keras's `compute_loss`), and
+JAX's CPU refusing the float16 matmul with float32 accumulation that
+Keras's fused attention asks for. (TensorFlow's refusal inside Keras's
+`Normalization.adapt` over a dataset has none: under kmp's policies the
+layer adapts in float32, `kmp.islands.feature_normalization`.) A Keras
+`Lambda` whose function of the user's raised is named as the user's
+layer.
 """
 
 import re
@@ -106,6 +108,13 @@ _NO_HALF = re.compile(
     r"components have incorrect types: (b?float16)"
     r"|complex does not accept dtype (b?float16)"
 )
+
+# Keras's `Lambda` without `output_shape` infers it by calling its
+# function on inputs of its compute dtype, and on any error raises this,
+# the error itself dropped (a bare `except`): under a 16-bit policy most
+# likely an op refusing 16 bits (an FFT: a helper's run of keras-io-style
+# code, 2026-11-30).
+_LAMBDA_SHAPE = "could not automatically infer the shape of the Lambda"
 
 # How Keras rewrites an error of a layer's call on symbolic inputs
 # (`Operation.compute_output_spec`): a Functional model being built, or
@@ -196,6 +205,10 @@ def _line_for(error, layer):
     if refused:
         return _cpu_dot_line(refused.group(1))
     building = _BUILDING in str(error)
+    if _LAMBDA_SHAPE in str(error) and isinstance(layer, keras.layers.Lambda):
+        if layer.compute_dtype not in HALF_DTYPES:
+            return None
+        return _lambda_shape_line(layer)
     no_half = _NO_HALF.search(str(error))
     if no_half:
         culprit = _culprit(error, layer)
@@ -310,6 +323,21 @@ def _pin_fix(owner, building):
     return (
         f", or kmp.pin_float32(model, also=[{target}]) on the model that "
         "holds it (a subclassed model's layers are there before its build)"
+    )
+
+
+def _lambda_shape_line(layer):
+    """The line for a `Lambda` whose shape Keras failed to infer in 16
+    bits (`_LAMBDA_SHAPE`)."""
+    function = getattr(layer.function, "__name__", "function")
+    return (
+        f"{PREFIX}Lambda '{layer.name}' computes in {layer.compute_dtype} "
+        f"({layer.dtype_policy.name}), and Keras ran {function} on "
+        f"{layer.compute_dtype} inputs to infer its output shape: an op "
+        "in it that refuses 16 bits (an FFT, or a float32 tensor meeting "
+        "a 16-bit one) fails it so, its own error dropped. Give "
+        "output_shape=... to see that error, or run it in float32: "
+        f"Lambda({function}, ..., dtype='float32')."
     )
 
 

@@ -428,3 +428,26 @@ def test_an_fft_of_a_16_bit_input_ends_with_kmp_s_line():
     assert "FNetLayer(..., dtype='float32'), where you make it" in line
     # The line's fix: the layer in float32 builds.
     FNetLayer(dtype="float32")(inputs)
+
+
+def _mixing_spectrum(x):
+    return keras.ops.fft2((x, keras.ops.zeros_like(x)))[0] + x
+
+
+@pytest.mark.skipif(
+    backend.name() == "torch", reason="torch makes complex halves"
+)
+def test_a_lambda_whose_shape_keras_failed_to_infer_ends_with_kmp_s_line():
+    # Keras's bare `except` drops the FFT's own error and says only that
+    # it could not infer the Lambda's output shape.
+    kmp.enable("mixed_float16")
+    inputs = keras.Input((8, 16))
+    error = _raised(lambda: keras.layers.Lambda(_mixing_spectrum)(inputs))
+    assert type(error) is NotImplementedError
+    (line,) = _kmp_notes(error)
+    assert (
+        line.startswith("kmp: Lambda 'lambda")
+        and "Keras ran _mixing_spectrum on float16 inputs" in line
+    )
+    assert line.endswith("Lambda(_mixing_spectrum, ..., dtype='float32').")
+    keras.layers.Lambda(_mixing_spectrum, dtype="float32")(inputs)  # the fix
