@@ -70,13 +70,16 @@ def audit(model, optimizer=None, verbose: bool = True) -> AuditReport:
     Reports, with the layer path and a fix:
 
     - model outputs that are not float32, and float16 softmax or sigmoid
-      outputs (crossentropy then loses its logits path);
+      outputs (crossentropy then loses its logits path); for a subclassed
+      model with no `call` of its own, the outputs of the models it
+      holds (a VAE's decoder);
     - softmaxes inside the model computing in half precision: layers,
       a softmax op in a layer of your own, and Keras's `Attention` and
       `AdditiveAttention`;
     - Keras `Normalization` and `Rescaling` layers in half precision
-      (they read raw values), and a `Normalization`'s statistics that
-      are infinite or stored in bfloat16;
+      (they read raw values), a `Normalization`'s statistics that are
+      infinite or stored in bfloat16, and an `STFTSpectrogram` in
+      bfloat16, which it refuses;
     - float16 compute while the optimizer does not scale the loss; the
       stock Keras scaler instead of kmp's; a scaler with nothing to scale;
       a scaler Keras added at compile time, which saving loses; a
