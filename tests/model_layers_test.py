@@ -54,35 +54,27 @@ def test_fed_outputs_are_outputs_another_layer_takes_by_the_call():
     mid = keras.layers.Dense(4, name="mid")(hidden)
     last = tied(mid)  # the same layer's second call: taken by nothing
 
-    def fed(*outputs):
-        model = keras.Model(x, list(outputs))
-        return {
-            layer.name
-            for layer in model_layers.all_layers(model)
-            if id(layer) in model_layers.fed_outputs(model)
-        }
-
-    assert fed(last) == set()
-    assert fed(last, hidden) == {"tied"}  # by its first call
-    assert fed(mid, last) == {"mid"}
+    assert _fed(x, last) == set()
+    assert _fed(x, last, hidden) == {"tied"}  # by its first call
+    assert _fed(x, mid, last) == {"mid"}
     # A nested model's outputs: one its own layers take (`tied`'s first
     # call), and one the outer model takes on or not (`mid`).
     inner = keras.Model(x, [hidden, mid], name="inner")
     y = keras.Input((4,))
     first, second = inner(y)
+    assert _fed(y, first, second) == {"tied"}
+    taken = keras.layers.Dense(2)(second)
+    assert _fed(y, first, second, taken) == {"tied", "mid"}
 
-    def fed_outer(*outputs):
-        outer = keras.Model(y, list(outputs))
-        return {
-            layer.name
-            for layer in model_layers.all_layers(outer)
-            if id(layer) in model_layers.fed_outputs(outer)
-        }
 
-    assert fed_outer(first, second) == {"tied"}
-    assert fed_outer(first, second, keras.layers.Dense(2)(second)) == {
-        "tied",
-        "mid",
+def _fed(inputs, *outputs):
+    """The names of the layers `fed_outputs` finds in a model of these
+    outputs."""
+    model = keras.Model(inputs, list(outputs))
+    return {
+        layer.name
+        for layer in model_layers.all_layers(model)
+        if id(layer) in model_layers.fed_outputs(model)
     }
 
 

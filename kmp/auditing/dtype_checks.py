@@ -103,16 +103,8 @@ def _draws_without_dtype(method):
     """`module.function` of each of Keras's or TensorFlow's random draws
     of floats in a method that passes no `dtype`."""
     found = []
-    for node in ast.walk(method.tree):
-        if not (
-            isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-        ):
-            continue
-        name = source_reading.dotted(node.func)
-        module, _, function = name.rpartition(".")
-        positions = _DTYPE_POSITION.get(
-            source_reading.package_of(method, module), {}
-        )
+    for node, name, package, function in source_reading.module_calls(method):
+        positions = _DTYPE_POSITION.get(package, {})
         if function not in positions:
             continue
         # `**kwargs` may hold a dtype: not read, not reported.

@@ -59,17 +59,8 @@ def softmax_ops(method) -> list:
     that is not cast to float32 where it is passed, in the order they
     are written."""
     found = []
-    for node in ast.walk(method.tree):
-        if not (
-            isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-        ):
-            continue
-        name = source_reading.dotted(node.func)
-        module, _, function = name.rpartition(".")
-        if function not in _SOFTMAXES or not module:
-            continue
-        package = source_reading.package_of(method, module)
-        if package not in _FRAMEWORKS:
+    for node, name, package, function in source_reading.module_calls(method):
+        if function not in _SOFTMAXES or package not in _FRAMEWORKS:
             continue
         if node.args and _to_float32(node.args[0]):
             continue

@@ -147,6 +147,20 @@ def package_of(method, module) -> str:
     return name.split(".")[0]
 
 
+def module_calls(method):
+    """Yields `(node, name, package, function)` for each call of a
+    function through a dotted name in a method (`keras.random.normal(
+    ...)`, `tf.nn.softmax(...)`, `ops.cast(...)`): the call's node, its
+    dotted name, the top package its module resolves to in the method's
+    names (`package_of`, '' for none) and the function's name."""
+    for node in ast.walk(method.tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            name = dotted(node.func)
+            module, _, function = name.rpartition(".")
+            package = package_of(method, module) if module else ""
+            yield node, name, package, function
+
+
 def called_functions(method) -> list:
     """The user's functions (not methods) that a method calls by name,
     found in its globals and closure."""

@@ -116,6 +116,26 @@ def test_dotted_names():
     assert source_reading.dotted(ast.parse("f()[0].x").body[0].value) == ""
 
 
+class _Draws(keras.layers.Layer):
+    def call(self, x):
+        noise = keras.random.normal(keras.ops.shape(x), dtype="float16")
+        return keras.ops.softmax(x + noise) + self.factor.value
+
+
+def test_module_calls_resolve_each_call_s_package():
+    method = source_reading.find_method(_Draws, "call")
+    found = [
+        (name, package, function)
+        for _, name, package, function in source_reading.module_calls(method)
+    ]
+    # `self.factor.value` is no call; `self` names no module.
+    assert sorted(found) == [
+        ("keras.ops.shape", "keras", "shape"),
+        ("keras.ops.softmax", "keras", "softmax"),
+        ("keras.random.normal", "keras", "normal"),
+    ]
+
+
 class _Scaled(keras.layers.Layer):
     def call(self, x):
         return self._scale(x)
