@@ -94,10 +94,16 @@ def _to_float32(value):
 
 @functools.cache
 def _mask_functions():
-    # Found once: eager torch runs the cast at every step.
+    # Found once: eager torch runs the cast at every step. From the
+    # module that defines them: Keras 3.16 no longer exports them from
+    # `keras.src.backend`, where 3.15 did.
     return (
-        backend.private_import("keras.src.backend", "get_keras_mask", _FEATURE),
-        backend.private_import("keras.src.backend", "set_keras_mask", _FEATURE),
+        backend.private_import(
+            "keras.src.backend.common.masking", "get_keras_mask", _FEATURE
+        ),
+        backend.private_import(
+            "keras.src.backend.common.masking", "set_keras_mask", _FEATURE
+        ),
     )
 
 

@@ -306,13 +306,13 @@ REACHES = [
     ),
     # Imported from keras.src, where Keras exports nothing.
     Reach(
-        "keras.src.backend",
+        "keras.src.backend.common.masking",
         "get_keras_mask",
         ("x",),
         "kmp.pin_float32's float32 outputs (kmp/islands/float32_outputs.py)",
     ),
     Reach(
-        "keras.src.backend",
+        "keras.src.backend.common.masking",
         "set_keras_mask",
         ("x", "mask"),
         "kmp.pin_float32's float32 outputs (kmp/islands/float32_outputs.py)",
