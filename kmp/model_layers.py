@@ -51,15 +51,24 @@ def output_layers(model):
     return found
 
 
+def has_own_call(model) -> bool:
+    """Whether `model` is a Keras model with a `call` of its own (not a
+    trainer of the models it holds, `held_models`)."""
+    return (
+        isinstance(model, keras.Model)
+        and type(model).call is not keras.Model.call
+    )
+
+
 def held_models(model) -> list:
     """`(name, model)` for each model with recorded outputs that `model`
     holds (by the held model's name), where `model` trains them and has
     no `call` of its own: keras-io's VAE (`encoder`, `decoder`) and GANs
     (`discriminator`, `generator`), whose train step's loss reads their
     outputs. Empty for any other model."""
-    if not isinstance(model, keras.Model) or output_layers(model) is not None:
+    if not isinstance(model, keras.Model) or has_own_call(model):
         return []
-    if type(model).call is not keras.Model.call:
+    if output_layers(model) is not None:
         return []
     # Its layers, not `vars(model)`: on torch a layer is a torch module,
     # which keeps its modules out of the instance's `__dict__`.

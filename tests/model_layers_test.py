@@ -106,3 +106,23 @@ def test_swap_class_keeps_the_layer_and_refuses_a_non_subclass():
         model_layers.swap_class(
             keras.layers.Dense(2), kmp.layers.Float32Softmax
         )
+
+
+def test_held_models_are_a_trainer_s_and_has_own_call_tells_one():
+    class Trainer(keras.Model):
+        def __init__(self):
+            super().__init__()
+            inputs = keras.Input((2,))
+            self.decoder = keras.Model(
+                inputs, keras.layers.Dense(2)(inputs), name="decoder"
+            )
+
+    class Calls(Trainer):
+        def call(self, x):
+            return self.decoder(x)
+
+    assert not model_layers.has_own_call(Trainer())
+    assert [n for n, _ in model_layers.held_models(Trainer())] == ["decoder"]
+    assert model_layers.has_own_call(Calls())
+    assert model_layers.held_models(Calls()) == []
+    assert not model_layers.has_own_call(keras.layers.Dense(2))

@@ -149,10 +149,8 @@ def is_bfloat16_spectrogram(layer) -> bool:
     bfloat16, which it refuses ("Invalid input type. Expected float16,
     float32 or float64"; keras-io's speech examples read raw audio
     through one)."""
-    spectrogram = getattr(keras.layers, "STFTSpectrogram", None)
     return (
-        spectrogram is not None
-        and isinstance(layer, spectrogram)
+        isinstance(layer, keras.layers.STFTSpectrogram)
         and layer.compute_dtype == "bfloat16"
     )
 

@@ -68,6 +68,7 @@ from kmp.layer_policies import record_policies
 from kmp.model_layers import all_layers
 from kmp.model_layers import check_patterns
 from kmp.model_layers import fed_outputs
+from kmp.model_layers import has_own_call
 from kmp.model_layers import held_models
 from kmp.model_layers import matches
 from kmp.model_layers import nested_layers
@@ -224,17 +225,17 @@ def pin_float32(
     ):
         warn_if_reset("pin_float32")  # built in float32 after kmp.enable
         return model
+    outputs = output_layers(model)  # None for a subclassed model
     for layer in layers:
         # A layer not built yet may make its layers in `build` (keras-io's
         # Perceiver): the model, or a layer of the user's in it.
-        subclassed = layer is model and output_layers(model) is None
+        subclassed = layer is model and outputs is None
         if not layer.built and (subclassed or backend.is_users(type(layer))):
             _pin_again_when_built(layer, also)
 
     pinned = []  # what a .keras file must keep in float32
     cast = []  # outputs of layers of layers in 16 bits: float32_outputs
-    outputs = output_layers(model)
-    if outputs is None and _calls_its_own(model):
+    if outputs is None and has_own_call(model):
         # A subclassed model records no output layers: its outputs are
         # cast, as a nested one's (a float16 output crashed TensorFlow's
         # top-k metrics in keras-io's Perceiver, Keras's policy alike).
@@ -310,15 +311,6 @@ def pin_float32(
             model, {layer: float32_policy(layer) for layer in pinned}
         )
     return model
-
-
-def _calls_its_own(model) -> bool:
-    """Whether `model` is a Keras model with a `call` of its own (not a
-    trainer of the models it holds, `held_models`)."""
-    return (
-        isinstance(model, keras.Model)
-        and type(model).call is not keras.Model.call
-    )
 
 
 def _pin_again_when_built(model, also) -> None:
