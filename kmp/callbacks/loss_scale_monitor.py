@@ -231,8 +231,19 @@ class LossScaleMonitor(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
         # Keras's JAX fit has synced its state into the variables here
-        # and at on_epoch_end; one read each, outside the steps.
-        self._epoch_start = self._counters()
+        # and at on_epoch_end; one read each, outside the steps, and
+        # none once there is nothing to warn of.
+        if self._may_warn():
+            self._epoch_start = self._counters()
+
+    def _may_warn(self) -> bool:
+        """Whether this epoch may still get `_warn_if_nothing_applied`'s
+        line (once per fit, before any stop; never with stop_after=None)."""
+        return not (
+            self.stop_after is None
+            or self._epoch_warned
+            or self.stop_reason is not None
+        )
 
     def _counters(self):
         """`{prefix: (attribute, optimizer, applied, skipped)}` for each
@@ -318,11 +329,7 @@ class LossScaleMonitor(keras.callbacks.Callback):
         update and skipped some (every one of a WGAN-GP critic's three
         a step, with `steps_per_execution` or an epoch cut short alike).
         """
-        if (
-            self.stop_after is None
-            or self._epoch_warned
-            or self.stop_reason is not None
-        ):
+        if not self._may_warn():
             return
         for prefix, now in self._counters().items():
             attribute, optimizer, applied, skipped = now
