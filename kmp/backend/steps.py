@@ -112,12 +112,14 @@ def taped_gradients(loss_fn: Callable, jit_compile: bool = False):
     return _taped_gradients.maker(name())(loss_fn, jit_compile)
 
 
-def tracing() -> bool:
-    """Whether a program is being traced now, whose Python runs once, at
-    its trace: a TensorFlow graph (a `tf.function`), a JAX staging
-    transform (`jax.jit`; not `jax.grad` alone, which runs the Python at
-    every call: an array made now is a tracer only while staging). Never
-    on torch: kmp's Python there runs at every call, compiled or not
+def tracing(value) -> bool:
+    """Whether `value`, a tensor, belongs to a program being traced now,
+    whose Python runs once, at its trace: a TensorFlow graph (a
+    `tf.function`), a JAX staging transform (`jax.jit`; not `jax.grad`
+    alone, which runs the Python at every call: an array made now is a
+    tracer only while staging, and a concrete `value` answers first,
+    with no array made, in an eager loop's every step). Never on torch:
+    kmp's Python there runs at every call, compiled or not
     (`uncompiled`)."""
     if name() == "tensorflow":
         import tensorflow as tf
@@ -126,7 +128,10 @@ def tracing() -> bool:
     if name() == "jax":
         import jax
 
-        return isinstance(jax.numpy.zeros(()), jax.core.Tracer)
+        tracer = jax.core.Tracer
+        return isinstance(value, tracer) and isinstance(
+            jax.numpy.zeros(()), tracer
+        )
     return False
 
 

@@ -137,14 +137,14 @@ def loop_line() -> str:
 
 
 @backend.uncompiled
-def note_scaled(optimizer) -> None:
-    """Records that `optimizer` scaled a loss (`scale_loss`, tf-keras's
+def note_scaled(optimizer, loss) -> None:
+    """Records that `optimizer` scaled `loss` (`scale_loss`, tf-keras's
     `get_scaled_loss`, Keras's trainers): in the train step running now,
     or, outside any, in the user's loop, until its next apply, and for
     good where the loop's function is being traced."""
     frame = train_step_frame()
     _marks()[optimizer] = _IN_A_LOOP if frame is None else id(frame)
-    if frame is None and backend.tracing():
+    if frame is None and backend.tracing(loss):
         _scaled_when_traced.add(optimizer)
 
 
@@ -170,7 +170,8 @@ def loss_was_unscaled(optimizer, grads, stateless=False) -> bool:
     frame = train_step_frame()
     if frame is None:
         if mark is not None:
-            if backend.tracing():  # scaled and applied in one trace
+            traced = next((g for g in grads if g is not None), None)
+            if backend.tracing(traced):  # scaled and applied in one trace
                 _scaled_when_traced.discard(optimizer)
             return False
         if optimizer in _scaled_when_traced:
@@ -306,7 +307,7 @@ class ScaledLossTracking:
                 "self.optimizer.stateless_scale_loss(optimizer_variables, "
                 "loss), with the step's optimizer_variables."
             )
-        note_scaled(self)
+        note_scaled(self, loss)
         return super().scale_loss(loss)
 
     def stateless_scale_loss(self, optimizer_variables, loss):
