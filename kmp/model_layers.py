@@ -119,17 +119,49 @@ def fed_outputs(model) -> set:
     return fed
 
 
+def output_feeders(model) -> list:
+    """`(layer, output layer)` for each layer that makes a tensor an
+    output layer of `model` (`output_layers`) takes, nested models
+    opened: the classifier a loss layer reads (keras-io's captcha OCR's
+    `Dense(softmax)` before its `CTCLayer`). Inputs are no layers here.
+    Empty for a model with no recorded outputs."""
+    if isinstance(model, keras.Sequential) and not model.built:
+        return list(zip(model.layers[-2:-1], model.layers[-1:]))
+    found = {}
+    for tensor in keras.tree.flatten(getattr(model, "outputs", None) or []):
+        history = _opened(tensor._keras_history)
+        output = history.operation
+        node = output._inbound_nodes[history.node_index]
+        for taken in keras.tree.flatten(node.input_tensors):
+            if getattr(taken, "_keras_history", None) is None:
+                continue
+            layer = _maker(taken)
+            if isinstance(layer, keras.layers.Layer) and not isinstance(
+                layer, keras.layers.InputLayer
+            ):
+                found[id(layer), id(output)] = (layer, output)
+    return list(found.values())
+
+
 def _made_by(history):
     return id(history.operation), history.node_index, history.tensor_index
 
 
 def _maker(tensor):
     """The layer that makes `tensor`, a nested model's opened."""
-    history = tensor._keras_history
+    return _opened(tensor._keras_history).operation
+
+
+def _opened(history):
+    """`history`, or where a nested model with recorded outputs makes
+    its tensor, to any depth (a subclassed model is a layer here)."""
     while isinstance(history.operation, keras.Model):
-        inner = keras.tree.flatten(history.operation.outputs)
-        history = inner[history.tensor_index]._keras_history
-    return history.operation
+        outputs = getattr(history.operation, "outputs", None)
+        if not outputs:
+            break
+        history = keras.tree.flatten(outputs)[history.tensor_index]
+        history = history._keras_history
+    return history
 
 
 def check_patterns(patterns, argument="also") -> tuple:

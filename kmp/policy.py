@@ -135,16 +135,6 @@ def recommend_policy() -> Recommendation:
     return choose_policy(backend.list_devices())
 
 
-# What a model with an attention meets on JAX's CPU under mixed_float16
-# (`backend.float16_attention_fails`): said before it builds one.
-_ATTENTION_FAILS = (
-    " On JAX's CPU, Keras's fused attention (ops.dot_product_attention, "
-    "which MultiHeadAttention runs without dropout) fails to compile in "
-    "float16 (\"The precision 'F16_F16_F32' is not supported by "
-    'dot_general on CPU"): mixed_bfloat16 runs it.'
-)
-
-
 def _log_once(level, message):
     if message not in _logged_reasons:
         _logged_reasons.add(message)
@@ -167,13 +157,12 @@ def _resolve(policy) -> str:
         devices = backend.list_devices()
         recommended = choose_policy(devices)
         if recommended.policy == "float32":
-            fails = policy == "mixed_float16" and (
-                backend.float16_attention_fails(devices)
-            )
+            # (What a float16 attention meets on JAX's CPU, `kmp.audit`
+            # says of a model that has one: this line is every model's.)
             _log_once(
                 logging.WARNING,
                 f"kmp: {policy} will likely be slower than float32 here. "
-                f"{recommended.reason}" + (_ATTENTION_FAILS if fails else ""),
+                f"{recommended.reason}",
             )
         elif policy != recommended.policy == "mixed_float16":
             _log_once(

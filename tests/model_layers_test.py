@@ -67,6 +67,30 @@ def test_fed_outputs_are_outputs_another_layer_takes_by_the_call():
     assert _fed(y, first, second, taken) == {"tied", "mid"}
 
 
+def test_output_feeders_are_the_layers_an_output_layer_takes_from():
+    x = keras.Input((4,))
+    hidden = keras.layers.Dense(4, name="hidden")(x)
+    probs = keras.layers.Dense(2, activation="softmax", name="probs")(hidden)
+    out = keras.layers.Concatenate(name="out")([hidden, probs])
+    model = keras.Model(x, [out, hidden])
+    pairs = [("hidden", "out"), ("probs", "out")]
+    assert _names(model_layers.output_feeders(model)) == pairs
+    # An Input is no layer to pin; a nested model's output layer is
+    # opened to the layers inside it that it takes.
+    assert model_layers.output_feeders(keras.Model(x, hidden)) == []
+    y = keras.Input((4,))
+    outer = keras.Model(y, keras.Model(x, out, name="inner")(y))
+    assert _names(model_layers.output_feeders(outer)) == pairs
+    unbuilt = keras.Sequential(
+        [keras.layers.Dense(2, name="d"), keras.layers.Softmax(name="s")]
+    )
+    assert _names(model_layers.output_feeders(unbuilt)) == [("d", "s")]
+
+
+def _names(pairs):
+    return [(layer.name, output.name) for layer, output in pairs]
+
+
 def _fed(inputs, *outputs):
     """The names of the layers `fed_outputs` finds in a model of these
     outputs."""

@@ -84,16 +84,15 @@ def test_mixed_policy_on_cpu_warns_once(devices, caplog):
 
 
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
-def test_the_cpu_line_says_where_float16_attention_fails(
-    devices, policy, caplog
-):
+def test_the_cpu_line_is_every_model_s(devices, policy, caplog):
+    # What a float16 attention meets on JAX's CPU is the audit's to say,
+    # of a model that has one (`environment_checks_test`).
     devices(Device("cpu", "x"))
     with caplog.at_level(logging.WARNING, logger="kmp"):
         kmp.enable(policy)
     (line,) = [r.message for r in caplog.records]
-    fails = backend.name() == "jax" and policy == "mixed_float16"
-    assert ("'F16_F16_F32' is not supported" in line) == fails
-    assert ("mixed_bfloat16 runs it" in line) == fails
+    assert "slower than float32" in line
+    assert "attention" not in line
 
 
 @pytest.mark.backend_independent

@@ -91,9 +91,10 @@ def audit(model, optimizer=None, verbose: bool = True) -> AuditReport:
     - Dense, convolution, Embedding and MultiHeadAttention sizes that are
       not multiples of 8 (tensor cores), with the padded size;
     - `binary_crossentropy` on float16 sigmoid probabilities;
-    - the environment: hardware where mixed precision is not faster, TF32
-      (on GPUs that have it), XLA (for mixed-precision models) and an
-      active distribution;
+    - the environment: hardware where mixed precision is not faster, a
+      float16 attention JAX's CPU cannot compile (an error), TF32 (on
+      GPUs that have it), XLA (for mixed-precision models) and an active
+      distribution;
     - float8 layers (`kmp.float8`) on hardware without float8 tensor
       cores, without XLA, or with sizes that are not multiples of 16.
 

@@ -1,10 +1,16 @@
 """The audit's checks of the machine and the run: hardware where mixed
-precision is not faster, TF32, XLA, and an active distribution (its
-mesh, and variables it does not hold as laid out).
+precision is not faster, or cannot compile a float16 attention, TF32,
+XLA, and an active distribution (its mesh, and variables it does not
+hold as laid out).
 
 Each `check_*` appends `(severity, where, problem, fix)` tuples to
 `findings`, as in `model_checks`, with `where` = `"environment"`.
 """
+
+import functools
+import inspect
+
+import keras
 
 from kmp import backend
 from kmp import policy as policy_lib
@@ -28,6 +34,7 @@ def check_environment(model, half, findings):
                 "kmp.enable('auto') picks float32 here.",
             )
         )
+    check_cpu_attention(half, findings)
     tf32 = backend.tf32_enabled()
     ampere = any(
         d.platform == "gpu"
@@ -116,6 +123,59 @@ def check_environment(model, half, findings):
             )
         findings.append(("info", ENVIRONMENT, problem, fix))
     check_layout(model, findings)
+
+
+def check_cpu_attention(half, findings):
+    """A float16 attention that JAX's CPU cannot compile: its
+    `dot_general` has no float16 matmul that accumulates in float32, which
+    Keras's fused attention asks for (`backend.float16_attention_fails`).
+    Said here, where the model is known, rather than by `kmp.enable`."""
+    if not backend.float16_attention_fails(backend.list_devices()):
+        return
+    seen = set()
+    for layer in half:
+        cls = type(layer)
+        if layer.compute_dtype != "float16" or cls in seen:
+            continue
+        if not _fused_attention(layer):
+            continue
+        seen.add(cls)
+        findings.append(
+            (
+                "error",
+                layer.path or layer.name,
+                f"{cls.__name__} computes its attention with Keras's fused "
+                "ops.dot_product_attention in float16, which JAX's CPU "
+                "fails to compile (\"The precision 'F16_F16_F32' is not "
+                'supported by dot_general on CPU"; a GPU compiles it).',
+                "On this CPU: kmp.enable('mixed_bfloat16'), or "
+                "kmp.enable('auto') (float32).",
+            )
+        )
+
+
+def _fused_attention(layer) -> bool:
+    """Whether `layer` runs `ops.dot_product_attention`: Keras's
+    attentions where they run it (no dropout), any other class whose code
+    calls it (KerasHub's Llama, Gemma and others do on JAX)."""
+    keras_attentions = (
+        keras.layers.MultiHeadAttention,
+        keras.layers.GroupQueryAttention,
+    )
+    if isinstance(layer, keras_attentions):
+        return getattr(layer, "dropout", 0.0) == 0.0
+    return any(_calls_fused_attention(cls) for cls in type(layer).__mro__)
+
+
+@functools.cache
+def _calls_fused_attention(cls) -> bool:
+    if cls.__module__.startswith("keras.src."):  # Keras's bases: above
+        return False
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return False
+    return "dot_product_attention(" in source
 
 
 def check_layout(model, findings):

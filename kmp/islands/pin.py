@@ -9,7 +9,8 @@ fused kernel instead of Keras's many: `batch_norm`). What it pins:
 - Layers that produce model outputs get a float32 dtype policy (KerasHub
   idiom (a), `dtype="float32"`): the output is float32, and a softmax or
   sigmoid there computes in float32 and keeps Keras's link to its logits,
-  which crossentropy uses.
+  which crossentropy uses. So does a softmax or sigmoid whose
+  probabilities such an output takes (a loss layer's input).
 - Softmax, log-softmax and sigmoid layers inside the model, and the
   attention softmax of `MultiHeadAttention`, compute in float32 and hand
   the compute dtype to the next matmul (idiom (b), `kmp.layers`).
@@ -72,6 +73,7 @@ from kmp.model_layers import has_own_call
 from kmp.model_layers import held_models
 from kmp.model_layers import matches
 from kmp.model_layers import nested_layers
+from kmp.model_layers import output_feeders
 from kmp.model_layers import output_layers
 from kmp.model_layers import swap_class
 from kmp.policy import warn_if_reset
@@ -115,7 +117,11 @@ def pin_float32(
       another layer of the model takes (a feature extractor's, which
       returns every layer's output), unless it ends in a softmax,
       log-softmax or sigmoid: by its policy the whole network would
-      compute in float32.
+      compute in float32. A layer ending in a softmax, log-softmax or
+      sigmoid whose probabilities an output computing in float32 takes
+      computes in float32 too, its matmul included (a loss layer's
+      input: keras-io's captcha OCR's `Dense(softmax)` before its CTC
+      layer, which takes the log of them).
     - Every other `Softmax` layer, `Activation` layer with softmax,
       log-softmax or sigmoid, and the attention softmax of each
       `MultiHeadAttention` computes in float32 and returns the compute
@@ -245,6 +251,15 @@ def pin_float32(
         if casts_output(layer, fed):
             cast.append(layer)
         else:
+            pinned += _pin_whole(layer)
+    for layer, output in output_feeders(model):
+        # Probabilities that an output computing in float32 takes: a loss
+        # layer's (keras-io's captcha OCR's CTC reads the log of its
+        # float16 softmax, whose gradient took the loss scale down to 64;
+        # 512 computed in float32). One that an output of 16 bits takes
+        # (cast on the way out) it would only cast back.
+        ids = {id(each) for each in pinned}
+        if id(output) in ids and id(layer) not in ids and is_sensitive(layer):
             pinned += _pin_whole(layer)
     # Left alone below: an output that now computes in float32 (one whose
     # outputs are only cast goes on, its attention to be pinned).

@@ -2,6 +2,8 @@
 through `kmp.audit`: hardware, TF32, XLA and an active distribution."""
 
 import keras
+import numpy as np
+import pytest
 from audit_util import compiled_for_audit
 from audit_util import has
 from audit_util import quiet_audit
@@ -41,6 +43,48 @@ def test_environment_findings(monkeypatch):
         )
     else:
         assert has(quiet_audit(model), "without XLA", "warning")
+
+
+class OwnAttention(keras.layers.Layer):
+    """A layer of the user's that calls Keras's fused attention."""
+
+    def call(self, x):
+        return keras.ops.dot_product_attention(x, x, x)
+
+
+def _attention_model(dropout):
+    x = keras.Input((4, 2, 8))
+    h = keras.layers.MultiHeadAttention(2, 4, dropout=dropout, name="mha")(
+        keras.layers.Reshape((8, 8))(x), keras.layers.Reshape((8, 8))(x)
+    )
+    gqa = keras.layers.GroupQueryAttention(4, 2, 1, name="gqa")
+    h = gqa(h, h)
+    h = keras.layers.Reshape((4, 2, 8))(h)
+    h = OwnAttention(name="own")(h)
+    return keras.Model(x, keras.layers.Dense(2, name="head")(h))
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_a_float16_attention_jax_s_cpu_cannot_compile_is_an_error(
+    monkeypatch, policy, dropout
+):
+    kmp.enable(policy)
+    model = kmp.pin_float32(_attention_model(dropout))
+    monkeypatch.setattr(backend, "list_devices", lambda: [Device("cpu", "x")])
+    report = quiet_audit(model)
+    found = {f.where: f.severity for f in report if "F16_F16" in f.problem}
+    fails = backend.name() == "jax" and policy == "mixed_float16"
+    # Keras's attention runs the fused op without dropout only.
+    expected = {"gqa", "own"} | ({"mha"} if dropout == 0.0 else set())
+    assert found == ({w: "error" for w in expected} if fails else {})
+    if fails:  # what the audit says is what JAX does (compiled: eager runs)
+        with pytest.raises(Exception, match="F16_F16_F32"):
+            model.predict(np.ones((1, 4, 2, 8), "float32"), verbose=0)
+    monkeypatch.setattr(
+        backend, "list_devices", lambda: [Device("gpu", "H100", (9, 0))]
+    )
+    assert not any("F16_F16_F32" in f.problem for f in quiet_audit(model))
 
 
 def test_xla_is_not_mentioned_for_a_float32_model():

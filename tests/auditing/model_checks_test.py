@@ -12,6 +12,7 @@ from audit_util import small_mlp
 
 import kmp
 from kmp import backend
+from kmp.backend import Device
 
 
 def test_float16_softmax_output_is_an_error_until_pinned():
@@ -79,7 +80,16 @@ def test_output_from_a_bare_op_is_a_warning():
     assert not has(quiet_audit(kmp.pin_float32(fixed)), "comes from the op")
 
 
-def test_inner_softmax_and_attention_in_float16_are_warnings():
+def on_a_gpu(monkeypatch):
+    """Has the audit see a GPU, where a float16 attention compiles (on
+    JAX's CPU it adds an error: `environment_checks_test`)."""
+    monkeypatch.setattr(
+        backend, "list_devices", lambda: [Device("gpu", "H100", (9, 0))]
+    )
+
+
+def test_inner_softmax_and_attention_in_float16_are_warnings(monkeypatch):
+    on_a_gpu(monkeypatch)
     kmp.enable("mixed_float16")
     inputs = keras.Input((8, 16))
     h = keras.layers.MultiHeadAttention(2, 8, name="mha")(inputs, inputs)
@@ -103,6 +113,9 @@ def test_inner_fused_softmax_activation_is_a_warning():
     kmp.enable("mixed_float16")
     inputs = keras.Input((16,))
     h = keras.layers.Dense(16, activation="softmax", name="gate")(inputs)
+    # A 16-bit reader: one an output of float32 reads is pinned whole
+    # (`pin_test.test_probabilities_a_loss_layer_takes_...`).
+    h = keras.layers.Dense(16, name="reader")(h)
     outputs = keras.layers.Dense(8, dtype="float32")(h)
     model = compiled_for_audit(
         kmp.pin_float32(keras.Model(inputs, outputs)), loss="mse"
@@ -311,7 +324,11 @@ def test_a_pinned_subclassed_model_s_softmax_head_is_reported_once():
     assert not has(quiet_audit(model), "softmax")
 
 
-def test_a_subclassed_attention_s_float16_softmax_is_reported_until_pinned():
+def test_a_subclassed_attention_s_float16_softmax_is_reported_until_pinned(
+    monkeypatch,
+):
+    on_a_gpu(monkeypatch)
+
     # KerasHub's CachedMultiHeadAttention is such a subclass.
     class MyAttention(keras.layers.MultiHeadAttention):
         pass

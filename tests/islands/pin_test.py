@@ -66,7 +66,12 @@ def test_functional_model_is_pinned_where_it_matters_only():
 def test_unbuilt_sequential_output_is_float32_once_built():
     kmp.enable("mixed_float16")
     model = keras.Sequential(
-        [keras.layers.Dense(4), keras.layers.Softmax(), keras.layers.Dense(2)]
+        [
+            keras.layers.Dense(4),
+            keras.layers.Softmax(),
+            keras.layers.Dense(4),
+            keras.layers.Dense(2),
+        ]
     )
     kmp.pin_float32(model)
     assert type(model.layers[1]) is kmp.layers.Float32Softmax
@@ -298,7 +303,10 @@ def test_precision_of_every_layer_kind_kmp_touches(kind, position):
     h = keras.layers.Dense(8)(inputs)
     h = layer(h)
     if position == "inner":
-        h = keras.layers.Dense(8, dtype="float32", name="reader")(h)
+        # Read by a 16-bit layer (one that an output of float32 reads
+        # computes in float32 whole: `test_probabilities_a_loss_layer_...`).
+        h = keras.layers.Dense(8, name="reader")(h)
+        h = keras.layers.Dense(8, dtype="float32", name="output")(h)
     model = kmp.pin_float32(keras.Model(inputs, h))
     x = np.ones((2, 8), "float32")
     if position == "inner":
@@ -380,6 +388,59 @@ def test_a_trainer_s_held_models_get_their_outputs_pinned():
     calls = Calls(_coder(4, name="enc"), _coder(4, "sigmoid", "dec"))
     kmp.pin_float32(calls)
     assert calls.encoder.get_layer("enc_out").compute_dtype == "float16"
+
+
+class NegativeLogLikelihood(keras.layers.Layer):
+    """keras-io's captcha OCR's habit: a loss layer at the output that
+    adds the loss of the probabilities it takes and passes them on."""
+
+    def call(self, labels, probabilities):
+        log = ops.log(probabilities + 1e-12)
+        self.add_loss(-ops.mean(ops.sum(labels * log, axis=-1)))
+        return probabilities
+
+
+def _loss_layer_model(policy, activation):
+    """Logits [0, 25] into a softmax (fused or a layer of its own), whose
+    probabilities a loss layer takes: class 0's, 1.4e-11, is 0 in
+    float16."""
+    with kmp.policy_scope(policy):
+        x = keras.Input((1,))
+        labels = keras.Input((2,))
+        fused = "softmax" if activation == "fused" else None
+        dense = keras.layers.Dense(2, activation=fused, name="logits")
+        probabilities = dense(x)
+        if activation != "fused":
+            probabilities = keras.layers.Activation("softmax", name="probs")(
+                probabilities
+            )
+        out = NegativeLogLikelihood(name="loss")(labels, probabilities)
+        model = keras.Model([x, labels], out)
+    dense.set_weights([np.zeros((1, 2)), np.array([0.0, 25.0])])
+    return model
+
+
+@pytest.mark.parametrize("activation", ["fused", "layer"])
+def test_probabilities_a_loss_layer_takes_are_computed_in_float32(
+    activation,
+):
+    x, labels = np.ones((1, 1), "float32"), np.array([[1.0, 0.0]], "float32")
+    reference = _loss_layer_model("float32", activation)
+    expected = ops.convert_to_numpy(reference([x, labels]))
+    kmp.enable("mixed_float16")
+    model = kmp.pin_float32(_loss_layer_model("mixed_float16", activation))
+    probabilities = model.layers[-2]  # the fused Dense, or the Activation
+    assert probabilities.compute_dtype == "float32"
+    assert type(probabilities) in (keras.layers.Dense, keras.layers.Activation)
+    got = model([x, labels])
+    assert _dtype(got) == "float32"
+    # Class 0's probability, 0 in float16 (its loss then log(1e-12)).
+    np.testing.assert_allclose(ops.convert_to_numpy(got), expected, rtol=1e-5)
+    assert expected[0, 0] > 0
+    if activation == "fused":  # the logits' matmul too: a head is small
+        assert model.get_layer("logits").compute_dtype == "float32"
+    else:
+        assert model.get_layer("logits").compute_dtype == "float16"
 
 
 class MakesItsLayersInBuild(keras.Model):
