@@ -214,9 +214,11 @@ def lost_optimizer(filepath, keras_says):
         f"kmp.load_model: {filepath}: the optimizer's saved state was not "
         f"restored{detail}: it starts afresh at iteration 0 (slots, loss "
         "scale). The file was saved with another optimizer than this load "
-        "built, usually a LossScaleOptimizer that Keras's compile added "
-        f"under mixed_float16, loaded under {keras.config.dtype_policy().name}."
-        " To restore it, load under the policy it was trained with "
+        "built: Keras's compile adds a LossScaleOptimizer under "
+        "mixed_float16 only, so its variables are on one side only when a "
+        "file saved under one policy is loaded under another (here, "
+        f"loaded under {keras.config.dtype_policy().name}). To restore it, "
+        "load under the policy it was trained with "
         '(kmp.load_model(path, policy="saved")); to keep the scaler in the '
         "file, compile with optimizer=kmp.wrap(...)."
     )

@@ -115,6 +115,40 @@ def test_float16_output_softmax_gives_crossentropy_of_rounded_probabilities():
         assert crossentropy(float32) == pytest.approx(30.0)
 
 
+def unlikely_class_model(policy):
+    """A float16 softmax output (under `policy`) whose true class, 1, has
+    logits [0, -9]: a probability of 1.2e-4, which the step is to raise."""
+    with kmp.policy_scope(policy):
+        model = keras.Sequential(
+            [keras.Input((1,)), keras.layers.Dense(2, activation="softmax")]
+        )
+    model.layers[0].set_weights([np.zeros((1, 2)), np.array([0.0, -9.0])])
+    return model
+
+
+@describes("3.15", "3.16")
+def test_float16_output_softmax_stalls_crossentropy_under_loss_scaling():
+    # Crossentropy's gradient reaches the softmax as scale / (batch * p):
+    # 32768 / (8 * 1.2e-4), past float16's 65504, so every step is
+    # skipped until the scale falls under 64. On every backend (the
+    # logits path, defect 8, is TensorFlow's only).
+    x, y = np.ones((8, 1), "float32"), np.ones((8,), "int32")
+
+    def losses(model, optimizer):
+        model.compile(
+            optimizer=optimizer, loss="sparse_categorical_crossentropy"
+        )
+        history = model.fit(x, y, batch_size=8, epochs=5, verbose=0)
+        return history.history["loss"]
+
+    stock = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
+    stalled = losses(unlikely_class_model("mixed_float16"), stock)
+    assert stalled == [pytest.approx(stalled[0], abs=1e-3)] * 5  # all skipped
+    trained = losses(unlikely_class_model("float32"), keras.optimizers.SGD(0.1))
+    assert trained[0] == pytest.approx(stalled[0], abs=1e-2)
+    assert trained[-1] < trained[0] - 1.0
+
+
 @describes("3.15", "3.16")
 @pytest.mark.backend_independent
 def test_set_dtype_policy_says_nothing_about_the_hardware(caplog, capsys):

@@ -130,7 +130,11 @@ def audit(model, optimizer=None, verbose: bool = True) -> AuditReport:
     normalization_checks.check_rescalings(layers, findings)
     normalization_checks.check_spectrograms(layers, findings)
     applied = [("optimizer", optimizer)]
-    if optimizer is getattr(model, "optimizer", None):
+    if optimizer_checks.check_foreign(half, optimizer, findings):
+        optimizer = None  # the model's own checks only
+        applied = []
+        optimizer_checks.check_memory(model, None, findings)
+    elif optimizer is getattr(model, "optimizer", None):
         applied = optimizer_checks.applied_optimizers(model, optimizer)
     for attribute, each in applied:
         optimizer_checks.check_scaling(half, each, findings, attribute)

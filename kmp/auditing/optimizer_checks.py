@@ -63,15 +63,55 @@ def check_scaling(half, optimizer, findings, attribute="optimizer"):
             )
         )
     if scaled and not float16:
+        fix = "Use kmp.wrap(optimizer), which scales only under float16."
+        if keras.config.dtype_policy().compute_dtype == "float16":
+            # kmp.wrap's own scaler, where pinning left no float16 layer
+            # (a one-Dense model): it goes by the global policy.
+            fix = (
+                "None needed (a scale rarely overflows float32 gradients); "
+                f"to drop it, compile with {attribute}.inner_optimizer "
+                "(kmp.wrap scales under a float16 global policy, whatever "
+                "the layers compute in)."
+            )
         findings.append(
             (
                 "info",
                 "model",
                 "The optimizer scales the loss but no layer computes in "
                 "float16 (bfloat16 and float32 need no loss scaling).",
-                "Use kmp.wrap(optimizer), which scales only under float16.",
+                fix,
             )
         )
+
+
+def check_foreign(half, optimizer, findings) -> bool:
+    """An optimizer that is no Keras optimizer (keras-io's loop guide's
+    `torch.optim.Adam(model.parameters())`, an optax transformation):
+    kmp's scaling does not reach it, and the other optimizer checks read
+    Keras's. Returns whether it was one."""
+    if optimizer is None or isinstance(optimizer, keras.Optimizer):
+        return False
+    kind = f"{type(optimizer).__module__}.{type(optimizer).__qualname__}"
+    float16 = any(layer.compute_dtype == "float16" for layer in half)
+    findings.append(
+        (
+            "warning" if float16 else "info",
+            "optimizer",
+            f"The optimizer is a {kind}, not a Keras optimizer: kmp's loss "
+            "scaling does not reach it, nor do its other checks"
+            + (
+                ", and float16 gradients of an unscaled loss can underflow "
+                "to zero."
+                if float16
+                else " (nothing computes in float16: no scaling needed)."
+            ),
+            "Train with kmp.wrap(keras.optimizers.Adam(...)): "
+            "loss = optimizer.scale_loss(loss), then optimizer.apply(grads, "
+            "model.trainable_variables) (docs/custom-loops.md); or scale "
+            "the loss yourself (torch.amp.GradScaler).",
+        )
+    )
+    return True
 
 
 def check_memory(model, optimizer, findings):
@@ -273,8 +313,9 @@ def _names_scaling(tree) -> bool:
 
 def step_scales(model, reached=None):
     """Whether the model's `train_step` scales its loss, read from its
-    source and the methods of `self` it reaches (`source_reading`, to
-    `source_reading.DEPTH` calls deep).
+    source, the methods of `self` it reaches and the functions of the
+    user's they call (`source_reading`, to `source_reading.DEPTH` calls
+    deep).
 
     Args:
         model: The model.
@@ -290,26 +331,27 @@ def step_scales(model, reached=None):
     methods, deeper = reached or source_reading.reachable(
         type(model), "train_step"
     )
+    functions, deeper_functions = source_reading.reached_functions(methods)
     for method in methods:
         if method.tree is not None and _names_scaling(method.tree):
             return True, method.where
     unread = [method.where for method in methods if method.tree is None]
+    unread += [f.__qualname__ for _, f, tree in functions if tree is None]
     if unread:
         return None, f"kmp cannot read the source of {unread[0]}"
-    if deeper:
+    for caller, function, tree in functions:
+        if _names_scaling(tree):
+            # A function may scale or not by its arguments (keras-io
+            # steps' `_scaling(optimizer, scale)` in kmp's tests).
+            return None, (
+                f"{caller} calls {function.__qualname__}, a function that "
+                "names a loss scaling, which may depend on its arguments"
+            )
+    if deeper or deeper_functions:
         return None, (
-            "it calls methods more than "
+            "it calls methods or functions more than "
             f"{source_reading.DEPTH} calls deep, which kmp does not read"
         )
-    for method in methods:
-        for function in source_reading.called_functions(method):
-            tree = source_reading.syntax_tree(function)
-            if tree is None or _names_scaling(tree):
-                return None, (
-                    f"{method.where} calls {function.__qualname__}, "
-                    "a function kmp does not follow"
-                    + (", which names a loss scaling" if tree else "")
-                )
     return False, "never scales"
 
 
@@ -334,7 +376,12 @@ def check_train_step(model, optimizer, findings):
     cls = type(model).__name__
     stock = [n for n, s in scalers if not isinstance(s, LossScaleOptimizer)]
     scales, why = step_scales(model, reached)
+    where = f"in {why}"
     unscaled = scaled_losses.unscaled_in(model)
+    if not unscaled and scales is not True and scaled_losses.scaled_in(model):
+        # It ran, and kmp saw it scale what it applied: what its source
+        # could not tell (a function two calls deep, a helper's helper).
+        scales, where = True, "seen at a step it ran"
     # Once the step ran, only the scalers it gave unscaled gradients: a
     # GAN's step may scale one loss of two.
     named = [(n, s) for n, s in scalers if n in unscaled] or scalers
@@ -378,7 +425,7 @@ def check_train_step(model, optimizer, findings):
         severity, problem = (
             "info",
             f"{cls} overrides train_step and scales its loss ({names}, "
-            f"in {why}): kmp unscales the gradients of each loss its "
+            f"{where}): kmp unscales the gradients of each loss its "
             "scaler scaled in that step, and applies any other gradients "
             "unscaled, saying so once.",
         )

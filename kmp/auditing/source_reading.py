@@ -180,6 +180,38 @@ def called_functions(method) -> list:
     return found
 
 
+def reached_functions(methods, depth=DEPTH):
+    """The user's functions that `methods` call by name, and those that
+    they call in turn, each once, to `depth` calls deep (a train step's
+    `backward(opt, loss)` that calls `scaled(opt, loss)`).
+
+    Returns:
+        `(found, deeper)`: `(caller, function, tree)` for each function
+        (`caller` the method's or function's name that calls it, `tree`
+        None where there is no source), and whether functions past
+        `depth` were left unread.
+    """
+    found, seen = [], set()
+    frontier = [(m.where, f) for m in methods for f in called_functions(m)]
+    for level in range(depth + 1):
+        following = []
+        for caller, function in frontier:
+            if function in seen:
+                continue
+            seen.add(function)
+            tree = syntax_tree(function)
+            found.append((caller, function, tree))
+            if tree is not None:
+                reader = Method(None, function.__name__, function, tree)
+                name = function.__qualname__
+                following += [(name, f) for f in called_functions(reader)]
+        following = [(c, f) for c, f in following if f not in seen]
+        if level == depth:
+            return found, bool(following)
+        frontier = following
+    return found, False
+
+
 def dotted(node) -> str:
     """`a.b.c` for an attribute chain of names, else ''."""
     parts = []

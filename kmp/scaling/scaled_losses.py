@@ -92,6 +92,9 @@ _scaled_when_traced = weakref.WeakSet()
 # and lines of loops ("file:line").
 _told = weakref.WeakKeyDictionary()
 _told_loops = set()
+# Models whose train step was seen to scale the loss it applied, each
+# with those optimizers (weakly: the audit names them).
+_scaled_steps = weakref.WeakKeyDictionary()
 # Python's own frames are not the user's loop either (unittest,
 # contextlib).
 _STDLIB = sysconfig.get_paths()["stdlib"]
@@ -178,9 +181,13 @@ def loss_was_unscaled(optimizer, grads, stateless=False) -> bool:
             return False
         _tell_loop(optimizer, grads, stateless)
         return True
-    if mark == id(frame):
-        return False
     model = frame.f_locals["self"]
+    if mark == id(frame):
+        # Seen scaling (at a compiled step's trace: its Python runs once).
+        if model not in _scaled_steps:
+            _scaled_steps[model] = weakref.WeakSet()
+        _scaled_steps[model].add(optimizer)
+        return False
     if model not in _told:
         _told[model] = set()
         logger.warning("kmp: %s", _message(model, frame, optimizer, grads))
@@ -274,6 +281,12 @@ def unscaled_in(model) -> set:
     that its train step gave gradients of a loss they did not scale
     (`loss_was_unscaled` told of the model); empty if none did."""
     return set(_told.get(model, ()))
+
+
+def scaled_in(model) -> set:
+    """The names `model` holds the optimizers under (`attribute_of`) that
+    its train step was seen to give gradients of a loss they scaled."""
+    return {attribute_of(model, o) for o in _scaled_steps.get(model, ())}
 
 
 def loops_told() -> list:

@@ -30,8 +30,8 @@ def contrastive_loss(y, distance):  # keras-io's siamese network's, named
 @pytest.mark.parametrize(
     "loss, severity, said",
     [
-        (None, "error", "loses Keras's logits path"),  # not compiled
-        ("binary_crossentropy", "error", "loses Keras's logits path"),
+        (None, "error", "past float16's 65504"),  # not compiled
+        ("binary_crossentropy", "error", "past float16's 65504"),
         ("mse", "warning", "the loss (mse) reads probabilities rounded"),
         (
             contrastive_loss,
@@ -54,6 +54,22 @@ def test_a_16_bit_sigmoid_output_is_an_error_under_a_crossentropy(
     assert finding.severity == severity
     assert finding.problem.startswith("Model output is a float16 sigmoid")
     assert said in finding.problem
+    # Only TensorFlow has a logits path to lose (defect 8); the gradient
+    # that overflows is every backend's (stock_keras_test).
+    logits = backend.name() == "tensorflow" and severity == "error"
+    assert ("loses Keras's logits path" in finding.problem) == logits
+
+
+def test_a_bfloat16_probability_output_is_an_error_where_logits_are_lost():
+    kmp.enable("mixed_bfloat16")
+    model = compiled_for_audit(
+        small_mlp(policy="mixed_bfloat16"), loss="categorical_crossentropy"
+    )
+    (finding,) = [f for f in quiet_audit(model) if "Model output" in f.problem]
+    assert "rounded to bfloat16" in finding.problem
+    assert "65504" not in finding.problem  # no loss scale, no overflow
+    logits = backend.name() == "tensorflow"
+    assert finding.severity == ("error" if logits else "warning")
 
 
 def test_non_float32_output_is_a_warning():

@@ -62,6 +62,46 @@ def test_needless_scaler_under_bfloat16_is_reported():
     )
 
 
+def test_kmp_s_scaler_over_a_model_with_no_float16_layer_is_not_told_wrap():
+    # keras-io's torch guide's Dense(1) model, pinned under mixed_float16:
+    # kmp.wrap gave the scaler; "use kmp.wrap" was no fix (a helper).
+    kmp.enable("mixed_float16")
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    kmp.pin_float32(model)
+    model.compile(optimizer=kmp.wrap("adam"), loss="mse")
+    (finding,) = [
+        f for f in quiet_audit(model) if "no layer computes in" in f.problem
+    ]
+    assert "optimizer.inner_optimizer" in finding.fix
+    assert "Use kmp.wrap" not in finding.fix
+
+
+class HandRolled:
+    """An optimizer of one's own: no Keras optimizer."""
+
+
+def test_an_optimizer_that_is_no_keras_one_is_said_so():
+    # keras-io's torch loop guide trains with torch.optim.Adam; the audit
+    # read Keras's attributes of it and crashed (a helper, 2026-11-30).
+    kmp.enable("mixed_float16")
+    model = small_mlp(out="float32")
+    foreign = HandRolled()
+    if backend.name() == "torch":
+        import torch
+
+        foreign = torch.optim.Adam(model.parameters())
+    report = quiet_audit(model, optimizer=foreign)
+    kind = type(foreign).__qualname__
+    assert has(report, "optimizer|The optimizer is a ", "warning")
+    assert has(report, f"{kind}, not a Keras optimizer")
+    assert not has(report, "No optimizer given")
+    # Nothing in float16: no scaling needed, said as such.
+    kmp.enable("mixed_bfloat16")
+    model = small_mlp(out="float32", policy="mixed_bfloat16")
+    report = quiet_audit(model, optimizer=HandRolled())
+    assert has(report, "no scaling needed", "info")
+
+
 def test_a_scaler_keras_added_at_compile_time_is_a_saving_hazard():
     kmp.enable("mixed_float16")
 
@@ -192,8 +232,45 @@ def test_a_step_that_calls_a_function_which_may_scale_cannot_be_told():
     for scale in (False, True):
         report = quiet_audit(_keras_io_model(scale))
         assert has(report, "cannot tell whether it scales", "warning")
-        assert has(report, "calls _scaling, a function kmp does not follow")
+        assert has(report, "calls _scaling, a function that names a loss")
         assert not has(report, "never scales")
+
+
+def _backward(optimizer, loss):  # keras-io-like helpers of one's own
+    return _scaled(optimizer, loss)
+
+
+def _scaled(optimizer, loss):
+    return optimizer.scale_loss(loss)
+
+
+class ScalesTwoFunctionsDeep(keras.Model):
+    def train_step(self, data):
+        loss = self.compute_loss(y=data[1], y_pred=self(data[0]))
+        return {"loss": _backward(self.optimizer, loss)}
+
+
+def test_a_scaling_two_functions_deep_is_not_never_scales():
+    # A helper's torch loop (2026-11-30): `backward(opt, loss)` calls
+    # `scaled(opt, loss)`, which scales; the audit said "never scales".
+    report = quiet_audit(_keras_io_model(False, cls=ScalesTwoFunctionsDeep))
+    assert not has(report, "never scales")
+    assert has(report, "_backward calls _scaled, a function that names a")
+
+
+@pytest.mark.parametrize("scale", [False, True])
+def test_a_step_that_ran_is_told_by_what_it_did(scale):
+    # Its source calls `_scaling(optimizer, scale)`: kmp cannot tell
+    # from it (above); once a step ran, kmp saw what it applied.
+    model = _keras_io_model(scale)
+    x, y = np.ones((4, 8), "float32"), np.ones((4, 1), "float32")
+    model.fit(x, y, epochs=1, verbose=0)
+    report = quiet_audit(model)
+    assert not has(report, "cannot tell")
+    if scale:
+        assert has(report, "scales its loss (optimizer, seen at a step", "info")
+    else:
+        assert has(report, "did not scale (found at its first step)")
 
 
 def test_a_train_step_that_never_scales_under_the_stock_scaler_is_an_error():

@@ -33,6 +33,26 @@ def test_output_softmax_crossentropy_equals_the_float32_models():
         assert reference == pytest.approx(30.0)
 
 
+def test_a_pinned_softmax_output_trains_where_float16_s_steps_skip():
+    # `stock_keras_test.test_float16_output_softmax_stalls_...`: kmp's
+    # scaler skips them too, unpinned; pinned, the gradient reaches the
+    # logits as p - y, and every step applies.
+    from stock_keras_test import unlikely_class_model
+
+    x, y = np.ones((8, 1), "float32"), np.ones((8,), "int32")
+    kmp.enable("mixed_float16")
+    for pin, skipped in ((False, 5), (True, 0)):
+        model = unlikely_class_model("mixed_float16")
+        if pin:
+            kmp.pin_float32(model)
+        optimizer = kmp.wrap(keras.optimizers.SGD(0.1))
+        model.compile(
+            optimizer=optimizer, loss="sparse_categorical_crossentropy"
+        )
+        model.fit(x, y, batch_size=8, epochs=5, verbose=0)
+        assert int(optimizer.skipped_steps) == skipped
+
+
 def _functional():
     inputs = keras.Input((6, 16))
     h = keras.layers.MultiHeadAttention(2, 8, dropout=0.1, name="mha")(
