@@ -1,12 +1,16 @@
 """The preflight check: `kmp.audit(model)` and its findings.
 
+    loss_checks         what reads the outputs: the compiled losses, a
+                        trainer's crossentropies; 16-bit probabilities
     model_checks        outputs, inner softmaxes, tensor-core sizes, loss
     normalization_checks  Normalization layers in 16 bits, or with
                         statistics a 16-bit adapt made infinite
     source_reading      a model's own methods, read (not run): the
                         methods of `self` a step reaches
-    optimizer_checks    loss scaling, a scaler saving would lose, a
-                        train step of the user's own that may not scale
+    optimizer_checks    loss scaling, an optimizer that is no Keras
+                        one, the memory modes, a scaler saving would lose
+    train_step_checks   a train step of the user's own: whether it
+                        scales, and the loss each optimizer applies
     dtype_checks        the user's code against 16-bit dtypes: float
                         token ids, float32 random draws, `tf.concat`
     constant_checks     a constant in the user's layer code that float16

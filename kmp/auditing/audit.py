@@ -1,6 +1,7 @@
 """A preflight check for mixed-precision training: `kmp.audit(model)`.
 
-Each check (`model_checks`, `optimizer_checks`, `dtype_checks`,
+Each check (`model_checks`, `loss_checks`, `optimizer_checks`,
+`train_step_checks`, `dtype_checks`, `softmax_checks`,
 `environment_checks`, `float8_checks`) looks for one way float16 or
 bfloat16 training silently goes wrong or slow, and says where and how to
 fix it. The checks read the model's layers, policies, compiled loss and
@@ -21,6 +22,7 @@ from kmp.auditing import model_checks
 from kmp.auditing import normalization_checks
 from kmp.auditing import optimizer_checks
 from kmp.auditing import softmax_checks
+from kmp.auditing import train_step_checks
 from kmp.errors import InputError
 from kmp.model_layers import all_layers
 from kmp.model_layers import output_layers
@@ -135,13 +137,13 @@ def audit(model, optimizer=None, verbose: bool = True) -> AuditReport:
         applied = []
         optimizer_checks.check_memory(model, None, findings)
     elif optimizer is getattr(model, "optimizer", None):
-        applied = optimizer_checks.applied_optimizers(model, optimizer)
+        applied = train_step_checks.applied_optimizers(model, optimizer)
     for attribute, each in applied:
         optimizer_checks.check_scaling(half, each, findings, attribute)
         optimizer_checks.check_memory(model, each, findings)
     if ("optimizer", optimizer) in applied:
         optimizer_checks.check_saving(model, optimizer, findings)
-    optimizer_checks.check_train_step(model, optimizer, findings)
+    train_step_checks.check_train_step(model, optimizer, findings)
     dtype_checks.check_float_ids(model, findings)
     dtype_checks.check_random_draws(half, findings)
     constant_checks.check_large_constants(half, findings)

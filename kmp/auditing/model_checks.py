@@ -8,12 +8,13 @@ them into `kmp.Finding`s. Severities: "error" (results are wrong),
 "warning" (results or speed are at risk), "info".
 """
 
-import functools
-
 import keras
 
 from kmp import backend
 from kmp import islands
+from kmp.auditing.loss_checks import loss_names
+from kmp.auditing.loss_checks import probabilities_finding
+from kmp.auditing.loss_checks import trainer_losses
 from kmp.islands import activation_name
 from kmp.islands import is_sensitive
 from kmp.model_layers import all_layers
@@ -53,7 +54,10 @@ def _padded(n):
     return -(-n // _MULTIPLE) * _MULTIPLE
 
 
-def check_outputs(model, outputs, findings):
+def check_outputs(model, outputs, findings, losses=None):
+    """Outputs not float32, and 16-bit probability outputs by the loss
+    that reads them: `losses`, names of those a trainer applies to the
+    model (`loss_checks.trainer_losses`), or those it was compiled with."""
     if outputs is None:
         _check_subclassed_outputs(model, findings)
         return
@@ -85,7 +89,9 @@ def check_outputs(model, outputs, findings):
         ):
             continue
         if is_sensitive(layer):
-            findings.append(_probabilities_finding(model, layer))
+            if losses is None:
+                losses = [name for name, _ in loss_names(model)]
+            findings.append(probabilities_finding(layer, losses, _path(layer)))
         else:
             findings.append(
                 (
@@ -95,68 +101,6 @@ def check_outputs(model, outputs, findings):
                     "kmp.pin_float32(model), or dtype='float32' on this layer.",
                 )
             )
-
-
-def _probabilities_finding(model, layer):
-    """A 16-bit softmax or sigmoid output: an error under a crossentropy
-    (or a loss not known yet), a warning under a compiled loss that is
-    none (a siamese network's contrastive loss, mse)."""
-    dtype, activation = layer.compute_dtype, activation_name(layer)
-    fix = "kmp.pin_float32(model), or dtype='float32' on this layer."
-    names = [name for name, _ in loss_names(model)]
-    if not names or any("crossentropy" in name for name in names):
-        logits = backend.crossentropy_reads_logits()
-        if dtype == "float16":
-            problem = (
-                "crossentropy's gradient reaches it as scale / (batch * p) "
-                "for a true class of probability p, past float16's 65504 "
-                "while that class is unlikely, so steps are skipped until "
-                "the loss scale falls (p = 1.2e-4, batch 8: 5 of 5 skipped, "
-                "where float32 trains)"
-            )
-        else:
-            problem = f"the loss sees probabilities rounded to {dtype}"
-        if logits:
-            problem += (
-                ", and it loses Keras's logits path (logits [0, -30] give "
-                "a crossentropy of 16.1 instead of 30)"
-            )
-        return (
-            "error" if dtype == "float16" or logits else "warning",
-            _path(layer),
-            f"Model output is a {dtype} {activation}: {problem}.",
-            fix,
-        )
-    return (
-        "warning",
-        _path(layer),
-        f"Model output is a {dtype} {activation}: the loss "
-        f"({', '.join(names)}) reads probabilities rounded to {dtype}.",
-        fix,
-    )
-
-
-def loss_names(model) -> list:
-    """`(name, from_logits)` for each loss the model was compiled with:
-    a name, a `keras.losses.Loss`'s name, a function's `__name__` (a
-    `functools.partial`'s function's, its `from_logits` read); empty for
-    a model not compiled with one. A callable without a name is left
-    out."""
-    names = []
-    for item in keras.tree.flatten(getattr(model, "loss", None)):
-        if isinstance(item, str):
-            names.append((item, False))
-        elif isinstance(item, keras.losses.Loss):
-            config = item.get_config()
-            names.append((item.name, config.get("from_logits", False)))
-        elif isinstance(item, functools.partial):
-            name = getattr(item.func, "__name__", None)
-            if name is not None:
-                logits = item.keywords.get("from_logits", False)
-                names.append((name, logits))
-        elif callable(item) and hasattr(item, "__name__"):
-            names.append((item.__name__, False))
-    return names
 
 
 def _subclassed_output_dtypes(model):
@@ -192,7 +136,7 @@ def _check_subclassed_outputs(model, findings):
     held = held_models(model)
     for name, inner in held:
         found = []
-        check_outputs(inner, output_layers(inner), found)
+        check_outputs(inner, output_layers(inner), found, trainer_losses(model))
         findings.extend(
             (severity, _under(name, where), *rest)
             for severity, where, *rest in found

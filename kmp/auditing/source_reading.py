@@ -1,7 +1,8 @@
 """Reading a model's own code: a method's syntax tree, found through the
-class's MRO, and the methods of `self` it reaches, to a fixed depth.
+class's MRO, the methods of `self` it reaches and the user's functions
+they call, to a fixed depth.
 
-`optimizer_checks` asks whether a `train_step` scales its loss, where
+`train_step_checks` asks whether a `train_step` scales its loss, where
 the scaling may sit in a helper method (of the class, or of a base class
 of the user's); `dtype_checks` asks what a layer's `call` draws and what
 a step concatenates. Both read; neither runs anything. What cannot be

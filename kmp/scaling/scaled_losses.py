@@ -3,7 +3,7 @@ applied as they are, not divided by the loss scale.
 
 Keras's `LossScaleOptimizer.apply(grads)` takes gradients of the *scaled*
 loss and divides them by the scale. Keras's own train steps scale the
-loss first (`loss = self.optimizer.scale_loss(loss)`); the code keras-io's
+loss first (`self.optimizer.scale_loss(loss)`); the code keras-io's
 guides teach does not: the train steps of "Customizing what happens in
 `fit()`" (TensorFlow, JAX and PyTorch, and their GANs with two
 optimizers), and the loops of "Writing a training loop from scratch"
@@ -201,15 +201,6 @@ def _tell_loop(optimizer, grads, stateless):
         return
     _told_loops.add(where)
     count = sum(g is not None for g in grads)
-    if stateless:
-        fix_line = (
-            "loss = optimizer.stateless_scale_loss(optimizer_variables, "
-            "loss) in the function whose gradients you take"
-        )
-    else:
-        fix_line = (
-            "loss = optimizer.scale_loss(loss) before taking the gradients"
-        )
     logger.warning(
         "kmp: the loop at %s applies %d gradient(s) of a loss that the "
         "%s did not scale: kmp applies them unscaled, as under float32 "
@@ -219,20 +210,42 @@ def _tell_loop(optimizer, grads, stateless):
         where,
         count,
         type(optimizer).__name__,
-        fix_line,
+        fix("optimizer", stateless=stateless),
     )
 
 
-def fix(attribute="optimizer", loss="loss") -> str:
-    """The line that scales a train step's loss, named `loss`, on this
-    backend (a stateless step takes the scale from its state), for the
-    optimizer the model holds as `attribute`."""
-    if backend.is_stateless():
+def fix(who="self.optimizer", loss="loss", stateless=None) -> str:
+    """How to take the gradients of `loss` scaled by the optimizer `who`
+    (`self.d_optimizer` in a train step, `optimizer` in a loop), on this
+    backend: `stateless` (JAX's `stateless_apply`; by default a train
+    step's form on JAX) reads the scale from the step's state.
+
+    It never rebinds `loss`: keras-io's steps log the name they take the
+    gradients of (`return {"d_loss": d_loss}`), which would then report
+    the loss times the scale (a helper's GANs, 2026-11-30)."""
+    if stateless is None:
+        stateless = backend.is_stateless()
+    if stateless:
         return (
-            f"{loss} = self.{attribute}.stateless_scale_loss("
-            f"optimizer_variables, {loss})"
+            "in the function whose gradients you take, return "
+            f"{who}.stateless_scale_loss(optimizer_variables, {loss}), "
+            f"with {loss} itself in its aux to log"
         )
-    return f"{loss} = self.{attribute}.scale_loss({loss})"
+    if backend.name() == "torch":
+        return (
+            f"{who}.scale_loss({loss}).backward() instead of "
+            f"{loss}.backward(), {loss} kept to log"
+        )
+    if backend.name() == "jax":
+        return (
+            f"in the function whose gradients you take, return "
+            f"{who}.scale_loss({loss}), with {loss} itself in its aux to log"
+        )
+    return (
+        f"scaled_{loss} = {who}.scale_loss({loss}) inside the GradientTape, "
+        f"and tape.gradient(scaled_{loss}, ...) instead of {loss}'s, "
+        f"{loss} kept to log"
+    )
 
 
 def attribute_of(model, optimizer) -> str:
@@ -272,7 +285,7 @@ def _message(model, frame, optimizer, grads) -> str:
         "applies them unscaled, as under float32 (not divided by the loss "
         "scale, which would make every update that many times too small), "
         "but float16 gradients of an unscaled loss can underflow to zero. "
-        f"Fix: {fix(attribute)} before taking the gradients."
+        f"Fix: {fix(f'self.{attribute}')}."
     )
 
 

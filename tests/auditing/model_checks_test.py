@@ -23,55 +23,6 @@ def test_float16_softmax_output_is_an_error_until_pinned():
     assert not has(quiet_audit(model), "Model output")
 
 
-def contrastive_loss(y, distance):  # keras-io's siamese network's, named
-    return keras.ops.mean(keras.ops.square(distance - y))
-
-
-@pytest.mark.parametrize(
-    "loss, severity, said",
-    [
-        (None, "error", "past float16's 65504"),  # not compiled
-        ("binary_crossentropy", "error", "past float16's 65504"),
-        ("mse", "warning", "the loss (mse) reads probabilities rounded"),
-        (
-            contrastive_loss,
-            "warning",
-            "the loss (contrastive_loss) reads probabilities rounded",
-        ),
-    ],
-)
-def test_a_16_bit_sigmoid_output_is_an_error_under_a_crossentropy(
-    loss, severity, said
-):
-    # Any other loss reads rounded probabilities, and no logits path is
-    # lost (helper, keras-io's siamese contrastive network: "an error ...
-    # crossentropy of 16.1" under its contrastive loss).
-    kmp.enable("mixed_float16")
-    model = small_mlp(activation="sigmoid")
-    if loss is not None:
-        model = compiled_for_audit(model, loss=loss)
-    (finding,) = [f for f in quiet_audit(model) if "Model output" in f.problem]
-    assert finding.severity == severity
-    assert finding.problem.startswith("Model output is a float16 sigmoid")
-    assert said in finding.problem
-    # Only TensorFlow has a logits path to lose (defect 8); the gradient
-    # that overflows is every backend's (stock_keras_test).
-    logits = backend.name() == "tensorflow" and severity == "error"
-    assert ("loses Keras's logits path" in finding.problem) == logits
-
-
-def test_a_bfloat16_probability_output_is_an_error_where_logits_are_lost():
-    kmp.enable("mixed_bfloat16")
-    model = compiled_for_audit(
-        small_mlp(policy="mixed_bfloat16"), loss="categorical_crossentropy"
-    )
-    (finding,) = [f for f in quiet_audit(model) if "Model output" in f.problem]
-    assert "rounded to bfloat16" in finding.problem
-    assert "65504" not in finding.problem  # no loss scale, no overflow
-    logits = backend.name() == "tensorflow"
-    assert finding.severity == ("error" if logits else "warning")
-
-
 def test_non_float32_output_is_a_warning():
     kmp.enable("mixed_float16")
     assert has(
@@ -382,6 +333,21 @@ def test_a_trainer_s_held_models_outputs_are_checked():
             self.encoder = coder(None, "encoder")
             self.decoder = coder("sigmoid", "decoder")
 
+        def train_step(self, data):  # keras-io's VAE's loss, short
+            reconstruction = self.decoder(self.encoder(data))
+            loss = keras.losses.binary_crossentropy(data, reconstruction)
+            return {"loss": keras.ops.mean(loss)}
+
+    class NoCrossentropy(Trainer):  # a generator's sigmoid makes images
+        def train_step(self, data):
+            return {"loss": keras.ops.mean(self.decoder(data))}
+
+    (finding,) = [
+        f
+        for f in quiet_audit(NoCrossentropy())
+        if f.where == "decoder/out" and "sigmoid" in f.problem
+    ]
+    assert finding.severity == "warning"
     trainer = Trainer()
     report = quiet_audit(trainer)
     (error,) = [f for f in report if f.severity == "error"]
@@ -408,5 +374,5 @@ def test_a_trainer_s_held_models_outputs_are_checked():
             )
             self.generator(np.ones((1, 4), "float32"))
 
-    (error,) = [f for f in quiet_audit(GAN()) if f.severity == "error"]
-    assert error.where == "generator/out"
+    (found,) = [f for f in quiet_audit(GAN()) if "sigmoid" in f.problem]
+    assert found.where == "generator/out"

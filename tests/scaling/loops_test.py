@@ -21,6 +21,7 @@ import pytest
 from util import tf_only
 
 import kmp
+from kmp import backend
 from kmp.scaling import scaled_losses
 
 LOOPS = keras_io_loops.loops()
@@ -78,11 +79,18 @@ def test_keras_io_loop_that_never_scales_trains_like_float32(kind, caplog):
     assert path.endswith("keras_io_loops.py")
     assert "optimizer." in linecache.getline(path, int(number))
     assert "applies 6 gradient(s)" in line  # 3 kernels, 3 biases
-    if kind == "jax.jit":  # stateless_apply: the scale of the state
-        fix = "optimizer.stateless_scale_loss(optimizer_variables, loss)"
-    else:
-        fix = "optimizer.scale_loss(loss) before taking the gradients"
-    assert f"Fix: loss = {fix}" in line
+    # The form of this loop's backend (stateless_apply: the scale of the
+    # state), the loss kept to log, not rebound.
+    fix = {
+        "jax": "Fix: in the function whose gradients you take, return "
+        "optimizer.stateless_scale_loss(optimizer_variables, loss), with "
+        "loss itself in its aux to log",
+        "tensorflow": "Fix: scaled_loss = optimizer.scale_loss(loss) inside "
+        "the GradientTape, and tape.gradient(scaled_loss, ...)",
+        "torch": "Fix: optimizer.scale_loss(loss).backward() instead of "
+        "loss.backward()",
+    }[backend.name()]
+    assert fix in line
     assert "can underflow" in line
     assert "\n" not in line
     assert where in scaled_losses.loops_told()

@@ -147,7 +147,14 @@ def test_gan_that_never_scales_trains_like_float32_and_is_told_once(caplog):
     (line,) = _told(caplog)
     assert line.startswith("kmp: GAN.train_step (")
     # The discriminator's half comes first: its optimizer is named.
-    assert "Fix: loss = self.d_optimizer.scale_loss(loss)" in line
+    assert f"Fix: {scaled_losses.fix('self.d_optimizer')}." in line
+    # The form of this backend, the loss kept to log (not rebound).
+    assert {
+        "tensorflow": "scaled_loss = self.d_optimizer.scale_loss(loss) "
+        "inside the GradientTape, and tape.gradient(scaled_loss, ...)",
+        "torch": "self.d_optimizer.scale_loss(loss).backward() instead of "
+        "loss.backward(), loss kept to log",
+    }[backend.name()] in line
 
 
 @no_gan_on_jax
