@@ -276,6 +276,7 @@ def check_train_step(model, optimizer, findings):
             "scaler scaled in that step, and applies any other gradients "
             "unscaled, saying so once.",
         )
+        fix = "None needed"  # (it scales: the line would be its own)
     else:
         unscaled = (
             f"where it does not, Keras's own LossScaleOptimizer "

@@ -165,6 +165,8 @@ def test_a_train_step_of_one_s_own_is_reported_with_what_kmp_does():
     # A step whose source scales: noted, not warned about.
     report = quiet_audit(_keras_io_model(False, cls=ScalesItsLoss))
     assert has(report, "overrides train_step and scales", "info")
+    (noted,) = [f for f in report if "train_step" in f.problem]
+    assert noted.fix == "None needed."  # not the line it already has
     # Keras's own train_step: nothing to say.
     kmp.enable("mixed_float16")
     plain = compiled_for_audit(small_mlp(out="float32"))
