@@ -15,6 +15,7 @@ from kmp.memory import rematerialized_layers
 from kmp.memory import rounding_of
 from kmp.memory import state_dtype_of
 from kmp.scaling import LossScaleOptimizer
+from kmp.scaling import scaled_losses
 
 
 def check_scaling(half, optimizer, findings, attribute="optimizer"):
@@ -122,10 +123,11 @@ def check_foreign(half, optimizer, findings) -> bool:
                 if float16
                 else " (nothing computes in float16: no scaling needed)."
             ),
-            "Train with kmp.wrap(keras.optimizers.Adam(...)): "
-            "loss = optimizer.scale_loss(loss), then optimizer.apply(grads, "
-            "model.trainable_variables) (docs/custom-loops.md); or scale "
-            "the loss yourself (torch.amp.GradScaler).",
+            "Train with optimizer = kmp.wrap(keras.optimizers.Adam(...)): "
+            f"{scaled_losses.fix('optimizer', stateless=False)}, then "
+            "optimizer.apply(grads, model.trainable_variables) "
+            "(docs/custom-loops.md); or scale the loss yourself "
+            "(torch.amp.GradScaler).",
         )
     )
     return True
