@@ -122,6 +122,8 @@ def audit(model, optimizer=None, verbose: bool = True) -> AuditReport:
         raise InputError(f"audit expects a Keras model, got {model!r}.")
     if optimizer is None:
         optimizer = getattr(model, "optimizer", None)
+    elif isinstance(optimizer, str):  # as `compile` takes one: "adam"
+        optimizer = keras.optimizers.get(optimizer)
     findings = []  # (severity, where, problem, fix)
     outputs = output_layers(model)  # None for subclassed models
     half = model_checks.half_layers(model)

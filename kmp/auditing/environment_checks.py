@@ -156,14 +156,23 @@ def check_cpu_attention(half, findings):
 
 def _fused_attention(layer) -> bool:
     """Whether `layer` runs `ops.dot_product_attention`: Keras's
-    attentions where they run it (no dropout), any other class whose code
-    calls it (KerasHub's Llama, Gemma and others do on JAX)."""
-    keras_attentions = (
-        keras.layers.MultiHeadAttention,
-        keras.layers.GroupQueryAttention,
-    )
-    if isinstance(layer, keras_attentions):
-        return getattr(layer, "dropout", 0.0) == 0.0
+    attentions where they run it (no dropout; `MultiHeadAttention` over
+    one axis, its projected query 4-D), KerasHub's where their own
+    `_use_fused_attention_op()` says so (Gemma's does not on a CPU), any
+    other class whose code calls it (KerasHub's Llama does on JAX)."""
+    if getattr(layer, "dropout", 0.0):
+        return False
+    if isinstance(layer, keras.layers.MultiHeadAttention):
+        axes = getattr(layer, "_attention_axes", None)  # None: not built
+        return axes is not None and len(axes) == 1
+    if isinstance(layer, keras.layers.GroupQueryAttention):
+        return True
+    decides = getattr(layer, "_use_fused_attention_op", None)
+    if callable(decides):
+        try:
+            return bool(decides())
+        except TypeError:  # one that takes arguments: read its code
+            pass
     return any(_calls_fused_attention(cls) for cls in type(layer).__mro__)
 
 

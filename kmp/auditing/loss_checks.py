@@ -82,16 +82,14 @@ def _names_of(items) -> list:
 
 
 def trainer_losses(trainer) -> list:
-    """The crossentropies a trainer of models it holds applies, by name:
-    losses it holds (a GAN's `loss_fn`, which its `compile` takes) and
-    those its `train_step` calls (keras-io's VAE's
-    `keras.losses.binary_crossentropy`); empty where it names none."""
-    held = [
-        value
-        for value in vars(trainer).values()
-        if isinstance(value, keras.losses.Loss)
-    ]
-    names = [name for name, _ in _names_of(held)]
+    """The crossentropies a trainer of models it holds calls in its
+    `train_step`, by name (keras-io's VAE's
+    `keras.losses.binary_crossentropy` on its decoder's sigmoid); empty
+    where it names none. A loss it holds (a GAN's `loss_fn`) does not
+    count: which model's output it reads is not known (the guide's GAN
+    applies its `BinaryCrossentropy(from_logits=True)` to the
+    discriminator's logits, not to the generator's sigmoid images)."""
+    names = []
     methods, _ = source_reading.reachable(type(trainer), "train_step")
     for method in methods:
         if method.tree is None:

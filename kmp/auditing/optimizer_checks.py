@@ -10,6 +10,7 @@ Each `check_*` appends `(severity, where, problem, fix)` tuples to
 
 import keras
 
+from kmp import backend
 from kmp.memory import recomputes_in_policy
 from kmp.memory import rematerialized_layers
 from kmp.memory import rounding_of
@@ -110,6 +111,7 @@ def check_foreign(half, optimizer, findings) -> bool:
     if optimizer is None or isinstance(optimizer, keras.Optimizer):
         return False
     kind = f"{type(optimizer).__module__}.{type(optimizer).__qualname__}"
+    yourself = " (torch.amp.GradScaler)" if backend.name() == "torch" else ""
     float16 = any(layer.compute_dtype == "float16" for layer in half)
     findings.append(
         (
@@ -126,8 +128,7 @@ def check_foreign(half, optimizer, findings) -> bool:
             "Train with optimizer = kmp.wrap(keras.optimizers.Adam(...)): "
             f"{scaled_losses.fix('optimizer', stateless=False)}, then "
             "optimizer.apply(grads, model.trainable_variables) "
-            "(docs/custom-loops.md); or scale the loss yourself "
-            "(torch.amp.GradScaler).",
+            f"(docs/custom-loops.md); or scale the loss yourself{yourself}.",
         )
     )
     return True

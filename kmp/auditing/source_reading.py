@@ -64,6 +64,8 @@ def find_method(cls, name, after=None) -> Method | None:
         if name in owner.__dict__:
             function = owner.__dict__[name]
             function = getattr(function, "__func__", function)
+            # A `tf.function`'s Python function (a decorated train step).
+            function = getattr(function, "python_function", function)
             if not inspect.isfunction(function):
                 return None
             return Method(owner, name, function, syntax_tree(function))

@@ -100,6 +100,8 @@ def step_scales(model, reached=None):
     methods, deeper = reached or source_reading.reachable(
         type(model), "train_step"
     )
+    if not methods:  # not a plain function: a decorator's object
+        return None, f"kmp cannot read {type(model).__name__}.train_step"
     functions, deeper_functions = source_reading.reached_functions(methods)
     for method in methods:
         if method.tree is not None and _names_scaling(method.tree):
@@ -145,7 +147,9 @@ def applied_losses(methods) -> dict:
                 loss = _name(node.value.args[0] if node.value.args else None)
                 for target in node.targets:
                     if loss and isinstance(target, ast.Name):
-                        grads_of[target.id] = loss
+                        grads_of.setdefault(target.id, []).append(
+                            (node.lineno, loss)
+                        )
             elif _call_named(node, "backward") and _name(node.func.value):
                 backwards.append((node.lineno, node.func.value.id))
             elif _call_named(node, "apply_gradients", "apply"):
@@ -156,7 +160,11 @@ def applied_losses(methods) -> dict:
             zipped = isinstance(grads, ast.Call) and _name(grads.func) == "zip"
             if zipped and grads.args:
                 grads = grads.args[0]
-            loss = grads_of.get(_name(grads))
+            # The name's latest gradients before the apply: keras-io's
+            # GAN takes `grads` of d_loss, applies, then of g_loss.
+            earlier = grads_of.get(_name(grads), [])
+            taken = [name for at, name in sorted(earlier) if at < line]
+            loss = taken[-1] if taken else None
             if _call_named(grads, "gradient") and grads.args:  # inline
                 loss = _name(grads.args[0])
             before = [name for at, name in sorted(backwards) if at < line]

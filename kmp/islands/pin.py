@@ -10,7 +10,7 @@ fused kernel instead of Keras's many: `batch_norm`). What it pins:
   idiom (a), `dtype="float32"`): the output is float32, and a softmax or
   sigmoid there computes in float32 and keeps Keras's link to its logits,
   which crossentropy uses. So does a softmax or sigmoid whose
-  probabilities such an output takes (a loss layer's input).
+  probabilities such an output passes on (a loss layer's input).
 - Softmax, log-softmax and sigmoid layers inside the model, and the
   attention softmax of `MultiHeadAttention`, compute in float32 and hand
   the compute dtype to the next matmul (idiom (b), `kmp.layers`).
@@ -118,10 +118,10 @@ def pin_float32(
       returns every layer's output), unless it ends in a softmax,
       log-softmax or sigmoid: by its policy the whole network would
       compute in float32. A layer ending in a softmax, log-softmax or
-      sigmoid whose probabilities an output computing in float32 takes
-      computes in float32 too, its matmul included (a loss layer's
-      input: keras-io's captcha OCR's `Dense(softmax)` before its CTC
-      layer, which takes the log of them).
+      sigmoid whose probabilities an output with no weights takes and
+      passes on in float32 computes in float32 too, its matmul included
+      (a loss layer's input: keras-io's captcha OCR's `Dense(softmax)`
+      before its CTC layer, which takes the log of them).
     - Every other `Softmax` layer, `Activation` layer with softmax,
       log-softmax or sigmoid, and the attention softmax of each
       `MultiHeadAttention` computes in float32 and returns the compute
@@ -253,13 +253,17 @@ def pin_float32(
         else:
             pinned += _pin_whole(layer)
     for layer, output in output_feeders(model):
-        # Probabilities that an output computing in float32 takes: a loss
-        # layer's (keras-io's captcha OCR's CTC reads the log of its
-        # float16 softmax, whose gradient took the loss scale down to 64;
-        # 512 computed in float32). One that an output of 16 bits takes
-        # (cast on the way out) it would only cast back.
+        # Probabilities that an output with no weights passes on in
+        # float32: a loss layer's (keras-io's captcha OCR's CTC reads the
+        # log of its float16 softmax, whose gradient took the loss scale
+        # down to 64; 512 computed in float32), a `Reshape`'s. Not those
+        # an output's matmul reads as features (a hidden sigmoid before
+        # the head), nor those an output of 16 bits takes (cast on the
+        # way out): it would only cast them back.
         ids = {id(each) for each in pinned}
-        if id(output) in ids and id(layer) not in ids and is_sensitive(layer):
+        # (Built: an unbuilt Sequential's Dense has no weights yet.)
+        passes_on = id(output) in ids and output.built and not output.weights
+        if passes_on and id(layer) not in ids and is_sensitive(layer):
             pinned += _pin_whole(layer)
     # Left alone below: an output that now computes in float32 (one whose
     # outputs are only cast goes on, its attention to be pinned).

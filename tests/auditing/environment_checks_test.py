@@ -52,6 +52,19 @@ class OwnAttention(keras.layers.Layer):
         return keras.ops.dot_product_attention(x, x, x)
 
 
+class DecidesItself(OwnAttention):
+    """KerasHub's habit: the fused op where `_use_fused_attention_op()`
+    says (Gemma's says no on a CPU, and runs)."""
+
+    def _use_fused_attention_op(self):
+        return False
+
+    def call(self, x):
+        if self._use_fused_attention_op():
+            return keras.ops.dot_product_attention(x, x, x)
+        return x
+
+
 def _attention_model(dropout):
     x = keras.Input((4, 2, 8))
     h = keras.layers.MultiHeadAttention(2, 4, dropout=dropout, name="mha")(
@@ -61,6 +74,9 @@ def _attention_model(dropout):
     h = gqa(h, h)
     h = keras.layers.Reshape((4, 2, 8))(h)
     h = OwnAttention(name="own")(h)
+    h = DecidesItself(name="decides")(h)
+    # Over two axes its projected query is 5-D: Keras's unfused path.
+    h = keras.layers.MultiHeadAttention(2, 4, attention_axes=(1, 2))(h, h)
     return keras.Model(x, keras.layers.Dense(2, name="head")(h))
 
 

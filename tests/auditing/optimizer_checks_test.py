@@ -112,6 +112,11 @@ def test_an_optimizer_that_is_no_keras_one_is_said_so():
     assert has(report, "optimizer|The optimizer is a ", "warning")
     assert has(report, f"{kind}, not a Keras optimizer")
     assert not has(report, "No optimizer given")
+    assert ("torch.amp" in report[0].fix) == (backend.name() == "torch")
+    # A name, as `compile` takes one, is Keras's optimizer of that name.
+    report = quiet_audit(model, optimizer="adam")
+    assert not has(report, "not a Keras optimizer")
+    assert has(report, "but the optimizer (Adam) does not scale", "error")
     # Nothing in float16: no scaling needed, said as such.
     kmp.enable("mixed_bfloat16")
     model = small_mlp(out="float32", policy="mixed_bfloat16")

@@ -14,6 +14,7 @@ from audit_util import compiled_for_audit
 from audit_util import has
 from audit_util import quiet_audit
 from audit_util import small_mlp
+from util import tf_only
 
 import kmp
 from kmp import backend
@@ -42,6 +43,22 @@ class CycleGANStep(keras.Model):
         self.disc_X_optimizer.apply_gradients(zip(disc_X_grads, []))
         self.gen_F_optimizer.apply(tape.gradient(total_loss_F, []))  # inline
         return {"G_loss": total_loss_G, "D_X_loss": disc_X_loss}
+
+
+class GuideGANStep(keras.Model):
+    """keras-io's "Customizing what happens in fit()" GAN (TensorFlow):
+    one name, `grads`, for both optimizers' gradients (read, never
+    run)."""
+
+    def train_step(self, real_images):
+        with tf.GradientTape() as tape:  # noqa: F821
+            d_loss = self.loss_fn(self.discriminator(real_images))
+        grads = tape.gradient(d_loss, self.discriminator.trainable_weights)
+        self.d_optimizer.apply_gradients(zip(grads, []))
+        with tf.GradientTape() as tape:  # noqa: F821
+            g_loss = self.loss_fn(self.discriminator(real_images))
+        grads = tape.gradient(g_loss, self.generator.trainable_weights)
+        self.g_optimizer.apply_gradients(zip(grads, []))
 
 
 class TorchGANStep(keras.Model):
@@ -74,10 +91,11 @@ def test_the_loss_each_optimizer_applies_is_read_from_the_step():
         "disc_X_optimizer": "disc_X_loss",
         "gen_F_optimizer": "total_loss_F",
     }
-    assert read(TorchGANStep) == {
-        "d_optimizer": "d_loss",
-        "g_optimizer": "g_loss",
-    }
+    gan = {"d_optimizer": "d_loss", "g_optimizer": "g_loss"}
+    assert read(TorchGANStep) == gan
+    # Each apply's latest gradients before it (a review: the step's last
+    # assignment of `grads` named g_loss for both).
+    assert read(GuideGANStep) == gan
     assert read(ScalesItsLoss) == {}  # no apply in it
 
 
@@ -363,3 +381,19 @@ def test_a_gan_s_plain_optimizers_leave_keras_s_compiled_scaler_unreported():
     assert not has(report, "Keras's own LossScaleOptimizer (optimizer)")
     # What the step applies is reported: its optimizers do not scale.
     assert has(report, "d_optimizer")
+
+
+@tf_only
+def test_a_train_step_in_a_tf_function_is_read():
+    # `find_method` took a `tf.function` for no function: "never scales"
+    # of a step that scales (a review, 2026-11-30).
+    import tensorflow as tf
+
+    class Decorated(keras.Model):
+        @tf.function
+        def train_step(self, data):
+            return self.optimizer.scale_loss(self.compute_loss(data))
+
+    report = quiet_audit(_keras_io_model(False, cls=Decorated))
+    assert has(report, "overrides train_step and scales its loss", "info")
+    assert not has(report, "never scales")

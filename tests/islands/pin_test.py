@@ -33,6 +33,19 @@ def test_output_softmax_crossentropy_equals_the_float32_models():
         assert reference == pytest.approx(30.0)
 
 
+def test_a_hidden_sigmoid_a_head_reads_keeps_its_16_bits():
+    # Probabilities an output's matmul reads as features are no loss's
+    # input: the hidden layer's matmul stays in 16 bits (a review caught
+    # a first version that pinned it, and its matmul ran in float32).
+    kmp.enable("mixed_float16")
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(8, activation="sigmoid", name="hidden")
+    head = keras.layers.Dense(2, activation="softmax", name="head")
+    kmp.pin_float32(keras.Model(inputs, head(hidden(inputs))))
+    assert hidden.compute_dtype == "float16"
+    assert head.compute_dtype == "float32"
+
+
 def test_a_pinned_softmax_output_trains_where_float16_s_steps_skip():
     # `stock_keras_test.test_float16_output_softmax_stalls_...`: kmp's
     # scaler skips them too, unpinned; pinned, the gradient reaches the
