@@ -163,7 +163,7 @@ def _fused_attention(layer) -> bool:
     if getattr(layer, "dropout", 0.0):
         return False
     if isinstance(layer, keras.layers.MultiHeadAttention):
-        axes = getattr(layer, "_attention_axes", None)  # None: not built
+        axes = layer.attention_axes  # None: not built
         return axes is not None and len(axes) == 1
     if isinstance(layer, keras.layers.GroupQueryAttention):
         return True
