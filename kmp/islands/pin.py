@@ -252,6 +252,7 @@ def pin_float32(
             cast.append(layer)
         else:
             pinned += _pin_whole(layer)
+    pinned_ids = {id(each) for each in pinned}
     for layer, output in output_feeders(model):
         # Probabilities that an output with no weights passes on in
         # float32: a loss layer's (keras-io's captcha OCR's CTC reads the
@@ -260,14 +261,16 @@ def pin_float32(
         # an output's matmul reads as features (a hidden sigmoid before
         # the head), nor those an output of 16 bits takes (cast on the
         # way out): it would only cast them back.
-        ids = {id(each) for each in pinned}
         # (Built: an unbuilt Sequential's Dense has no weights yet.)
-        passes_on = id(output) in ids and output.built and not output.weights
-        if passes_on and id(layer) not in ids and is_sensitive(layer):
-            pinned += _pin_whole(layer)
+        passes_on = id(output) in pinned_ids  # a layer (an op is none)
+        passes_on = passes_on and output.built and not output.weights
+        if passes_on and id(layer) not in pinned_ids and is_sensitive(layer):
+            whole = _pin_whole(layer)
+            pinned += whole
+            pinned_ids.update(map(id, whole))
     # Left alone below: an output that now computes in float32 (one whose
     # outputs are only cast goes on, its attention to be pinned).
-    output_ids = {id(layer) for layer in pinned}
+    output_ids = pinned_ids
     for ids in float_ids(model):
         if ids.rounded:
             for layer in ids.casts:

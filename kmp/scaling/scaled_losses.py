@@ -92,9 +92,9 @@ _scaled_when_traced = weakref.WeakSet()
 # and lines of loops ("file:line").
 _told = weakref.WeakKeyDictionary()
 _told_loops = set()
-# Models whose train step was seen to scale the loss it applied, each
-# with those optimizers (weakly: the audit names them).
-_scaled_steps = weakref.WeakKeyDictionary()
+# Optimizers seen applying, in a train step, the gradients of a loss
+# they scaled there (the audit names them by the model's attributes).
+_scaled_in_steps = weakref.WeakSet()
 # Python's own frames are not the user's loop either (unittest,
 # contextlib).
 _STDLIB = sysconfig.get_paths()["stdlib"]
@@ -181,13 +181,13 @@ def loss_was_unscaled(optimizer, grads, stateless=False) -> bool:
             return False
         _tell_loop(optimizer, grads, stateless)
         return True
-    model = frame.f_locals["self"]
     if mark == id(frame):
-        # Seen scaling (at a compiled step's trace: its Python runs once).
-        if model not in _scaled_steps:
-            _scaled_steps[model] = weakref.WeakSet()
-        _scaled_steps[model].add(optimizer)
+        # Seen scaling (at a compiled step's trace: its Python runs once);
+        # by the optimizer, not the model: no second read of the frame's
+        # locals at every eager apply.
+        _scaled_in_steps.add(optimizer)
         return False
+    model = frame.f_locals["self"]
     if model not in _told:
         _told[model] = set()
         logger.warning("kmp: %s", _message(model, frame, optimizer, grads))
@@ -299,7 +299,11 @@ def unscaled_in(model) -> set:
 def scaled_in(model) -> set:
     """The names `model` holds the optimizers under (`attribute_of`) that
     its train step was seen to give gradients of a loss they scaled."""
-    return {attribute_of(model, o) for o in _scaled_steps.get(model, ())}
+    return {
+        name.lstrip("_")
+        for name, value in vars(model).items()
+        if isinstance(value, keras.Optimizer) and value in _scaled_in_steps
+    }
 
 
 def loops_told() -> list:
