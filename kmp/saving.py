@@ -44,6 +44,7 @@ from kmp.islands import Float32Activation
 from kmp.islands import Float32Softmax
 from kmp.islands import MultiHeadAttention
 from kmp.islands import casts_output
+from kmp.islands import marked_in
 from kmp.islands import pin_float32
 from kmp.model_layers import fed_outputs
 from kmp.model_layers import output_layers
@@ -90,8 +91,9 @@ def load_model(
       layers, for one) come back, and everything pinned already stays as
       it is. "Was pinned": every output of the loaded mixed model is
       float32 (`kmp.pin_float32`'s, or yours as Keras's mixed-precision
-      guide writes it), or it holds one of `kmp.layers`' island classes;
-      or the load changes the dtype the model computes in (a float32
+      guide writes it), or it holds one of `kmp.layers`' island classes,
+      or the archive keeps `kmp.pin_float32`'s mark of an output it cast
+      (a feature extractor's; `kmp.islands.float32_outputs`); or the load changes the dtype the model computes in (a float32
       file loaded under `kmp.enable(...)`: pinned as a model built there
       would be); or its file cannot say (a subclassed `keras.Model`,
       whose outputs no config records). A Functional, Sequential or
@@ -156,7 +158,7 @@ def load_model(
     if unnamed:
         warnings.warn(_no_optimizer(filepath, model), stacklevel=2)
     if pin is not False:
-        if pin or _was_pinned(model, config):
+        if pin or _was_pinned(model, config, filepath):
             if _compute(model) != "float32":
                 pin_float32(model)
         use_default_matmul(model)
@@ -223,7 +225,7 @@ def _saved_compute(config) -> str:
     return "bfloat16" if any("bfloat16" in n for n in names) else "float32"
 
 
-def _was_pinned(model, config) -> bool:
+def _was_pinned(model, config, filepath) -> bool:
     """Whether `kmp.load_model` pins the loaded `model` again by default
     (its docstring says when, and why)."""
     loaded = _compute(model)
@@ -232,6 +234,10 @@ def _was_pinned(model, config) -> bool:
     outputs = output_layers(model)
     if _saved_compute(config) != loaded or outputs is None:
         return True
+    # A layer whose outputs pinning cast left its mark in the archive.
+    with zipfile.ZipFile(str(filepath)) as archive:
+        if marked_in(archive.namelist()):
+            return True
     # `pin_float32`'s marks that a file keeps: every output float32 (a
     # Functional config's, or a KerasHub task's head through its
     # backbone's `DTypePolicyMap`), or a class of its own (a

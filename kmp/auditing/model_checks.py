@@ -134,9 +134,11 @@ def _check_subclassed_outputs(model, findings):
     # VAE's float16 sigmoid made its crossentropy inf, every epoch.
     # `kmp.pin_float32(model)` pins them too.
     held = held_models(model)
+    # Read once: a read of the trainer's `train_step` source.
+    losses = trainer_losses(model) if held else None
     for name, inner in held:
         found = []
-        check_outputs(inner, output_layers(inner), found, trainer_losses(model))
+        check_outputs(inner, output_layers(inner), found, losses)
         findings.extend(
             (severity, _under(name, where), *rest)
             for severity, where, *rest in found

@@ -35,17 +35,20 @@ a layer that holds layers by what it holds (`pins_whole`):
   `also=`).
 
 `return_float32` is an instance-level `call`, as `kmp.islands.gelu`
-wraps one: how the layer runs, not what it is. A `.keras` file does not
-keep it (nor does `copy.deepcopy`, a pickle or `keras.models.clone_model`:
-call `kmp.pin_float32` on the copy). `kmp.load_model` applies it again
-when it pins the loaded model, which it does where the file shows the
-model was pinned: another output float32, or an attention kmp swapped
-for its island class; a model whose every output is such a layer's and
-that holds no such attention comes back without it. Deleting the
-instance's `call` (`del layer.call`) undoes it.
+wraps one: how the layer runs, not what it is. A config does not keep it
+(nor does `copy.deepcopy`, a pickle or `keras.models.clone_model`: call
+`kmp.pin_float32` on the copy). A `.keras` file keeps a mark of it: the
+layer's `save_assets`, Keras's hook for a layer's files, writes
+`MARK_FILE` into the archive under the layer's path. `kmp.load_model`
+reads the mark (`marked_in`) as the file's word that the model was
+pinned, and pins the loaded model, which casts the same outputs again:
+without it, a feature extractor whose every output is cast would come
+back returning float16. Deleting the instance's `call` and `save_assets`
+(`del layer.call, layer.save_assets`) undoes it.
 """
 
 import functools
+import os
 
 import keras
 from keras import ops
@@ -54,6 +57,14 @@ from kmp import backend
 from kmp.model_layers import nested_layers
 
 _FEATURE = "kmp.pin_float32's float32 outputs"
+
+# What `return_float32` writes into a `.keras` archive, under the layer's
+# path in its `assets/` folder.
+MARK_FILE = "kmp_returns_float32.txt"
+_MARK_TEXT = (
+    "kmp.pin_float32 cast this layer's 16-bit outputs to float32; "
+    "kmp.load_model pins the loaded model, which casts them again.\n"
+)
 
 # Activations whose float16 results lose what crossentropy needs.
 SENSITIVE_ACTIVATIONS = ("softmax", "log_softmax", "sigmoid")
@@ -128,6 +139,29 @@ def return_float32(layer) -> None:
 
     call._kmp_returns_float32 = True
     layer.call = call
+    _mark_in_files(layer)
+
+
+def _mark_in_files(layer):
+    # A class's own `save_assets` (a lookup's vocabulary) runs first.
+    own = getattr(layer, "save_assets", None)
+
+    def save_assets(dir_path):
+        if own is not None:
+            own(dir_path)
+        with open(os.path.join(dir_path, MARK_FILE), "w") as f:
+            f.write(_MARK_TEXT)
+
+    layer.save_assets = save_assets
+
+
+def marked_in(names) -> bool:
+    """Whether a `.keras` archive whose members are `names` holds a layer
+    that `return_float32` cast (its `MARK_FILE`)."""
+    return any(
+        name.startswith("assets/") and name.endswith("/" + MARK_FILE)
+        for name in names
+    )
 
 
 def pins_whole(layer) -> bool:

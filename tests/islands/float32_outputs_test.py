@@ -2,6 +2,8 @@
 produces (keras-io's miniature GPT returns its Transformer block's
 output beside the logits), float32 without mixing dtypes inside it."""
 
+import zipfile
+
 import keras
 import numpy as np
 import pytest
@@ -259,3 +261,73 @@ def test_a_feature_extractor_s_inner_outputs_are_cast_not_pinned(tmp_path):
             keras.ops.convert_to_numpy(value),
             keras.ops.convert_to_numpy(features[name]),
         )
+
+
+@keras.saving.register_keras_serializable(package="kmp_tests")
+class NotedResidual(keras.layers.Layer):
+    """A layer of layers, no attention in it, that keeps a file of its own
+    in a `.keras` archive (as a lookup keeps its vocabulary)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(16)
+        self.note = "unread"
+
+    def call(self, x):
+        return x + self.dense(x)
+
+    def save_assets(self, dir_path):
+        with open(f"{dir_path}/note.txt", "w") as f:
+            f.write("kept")
+
+    def load_assets(self, dir_path):
+        with open(f"{dir_path}/note.txt") as f:
+            self.note = f.read()
+
+
+def test_a_model_whose_every_output_is_cast_comes_back_casting(tmp_path):
+    # Its one output is cast, not pinned: the file records a 16-bit
+    # policy there and no island class, so kmp.load_model took it for a
+    # model saved unpinned and it came back returning float16.
+    kmp.enable("mixed_float16")
+    inputs = keras.Input((16,))
+    model = kmp.pin_float32(
+        keras.Model(inputs, NotedResidual(name="block")(inputs))
+    )
+    x = np.random.default_rng(0).normal(size=(4, 16)).astype("float32")
+    path = str(tmp_path / "extractor.keras")
+    model.save(path)
+    with zipfile.ZipFile(path) as archive:
+        names = archive.namelist()
+    assert float32_outputs.marked_in(names)
+    # Keras's load rebuilds it from its config, without the cast.
+    assert _dtype(keras.saving.load_model(path)(x)) == "float16"
+    loaded = kmp.load_model(path)
+    block = loaded.get_layer("block")
+    assert float32_outputs.returns_float32(block)
+    assert block.compute_dtype == "float16"
+    # The layer's own file is written and read beside kmp's mark.
+    assert block.note == "kept"
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(loaded(x)),
+        keras.ops.convert_to_numpy(model(x)),
+    )
+    assert _dtype(loaded(x)) == "float32"
+    # Saved again, the loaded model keeps the mark.
+    loaded.save(path)
+    with zipfile.ZipFile(path) as archive:
+        assert float32_outputs.marked_in(archive.namelist())
+
+
+def test_an_unpinned_model_s_archive_has_no_cast_mark(tmp_path):
+    kmp.enable("mixed_float16")
+    inputs = keras.Input((16,))
+    model = keras.Model(inputs, NotedResidual(name="block")(inputs))
+    path = str(tmp_path / "unpinned.keras")
+    model.save(path)
+    with zipfile.ZipFile(path) as archive:
+        assert not float32_outputs.marked_in(archive.namelist())
+    loaded = kmp.load_model(path)
+    assert not float32_outputs.returns_float32(loaded.get_layer("block"))
+    x = np.ones((2, 16), "float32")
+    assert _dtype(loaded(x)) == "float16"
