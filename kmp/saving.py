@@ -93,8 +93,9 @@ def load_model(
       float32 (`kmp.pin_float32`'s, or yours as Keras's mixed-precision
       guide writes it), or it holds one of `kmp.layers`' island classes,
       or the archive keeps `kmp.pin_float32`'s mark of an output it cast
-      (a feature extractor's; `kmp.islands.float32_outputs`); or the load changes the dtype the model computes in (a float32
-      file loaded under `kmp.enable(...)`: pinned as a model built there
+      (a feature extractor's; `kmp.islands.float32_outputs`); or the
+      load changes the dtype the model computes in (a float32 file
+      loaded under `kmp.enable(...)`: pinned as a model built there
       would be); or its file cannot say (a subclassed `keras.Model`,
       whose outputs no config records). A Functional, Sequential or
       KerasHub model saved unpinned and loaded under the policy it was

@@ -135,10 +135,10 @@ def _check_subclassed_outputs(model, findings):
     # `kmp.pin_float32(model)` pins them too.
     held = held_models(model)
     # Read once: a read of the trainer's `train_step` source.
-    losses = trainer_losses(model) if held else None
+    losses = trainer_losses(model) if held else {}
     for name, inner in held:
         found = []
-        check_outputs(inner, output_layers(inner), found, losses)
+        check_outputs(inner, output_layers(inner), found, losses.get(name, []))
         findings.extend(
             (severity, _under(name, where), *rest)
             for severity, where, *rest in found
