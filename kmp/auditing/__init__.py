@@ -1,7 +1,9 @@
 """The preflight check: `kmp.audit(model)` and its findings.
 
-    loss_checks         what reads the outputs: the compiled losses, a
-                        trainer's crossentropies; 16-bit probabilities
+    loss_checks         what reads the outputs: the compiled losses;
+                        16-bit probabilities
+    loss_flow           which held model's outputs a trainer's
+                        crossentropies read, from its step's source
     model_checks        outputs, inner softmaxes, tensor-core sizes, loss
     normalization_checks  Normalization layers in 16 bits, or with
                         statistics a 16-bit adapt made infinite

@@ -14,7 +14,7 @@ from kmp import backend
 from kmp import islands
 from kmp.auditing.loss_checks import loss_names
 from kmp.auditing.loss_checks import probabilities_finding
-from kmp.auditing.loss_checks import trainer_losses
+from kmp.auditing.loss_flow import trainer_losses
 from kmp.islands import activation_name
 from kmp.islands import is_sensitive
 from kmp.model_layers import all_layers
@@ -57,7 +57,7 @@ def _padded(n):
 def check_outputs(model, outputs, findings, losses=None):
     """Outputs not float32, and 16-bit probability outputs by the loss
     that reads them: `losses`, names of those a trainer applies to the
-    model (`loss_checks.trainer_losses`), or those it was compiled with."""
+    model (`loss_flow.trainer_losses`), or those it was compiled with."""
     if outputs is None:
         _check_subclassed_outputs(model, findings)
         return
