@@ -62,7 +62,7 @@ from kmp.islands.float32_outputs import activation_name
 from kmp.islands.float32_outputs import casts_output
 from kmp.islands.float32_outputs import holds_probabilities
 from kmp.islands.float32_outputs import is_sensitive
-from kmp.islands.float32_outputs import marked_in
+from kmp.islands.float32_outputs import marked_layers
 from kmp.islands.float32_outputs import returns_float32
 from kmp.islands.gelu import is_gelu
 from kmp.islands.gelu import recompute_gelu
@@ -97,7 +97,7 @@ __all__ = [
     "is_gelu",
     "is_sensitive",
     "largest_statistic",
-    "marked_in",
+    "marked_layers",
     "normalize_in_float32",
     "reads_raw_values",
     "pin_float32",
