@@ -44,8 +44,8 @@ from kmp.islands import Float32Activation
 from kmp.islands import Float32Softmax
 from kmp.islands import MultiHeadAttention
 from kmp.islands import casts_output
-from kmp.islands import marked_layers
 from kmp.islands import pin_float32
+from kmp.islands import pinned_in
 from kmp.model_layers import fed_outputs
 from kmp.model_layers import output_layers
 from kmp.saved_compile import SKIPPED_OPTIMIZER
@@ -92,14 +92,15 @@ def load_model(
       it is. "Was pinned": every output of the loaded mixed model is
       float32 (`kmp.pin_float32`'s, or yours as Keras's mixed-precision
       guide writes it), or it holds one of `kmp.layers`' island classes,
-      or the archive keeps `kmp.pin_float32`'s mark on an output layer
-      it cast (a feature extractor's; `kmp.islands.float32_outputs`);
-      or the load changes the dtype the model computes in (a float32
-      file loaded under `kmp.enable(...)`: pinned as a model built there
-      would be); or its file cannot say (a subclassed `keras.Model`,
-      whose outputs no config records). A Functional, Sequential or
-      KerasHub model saved unpinned and loaded under the policy it was
-      saved with comes back as it was saved, predictions included;
+      or the archive keeps `kmp.pin_float32`'s mark of the saved model
+      (`kmp.islands.pin_mark`; a feature extractor whose outputs it
+      cast shows no other); or the load changes the dtype the model
+      computes in (a float32 file loaded under `kmp.enable(...)`:
+      pinned as a model built there would be); or its file cannot say
+      (a subclassed `keras.Model`, whose outputs no config records). A
+      Functional, Sequential or KerasHub model saved unpinned and loaded
+      under the policy it was saved with comes back as it was saved,
+      predictions included;
     - if the model's class has its own `compile` (KerasHub's tasks),
       which Keras does not call on load, the model is compiled with the
       file's compile config (kmp's `LossScaleOptimizer` included) and the
@@ -235,10 +236,10 @@ def _was_pinned(model, config, filepath) -> bool:
     outputs = output_layers(model)
     if _saved_compute(config) != loaded or outputs is None:
         return True
-    # An output layer whose outputs pinning cast left its mark in the
-    # archive (a mark deeper in is a model's inside, pinned on its own).
+    # `pin_float32`'s own mark, the saved model's (a model's inside it,
+    # pinned on its own, is elsewhere in the archive).
     with zipfile.ZipFile(str(filepath)) as archive:
-        if marked_layers(archive) & {layer.name for layer in outputs}:
+        if pinned_in(archive):
             return True
     # `pin_float32`'s marks that a file keeps: every output float32 (a
     # Functional config's, or a KerasHub task's head through its

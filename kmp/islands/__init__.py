@@ -31,6 +31,8 @@
                     in float32: the layer whole where it holds
                     probabilities, its outputs cast otherwise; what
                     counts as sensitive
+    pin_mark        `kmp.pin_float32`'s mark in a `.keras` file: the
+                    saved model was pinned
     pin             `kmp.pin_float32`: outputs float32, inner softmaxes
                     and sigmoids float32 inside, float token ids kept
                     exact, Normalization and Rescaling layers in
@@ -62,12 +64,13 @@ from kmp.islands.float32_outputs import activation_name
 from kmp.islands.float32_outputs import casts_output
 from kmp.islands.float32_outputs import holds_probabilities
 from kmp.islands.float32_outputs import is_sensitive
-from kmp.islands.float32_outputs import marked_layers
 from kmp.islands.float32_outputs import returns_float32
 from kmp.islands.gelu import is_gelu
 from kmp.islands.gelu import recompute_gelu
 from kmp.islands.gelu import recomputes_gelu
 from kmp.islands.pin import pin_float32
+from kmp.islands.pin_mark import mark_pinned
+from kmp.islands.pin_mark import pinned_in
 from kmp.islands.position_embedding import broadcast_once
 from kmp.islands.position_embedding import broadcasts_once
 from kmp.islands.token_ids import EXACT_UP_TO
@@ -97,10 +100,11 @@ __all__ = [
     "is_gelu",
     "is_sensitive",
     "largest_statistic",
-    "marked_layers",
     "normalize_in_float32",
     "reads_raw_values",
     "pin_float32",
+    "mark_pinned",
+    "pinned_in",
     "recompute_gelu",
     "recomputes_gelu",
     "returns_float32",

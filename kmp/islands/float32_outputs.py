@@ -35,25 +35,16 @@ a layer that holds layers by what it holds (`pins_whole`):
   `also=`).
 
 `return_float32` is an instance-level `call`, as `kmp.islands.gelu`
-wraps one: how the layer runs, not what it is. A config does not keep it
-(nor does `copy.deepcopy`, a pickle or `keras.models.clone_model`: call
-`kmp.pin_float32` on the copy). A `.keras` file keeps a mark of it: the
-layer's `save_assets`, Keras's hook for a layer's files, writes
-`MARK_FILE` (the layer's name) into the archive under the layer's path.
-`kmp.load_model` reads a mark on a layer that makes one of the loaded
-model's outputs (`marked_layers`) as the file's word that the model was
-pinned, and pins it, which casts the same outputs again: without it, a
-feature extractor whose every output is cast came back returning
-float16. A mark deeper in (a pinned backbone inside a model saved
-unpinned) does not pin the model: its head casts the backbone's output
-back to 16 bits, so the saved predictions come back either way.
-Deleting the instance's `call` (`del layer.call`) undoes the cast, and
-the mark is no longer written.
+wraps one: how the layer runs, not what it is. A `.keras` file does not
+keep it (nor does `copy.deepcopy`, a pickle or `keras.models.clone_model`:
+call `kmp.pin_float32` on the copy). `kmp.load_model` applies it again
+when it pins the loaded model, which it does where the file shows the
+model was pinned (`pin_mark`: a model whose every output is such a
+layer's shows it by the mark alone). Deleting the instance's `call`
+(`del layer.call`) undoes it.
 """
 
 import functools
-import json
-import os
 
 import keras
 from keras import ops
@@ -62,15 +53,6 @@ from kmp import backend
 from kmp.model_layers import nested_layers
 
 _FEATURE = "kmp.pin_float32's float32 outputs"
-
-# What `return_float32` writes into a `.keras` archive, under the layer's
-# path in its `assets/` folder: the layer's name, and why.
-MARK_FILE = "kmp_returns_float32.json"
-_MARK_NOTE = (
-    "kmp.pin_float32 cast this layer's 16-bit outputs to float32; "
-    "kmp.load_model pins a loaded model whose output layer this is, "
-    "which casts them again."
-)
 
 # Activations whose float16 results lose what crossentropy needs.
 SENSITIVE_ACTIVATIONS = ("softmax", "log_softmax", "sigmoid")
@@ -145,38 +127,6 @@ def return_float32(layer) -> None:
 
     call._kmp_returns_float32 = True
     layer.call = call
-    _mark_in_files(layer)
-
-
-def _mark_in_files(layer):
-    # A class's own `save_assets` (a lookup's vocabulary) runs first.
-    own = getattr(layer, "save_assets", None)
-
-    def save_assets(dir_path):
-        if own is not None:
-            own(dir_path)
-        if returns_float32(layer):  # not after `del layer.call`
-            mark = {"layer": layer.name, "note": _MARK_NOTE}
-            with open(os.path.join(dir_path, MARK_FILE), "w") as f:
-                json.dump(mark, f)
-
-    layer.save_assets = save_assets
-
-
-def marked_layers(archive) -> set:
-    """The names of the layers whose outputs `return_float32` cast, from
-    the marks in a `.keras` archive (an open `zipfile.ZipFile`). A layer
-    of a model held inside the saved one (a pinned backbone) is among
-    them: `kmp.load_model` counts those that make the saved model's
-    outputs."""
-    names = set()
-    for member in archive.namelist():
-        if member.startswith("assets/") and member.endswith("/" + MARK_FILE):
-            try:
-                names.add(json.loads(archive.read(member))["layer"])
-            except (ValueError, KeyError, TypeError):
-                continue  # not kmp's mark
-    return names
 
 
 def pins_whole(layer) -> bool:

@@ -60,6 +60,7 @@ from kmp.islands.float32_outputs import casts_output
 from kmp.islands.float32_outputs import is_sensitive
 from kmp.islands.float32_outputs import return_float32
 from kmp.islands.gelu import recompute_gelu
+from kmp.islands.pin_mark import mark_pinned
 from kmp.islands.position_embedding import broadcast_once
 from kmp.islands.position_embedding import is_keras_hub_position_embedding
 from kmp.islands.token_ids import float_ids
@@ -332,6 +333,7 @@ def pin_float32(
         record_policies(
             model, {layer: float32_policy(layer) for layer in pinned}
         )
+        mark_pinned(model)  # for what no config keeps (`pin_mark`)
     return model
 
 

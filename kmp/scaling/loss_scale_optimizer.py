@@ -184,13 +184,8 @@ class LossScaleOptimizer(
         self._follow_keras_float8(self.initial_scale)
 
     def apply(self, grads, trainable_variables=None):
-        # Built here, outside this optimizer's name scope, where the
-        # stock `apply` builds inside it: on TensorFlow the inner
-        # optimizer's slots were then "loss_scale_optimizer/adam/...",
-        # and "adam/..." where `compile` on load (or `build()`) built
-        # them, so `set_state_tree`, which `OrbaxCheckpoint`'s restore
-        # runs, matched none of them and left Adam's moments at zero,
-        # silently (a helper, 2026-12-01; stock Keras does the same).
+        # Outside the stock apply's name scope: TF's slot paths then match
+        # a load's, which OrbaxCheckpoint's restore needs (BUILD_NOTES).
         if not self.built and trainable_variables is not None:
             self.build(trainable_variables)
         return super().apply(grads, trainable_variables)
