@@ -15,18 +15,29 @@ the user's functions they call (`source_reading`), each statement in
 source order:
 
 - a name holds the held models whose outputs its value carries. A held
-  model's call (`self.discriminator(x)`, its `stateless_call` or `call`,
-  or through a name bound to the model) carries its own output alone:
-  the discriminator's scores of the generator's images are the
-  discriminator's. Any other expression carries what its parts carry.
-  An assignment replaces what a name held; a tuple of values is matched
-  to a tuple of names one by one; `self.x = ...` binds no name;
+  model's call (`self.discriminator(x)`, its `stateless_call`, `call` or
+  `__call__`, or through a name bound to the model) carries its own
+  output alone: the discriminator's scores of the generator's images
+  are the discriminator's. A library's function, a loss or a value's
+  method (`fake.detach()`) carries what its arguments carry. A call of
+  the user's own (`self.discriminate(fake)`) or one the step does not
+  resolve (`nets["d"](fake)`) may return any held model's output. Any
+  other expression carries what its parts carry. An assignment
+  replaces what a name held, unless it sits in a branch or a loop; a
+  tuple of values is matched to a tuple of names one by one;
+  `self.x = ...` binds no name. A multi-output held model unpacked
+  (`validity, images = self.combined(z)`) gives each name the whole
+  model: its outputs are not told apart, so a crossentropy on one
+  counts for every output it makes;
 - a crossentropy that reads probabilities reads the models its
   prediction carries: a Keras loss's `y_pred` (its second argument), a
   torch function's `input` (its first), any argument of another's;
 - one whose prediction carries no held model (a helper's parameter, a
-  user's function) counts for every held model, as the audit did before
-  it read the flow: a missed error is worse than a needless one.
+  user's function), or may carry any, counts for every held model, as
+  the audit did before it read the flow: a missed error is worse than
+  a needless one. A step whose source cannot be read (a class made by
+  `exec`), or that is too deep to walk, counts nothing, and a sigmoid
+  output is then a warning ("not known yet").
 
 What reads probabilities: a Keras crossentropy without `from_logits`,
 torch's `binary_cross_entropy` and `BCELoss`; neither a loss given
@@ -49,7 +60,18 @@ from kmp.auditing import source_reading
 from kmp.auditing.loss_checks import names_of_losses
 
 # A held model's methods that run it as its call does.
-_MODEL_CALLS = ("call", "stateless_call")
+_MODEL_CALLS = ("call", "stateless_call", "__call__")
+# What a value holds where a call the step makes is the user's own (a
+# helper method's result): any held model's output, for all kmp knows.
+_ANY = "*"
+# Libraries whose functions return what their arguments carry.
+_LIBRARIES = frozenset(
+    {"builtins", "jax", "jaxlib", "keras", "math", "numpy", "tensorflow"}
+    | {"torch"}
+)
+# Statements that may run their body or not, or twice: a name bound in
+# one keeps what it held before, too.
+_BRANCHES = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.Match)
 # Packages whose crossentropies all take logits.
 _LOGITS_PACKAGES = ("optax",)
 # torch's crossentropies that take probabilities, `_` and case dropped.
@@ -78,9 +100,13 @@ def trainer_losses(trainer) -> dict:
     found = {}
     for reader in readers:
         step = _Step(trainer, held, source_reading.names_of(reader))
-        step.visit(reader.tree)
+        try:
+            step.visit(reader.tree)
+        except RecursionError:  # an expression too deep to walk: unread
+            continue
         for loss, models in step.reads:
-            for name in sorted(models) or everyone:
+            untraced = not models or _ANY in models
+            for name in everyone if untraced else sorted(models):
                 names = found.setdefault(name, [])
                 if loss not in names:
                     names.append(loss)
@@ -106,6 +132,16 @@ class _Step(ast.NodeVisitor):
         self.holds = {}  # a name: the held models' names its value carries
         self.bound = {}  # a name: the object it was bound to (an alias)
         self.reads = []
+        self.branches = 0  # how deep in `_BRANCHES` the walk is
+
+    def visit(self, node):
+        if not isinstance(node, _BRANCHES):
+            return super().visit(node)
+        self.branches += 1
+        try:
+            return super().visit(node)
+        finally:
+            self.branches -= 1
 
     def visit_Assign(self, node):
         self.visit(node.value)
@@ -147,7 +183,10 @@ class _Step(ast.NodeVisitor):
                 self.bound[alias.asname or alias.name] = found
 
     def visit_Call(self, node):
-        described = self._crossentropy(node)
+        try:
+            described = self._crossentropy(node)
+        except Exception:  # a user's object that raises when read
+            described = None
         if described is not None:
             loss, prediction = described
             models = set().union(set(), *map(self.models, prediction))
@@ -156,7 +195,10 @@ class _Step(ast.NodeVisitor):
 
     def _bind(self, target, value):
         if isinstance(target, ast.Name):
-            self.holds[target.id] = self.models(value)
+            models = self.models(value)
+            if self.branches:  # bound maybe: what it held may be left
+                models |= self.holds.get(target.id, frozenset())
+            self.holds[target.id] = models
             bound = self._object(value) or self._built(value)
             if bound is not None:
                 self.bound[target.id] = bound
@@ -179,13 +221,37 @@ class _Step(ast.NodeVisitor):
         # `self.x = ...` or `a[i] = ...`: no name is bound.
 
     def models(self, node) -> frozenset:
-        """The held models whose outputs an expression carries."""
+        """The held models whose outputs an expression carries (`_ANY`
+        among them where a call of the user's own may return any)."""
         model = self._called_model(node)
         if model is not None:
             return frozenset([model])
         if isinstance(node, ast.Name):
             return self.holds.get(node.id, frozenset())
-        return frozenset().union(*map(self.models, ast.iter_child_nodes(node)))
+        parts = frozenset().union(*map(self.models, ast.iter_child_nodes(node)))
+        if isinstance(node, ast.Call) and not self._passes_on(node.func):
+            return parts | {_ANY}
+        return parts
+
+    def _passes_on(self, func) -> bool:
+        """Whether a call returns what its arguments carry and no held
+        model's output of its own: a library's function
+        (`ops.concatenate`), a loss, a value's method (`fake.detach()`);
+        not a method or function of the user's (`self.discriminate(x)`
+        may return a held model's output), nor what the step cannot
+        resolve (`nets["d"](x)`, `getattr(self, "d")(x)`)."""
+        target = self._resolve(func)
+        if target is None:
+            # `value.method(...)`, unless the value is `self`.
+            return isinstance(func, ast.Attribute) and not (
+                isinstance(func.value, ast.Name) and func.value.id == "self"
+            )
+        if isinstance(target, (keras.losses.Loss, type)):
+            return True
+        module = _attribute(target, "__module__")
+        if not isinstance(module, str):
+            module = _attribute(type(target), "__module__") or ""
+        return module.split(".")[0] in _LIBRARIES
 
     def _called_model(self, node):
         if not isinstance(node, ast.Call):
@@ -301,15 +367,12 @@ def _describe(target):
         logits = False
     if not (callable(target) or isinstance(target, type)):
         return None, False, ""
-    kind = (
-        target
-        if isinstance(target, type) or hasattr(target, "__name__")
-        else type(target)
-    )
-    name = getattr(kind, "__name__", None)
+    named = isinstance(target, type) or _attribute(target, "__name__")
+    kind = target if named else type(target)
+    name = _attribute(kind, "__name__")
     if not isinstance(name, str) or name == "<lambda>":
         return None, False, ""
-    package = (getattr(kind, "__module__", None) or "").split(".")[0]
+    package = str(_attribute(kind, "__module__") or "").split(".")[0]
     if isinstance(target, type) and issubclass(target, keras.losses.Loss):
         # Its instances' default name: `BinaryCrossentropy`'s is
         # "binary_crossentropy".

@@ -20,10 +20,14 @@ from kmp.scaling import scaled_losses
 
 
 def _step_source(methods) -> str | None:
-    """The text of a step's methods (None if one has no source)."""
+    """The text of a step's methods (None if one has no source, or an
+    expression too deep for `ast.unparse`)."""
     if any(method.tree is None for method in methods):
         return None
-    return "\n".join(ast.unparse(method.tree) for method in methods)
+    try:
+        return "\n".join(ast.unparse(method.tree) for method in methods)
+    except RecursionError:
+        return None
 
 
 def _reads_compiled(source) -> bool:

@@ -2,6 +2,8 @@
 (`kmp.auditing.loss_flow`), read from keras-io's steps and from steps
 written the ways a review found that a first reading got wrong."""
 
+import importlib
+
 import keras
 import pytest
 from audit_util import quiet_audit
@@ -148,6 +150,78 @@ def test_a_crossentropy_whose_prediction_is_not_traced_counts_for_all(
     }
 
 
+class Discriminate(Trainer):
+    def discriminate(self, x):
+        return self.discriminator(x)
+
+    def train_step(self, data):
+        fake = self.generator(data)
+        return self.loss_fn(data, self.discriminate(fake))
+
+
+class Looked(Trainer):
+    def train_step(self, data):
+        nets = {"d": self.discriminator}
+        return self.loss_fn(data, nets["d"](self.generator(data)))
+
+
+class Looped(Trainer):
+    def train_step(self, data):
+        fake = self.generator(data)
+        for net in (self.discriminator,):
+            scores = net(fake)
+        return self.loss_fn(data, scores)
+
+
+@pytest.mark.parametrize("trainer", [Discriminate, Looked, Looped])
+def test_a_call_of_the_user_s_own_may_return_any_model_s_output(trainer):
+    # A second review: a helper method, a dict or a loop variable passed
+    # on its argument's model, so the generator got the crossentropy's
+    # error and the discriminator a warning.
+    assert trainer_losses(trainer()) == {
+        "discriminator": BCE,
+        "generator": BCE,
+    }
+
+
+class Branches(Trainer):
+    def train_step(self, data):
+        if data is None:
+            scores = self.discriminator(data)
+        else:
+            scores = self.generator(data)
+        return self.loss_fn(data, scores)
+
+
+def test_a_name_bound_in_a_branch_keeps_what_it_held():
+    assert trainer_losses(Branches()) == {
+        "discriminator": BCE,
+        "generator": BCE,
+    }
+
+
+class Registry:
+    """A user's object whose `__getattr__` raises KeyError."""
+
+    def __init__(self):
+        self.__dict__["table"] = {}
+
+    def __getattr__(self, key):
+        return self.table[key]
+
+    def __call__(self, y, p):
+        return ops.mean((y - p) ** 2)
+
+
+class Registered(Trainer):
+    def __init__(self):
+        super().__init__()
+        self.reg = Registry()
+
+    def train_step(self, data):
+        return self.reg(data, self.discriminator(data))
+
+
 class Raises(Trainer):
     @property
     def boom(self):
@@ -161,11 +235,30 @@ class Raises(Trainer):
 
 def test_what_cannot_be_read_is_no_loss_and_no_crash():
     # Keras's `compute_loss` holds a `CompileLoss`, whose `get_config`
-    # raises, and a property of the user's may raise: the audit crashed.
+    # raises, a property of the user's may raise, and so may an
+    # object's `__getattr__` with a KeyError: the audit crashed.
     trainer = Raises()
     trainer.compile(loss="binary_crossentropy")
     assert trainer_losses(trainer) == {}
     kmp.audit(trainer, verbose=False)
+    assert trainer_losses(Registered()) == {}
+    kmp.audit(Registered(), verbose=False)
+
+
+def test_a_step_too_deep_to_walk_is_left_unread(tmp_path, monkeypatch):
+    # One expression of 600 terms: past Python's recursion limit.
+    terms = " + ".join(["scores"] * 600)
+    (tmp_path / "deep_step.py").write_text(
+        "def train_step(self, data):\n"
+        "    scores = self.discriminator(data)\n"
+        f"    return self.loss_fn(data, {terms})\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    deep_step = importlib.import_module("deep_step")
+    deep = type("Deep", (Trainer,), {"train_step": deep_step.train_step})
+    assert trainer_losses(deep()) == {}
+    # The audit's other reading of the step (`ast.unparse`) crashed.
+    kmp.audit(deep(), optimizer=kmp.wrap("adam"), verbose=False)
 
 
 class Torch(Trainer):
