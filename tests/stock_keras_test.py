@@ -380,3 +380,28 @@ def test_stock_top_k_metrics_refuse_a_float16_output():
         metrics=[keras.metrics.SparseTopKCategoricalAccuracy(5)],
     )
     assert np.isfinite(model.fit(x, y, verbose=0).history["loss"][-1])
+
+
+@describes("3.15", "3.16")
+def test_stock_orbax_checkpoint_loses_a_resumed_run_s_saves(tmp_path):
+    # Keras's callback numbers a resumed run's saves from `iterations`,
+    # which its scaler does not advance on a skipped step: below the
+    # steps on disk, they are never written (JAX, silently), or the run
+    # fails at its first (TensorFlow, torch). kmp's: orbax_checkpoint_test.
+    from orbax.checkpoint.experimental.v1.training import errors
+    from orbax_runs import compiled_model
+    from orbax_runs import fit
+    from orbax_runs import steps
+
+    keras.config.set_dtype_policy("mixed_float16")
+    directory = str(tmp_path / "ckpt")
+    stock = keras.optimizers.LossScaleOptimizer
+    model = compiled_model(stock)
+    fit(model, 10, directory, keras.callbacks.OrbaxCheckpoint)
+    assert int(model.optimizer.iterations) < 10  # steps were skipped
+    restored = keras.saving.load_model(directory)
+    try:
+        fit(restored, 6, directory, keras.callbacks.OrbaxCheckpoint)
+    except errors.StepAlreadyExistsError:
+        assert backend.name() != "jax"
+    assert steps(directory) == [6, 8, 10]  # none of the resumed run's

@@ -11,6 +11,8 @@ does, seen, and what it did, kept.
     checkpoints         `BackupAndRestore` and `ModelCheckpoint`: Keras's,
                         except that a run killed while they write leaves
                         whole files
+    orbax_checkpoint    `OrbaxCheckpoint`: Keras's, except that a resumed
+                        run's saves are numbered past the ones on disk
 
 Imports from kmp: backend, errors, scaling.
 """
@@ -19,12 +21,14 @@ from kmp.callbacks.checkpoints import BackupAndRestore
 from kmp.callbacks.checkpoints import ModelCheckpoint
 from kmp.callbacks.loss_scale_monitor import LossScaleMonitor
 from kmp.callbacks.loss_scale_monitor import StepCount
+from kmp.callbacks.orbax_checkpoint import OrbaxCheckpoint
 from kmp.callbacks.progress_bar import ProgressBar
 
 __all__ = [
     "BackupAndRestore",
     "LossScaleMonitor",
     "ModelCheckpoint",
+    "OrbaxCheckpoint",
     "ProgressBar",
     "StepCount",
 ]

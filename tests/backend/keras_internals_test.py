@@ -12,10 +12,13 @@ lacks, and on an entry that kmp no longer uses.
 """
 
 import ast
+import atexit
 import collections
 import inspect
 import pathlib
 import re
+import shutil
+import tempfile
 
 import keras
 import numpy as np
@@ -299,6 +302,13 @@ REACHES = [
     ),
     Reach("checkpoint", "_model", None, _BACKUP),
     Reach(
+        "orbax",
+        "_total_batches_seen",
+        None,
+        "kmp.callbacks.OrbaxCheckpoint's step numbers past a resumed run's "
+        "skipped steps (kmp/callbacks/orbax_checkpoint.py)",
+    ),
+    Reach(
         "progbar",
         "_seen_so_far",
         None,
@@ -396,8 +406,17 @@ OWNERS = {
     "variable": lambda: keras.Variable(np.ones(2, "float32")),
     "backup": lambda: keras.callbacks.BackupAndRestore("unused"),
     "checkpoint": lambda: keras.callbacks.ModelCheckpoint("unused.keras"),
+    "orbax": lambda: keras.callbacks.OrbaxCheckpoint(_unused_directory()),
     "progbar": lambda: keras.utils.Progbar(3),
 }
+
+
+def _unused_directory():
+    # Orbax's checkpointer makes its directory: one of the test's own,
+    # gone when the process ends.
+    directory = tempfile.mkdtemp(prefix="kmp_orbax_")
+    atexit.register(shutil.rmtree, directory, True)
+    return directory
 
 
 def _broken(what, feature):

@@ -1,0 +1,81 @@
+"""Keras's `OrbaxCheckpoint`, numbering a resumed run's saves past the
+ones on disk.
+
+Keras's `OrbaxCheckpoint` numbers a save every `save_freq` batches by the
+batches seen, and a resumed run's count starts at its optimizer's
+`iterations`. A loss scaler does not count a skipped step there (the
+inner optimizer's learning-rate schedule must not advance on it), so
+after skipped steps a resumed run numbers its saves below the steps on
+disk, and Orbax writes none of them, silently: a helper's run of 10
+batches with 7 skipped (`iterations` 3) saved steps 6, 8 and 10; resumed
+from step 10, its saves 5, 7 and 9 never appeared, and a second resume
+went back to step 10's state (stock Keras's scaler the same,
+2026-12-01).
+
+kmp's `LossScaleOptimizer` counts the steps it skipped
+(`skipped_steps`), saved with the rest of its state, so here the count
+starts at `iterations + skipped_steps`: every batch the run's optimizers
+saw, applied or skipped, as a run that was never interrupted counts
+them. Everything else is Keras's: arguments, files, the restore
+(`keras.saving.load_model(directory)`, then `kmp.pin_float32` on a
+pinned model, whose islands made in code no checkpoint keeps).
+
+Other notes from the same runs, which hold for Keras's callback too:
+restore into a model whose optimizer is built (a load builds it;
+compiled by hand, call `model.optimizer.build(model.trainable_variables)`
+before `load_weights`), with optimizers named as they were saved
+(`Adam(name="adam")`): Keras's `set_state_tree` matches variables by
+path and skips, without a word, what it cannot match. A save at the end
+of each epoch (`save_freq="epoch"`) is numbered by the epoch: resume
+with `fit(initial_epoch=...)`.
+"""
+
+import keras
+
+from kmp.scaling import LossScaleOptimizer
+
+
+class OrbaxCheckpoint(keras.callbacks.OrbaxCheckpoint):
+    """Keras's `OrbaxCheckpoint`, whose step numbers count the steps a
+    loss scaler skipped, so that a resumed run's saves follow the ones
+    on disk (the module says why).
+
+    Takes Keras's arguments and writes Keras's checkpoints: restore with
+    `keras.saving.load_model(directory)`. With a model whose optimizer
+    is not kmp's `LossScaleOptimizer` (nested in a kmp wrapper or not),
+    it numbers as Keras's does.
+
+    Args:
+        directory: Where the checkpoints go.
+        **kwargs: Keras's `OrbaxCheckpoint` arguments (`save_freq`,
+            `max_to_keep`, `monitor`, `save_best_only`, ...).
+
+    Example:
+
+    ```python
+    model.compile(optimizer=kmp.wrap("adam"), loss=...)
+    model.fit(data, epochs=100, callbacks=[
+        kmp.callbacks.OrbaxCheckpoint("/shared/ckpt", save_freq=1000)])
+    # interrupted: load the latest, and go on numbering after it
+    model = keras.saving.load_model("/shared/ckpt")
+    model.fit(data, epochs=100, callbacks=[
+        kmp.callbacks.OrbaxCheckpoint("/shared/ckpt", save_freq=1000)])
+    ```
+    """
+
+    def set_model(self, model):
+        super().set_model(model)
+        self._total_batches_seen += skipped_steps(model)
+
+
+def skipped_steps(model) -> int:
+    """The steps kmp's scaler of a compiled model skipped in all (0 where
+    its optimizer is another)."""
+    optimizer = getattr(model, "optimizer", None)
+    while optimizer is not None and not isinstance(
+        optimizer, LossScaleOptimizer
+    ):
+        optimizer = getattr(optimizer, "inner_optimizer", None)
+    if optimizer is None or not optimizer.built:
+        return 0
+    return int(keras.ops.convert_to_numpy(optimizer.skipped_steps.value))

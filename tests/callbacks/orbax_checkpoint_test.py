@@ -1,0 +1,62 @@
+"""kmp.callbacks.OrbaxCheckpoint: Keras's Orbax checkpoints, a resumed
+run's saves numbered past the ones on disk after a loss scaler skipped
+steps; and a kmp run restored from them exactly, on each backend."""
+
+import keras
+import numpy as np
+from orbax_runs import compiled_model
+from orbax_runs import fit
+from orbax_runs import steps
+
+import kmp
+from kmp.callbacks.orbax_checkpoint import skipped_steps
+
+
+def test_a_resumed_run_s_saves_follow_the_ones_on_disk(tmp_path):
+    # Keras's numbers a resumed run from `iterations`, which a scaler does
+    # not advance on a skipped step: its saves fell below the ones on
+    # disk and were never written (JAX), or the run failed on its first
+    # ("Step 6 already exists", TensorFlow and torch).
+    kmp.enable("mixed_float16")
+    directory = str(tmp_path / "ckpt")
+    model = compiled_model()
+    fit(model, 10, directory)
+    assert steps(directory) == [6, 8, 10]
+    skipped = skipped_steps(model)
+    assert skipped > 0
+    assert int(model.optimizer.iterations) + skipped == 10
+    restored = keras.saving.load_model(directory)
+    assert skipped_steps(restored) == skipped
+    fit(restored, 6, directory)
+    assert steps(directory) == [12, 14, 16]
+
+
+def test_a_run_restored_from_its_checkpoint_goes_on_as_the_run_did(
+    tmp_path,
+):
+    # Weights, Adam's moments, the loss scale and its counters: the
+    # restored model's next steps are the run's own, bit for bit
+    # (TensorFlow's moments came back zero before kmp's scaler built
+    # outside its name scope; `loss_scale_optimizer_test`).
+    kmp.enable("mixed_float16")
+    directory = str(tmp_path / "ckpt")
+    model = compiled_model()
+    fit(model, 10, directory)
+    restored = keras.saving.load_model(directory)
+    for a, b in zip(restored.optimizer.variables, model.optimizer.variables):
+        np.testing.assert_array_equal(
+            keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b)
+        )
+    went_on = fit(model, 6, str(tmp_path / "a")).history["loss"]
+    resumed = fit(restored, 6, str(tmp_path / "b")).history["loss"]
+    assert went_on == resumed
+
+
+def test_the_count_is_keras_s_without_kmp_s_scaler():
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    assert skipped_steps(model) == 0  # not compiled
+    model.compile(optimizer="adam", loss="mse")
+    assert skipped_steps(model) == 0
+    model.compile(optimizer=kmp.wrap("adam", state_dtype="bfloat16"))
+    model.optimizer.build(model.trainable_variables)
+    assert skipped_steps(model) == 0  # built, none skipped
