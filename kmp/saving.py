@@ -30,6 +30,7 @@ imported registers.
 
 import contextlib
 import json
+import os
 import re
 import warnings
 import zipfile
@@ -263,9 +264,15 @@ def _read_config(filepath):
     that is not a `.keras` Keras archive."""
     path = str(filepath)
     if not path.endswith(".keras"):
+        then = ""
+        if os.path.isdir(path):  # an OrbaxCheckpoint directory, say
+            then = (
+                ", then kmp.pin_float32(model) where the model was pinned "
+                "(the float32 islands no checkpoint keeps)"
+            )
         raise InputError(
             f"kmp.load_model reads .keras files, got {path!r}; load other "
-            "formats with keras.saving.load_model."
+            f"formats with keras.saving.load_model{then}."
         )
     try:
         with zipfile.ZipFile(path) as archive, _damaged_archive(path):

@@ -105,10 +105,28 @@ def audit(args) -> list:
             f"kmp audit: {args.path}, loaded under {policy}, the policy "
             "its layers were saved with"
         )
+        if _pinned_file(args.path):
+            print(
+                "kmp audit: the file records that kmp.pin_float32 pinned "
+                "its model: kmp.load_model pins it again (the islands and "
+                "output casts no file keeps); the findings are of the file "
+                "as Keras's load rebuilds it"
+            )
     report = kmp.audit(model, verbose=not args.json)
     if args.json:
         print(report.to_json())
     return report
+
+
+def _pinned_file(path) -> bool:
+    """Whether a `.keras` file that loaded holds kmp.pin_float32's mark
+    (`kmp.islands.pin_mark.MARK`, at the archive's root of assets: the
+    app reads the library's public API only, so the name is written
+    here too, and commands_test holds the two to each other)."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        return "assets/kmp_pinned.json" in archive.namelist()
 
 
 def load_saved(command, path, imports=(), pin=None):

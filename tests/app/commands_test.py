@@ -61,6 +61,30 @@ def test_audit_command_reads_a_saved_model(tmp_path, capsys):
 
 
 @pytest.mark.backend_independent
+def test_audit_of_a_pinned_file_says_kmp_load_model_pins_it_again(
+    tmp_path, capsys
+):
+    # A review: a pinned feature extractor's file, audited as Keras loads
+    # it, got "Model output is float16 ... kmp.pin_float32(model)" and no
+    # word that kmp.load_model does that.
+    import keras
+
+    import kmp
+
+    kmp.enable("mixed_float16")
+    inputs = keras.Input((8,))
+    model = keras.Model(inputs, keras.layers.Dense(8)(inputs))
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    kmp_cli.main(["audit", path])
+    said = "the file records that kmp.pin_float32 pinned its model"
+    assert said not in capsys.readouterr().out
+    kmp.pin_float32(model).save(path)
+    kmp_cli.main(["audit", path])
+    assert said in capsys.readouterr().out
+
+
+@pytest.mark.backend_independent
 def test_audit_exits_0_when_no_finding_is_an_error(tmp_path, capsys):
     import keras
 
