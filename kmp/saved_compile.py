@@ -107,7 +107,10 @@ def compile_as_saved(
                 keras_says = keras_says or str(warning.message)
             elif attribute not in lost:
                 lost.append(attribute)
-    if keras_says is not None and not unnamed:
+    # A file saved before the first step (a KerasHub task compiles
+    # itself, so its file holds an optimizer even untrained) loses
+    # nothing, whichever scaler the load built around it.
+    if keras_says is not None and not unnamed and not saved_unbuilt(filepath):
         warnings.warn(lost_optimizer(filepath, keras_says), stacklevel=3)
     if lost:
         warnings.warn(_afresh(filepath, name, lost), stacklevel=3)
