@@ -16,7 +16,12 @@ kmp's `LossScaleOptimizer` counts the steps it skipped
 (`skipped_steps`), saved with the rest of its state, so here the count
 starts at `iterations + skipped_steps`: every batch the run's optimizers
 saw, applied or skipped, as a run that was never interrupted counts
-them. Everything else is Keras's: arguments, files, the restore
+them. Two crashes of Keras's callback are mended on the way (a
+reviewer, 2026-12-01): under TensorFlow's `MirroredStrategy` its
+`set_model` took `int()` of a `MirroredVariable` and `fit` failed
+before its first step; with `save_best_only` and a `save_freq` in
+batches its first save compared with a monitor it sets only at an
+epoch's end. Everything else is Keras's: arguments, files, the restore
 (`keras.saving.load_model(directory)`, then `kmp.pin_float32` on a
 pinned model, whose islands made in code no checkpoint keeps).
 
@@ -64,8 +69,32 @@ class OrbaxCheckpoint(keras.callbacks.OrbaxCheckpoint):
     """
 
     def set_model(self, model):
-        super().set_model(model)
-        self._total_batches_seen += skipped_steps(model)
+        # Not Keras's own: it reads `int(optimizer.iterations)`, which a
+        # `MirroredVariable` refuses ("int() argument must be ... not
+        # 'MirroredVariable'": TensorFlow's `MirroredStrategy`, a
+        # reviewer), so `fit` failed before its first step.
+        keras.callbacks.Callback.set_model(self, model)
+        self._total_batches_seen = batches_seen(model)
+
+    def on_train_begin(self, logs=None):
+        # Keras's sets its monitor's comparison at an epoch's end, and
+        # with `save_best_only` and a `save_freq` in batches the first
+        # save compared with it unset ("'NoneType' object is not
+        # callable", a reviewer).
+        if self.monitor_op is None:
+            self._set_monitor_op()
+        super().on_train_begin(logs)
+
+
+def batches_seen(model) -> int:
+    """The batches a compiled model's optimizer has seen: its applied
+    steps (`iterations`) and those kmp's scaler skipped; 0 for a model
+    not compiled."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        return 0
+    applied = keras.ops.convert_to_numpy(optimizer.iterations.value)
+    return int(applied) + skipped_steps(model)
 
 
 def skipped_steps(model) -> int:

@@ -309,6 +309,13 @@ REACHES = [
         "skipped steps (kmp/callbacks/orbax_checkpoint.py)",
     ),
     Reach(
+        "orbax",
+        "_set_monitor_op",
+        (),
+        "kmp.callbacks.OrbaxCheckpoint's save_best_only at a save_freq in "
+        "batches (kmp/callbacks/orbax_checkpoint.py)",
+    ),
+    Reach(
         "progbar",
         "_seen_so_far",
         None,

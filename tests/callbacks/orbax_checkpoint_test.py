@@ -8,6 +8,7 @@ import pytest
 from orbax_runs import compiled_model
 from orbax_runs import fit
 from orbax_runs import steps
+from util import tf_only
 
 import kmp
 from kmp.callbacks.orbax_checkpoint import skipped_steps
@@ -72,3 +73,39 @@ def test_kmp_load_model_names_the_way_to_restore_a_directory(tmp_path):
         match=(r"keras.saving.load_model, then kmp.pin_float32\(model\)"),
     ):
         kmp.load_model(directory)
+
+
+def test_save_best_only_at_a_save_freq_in_batches(tmp_path):
+    # Keras's compared with its monitor's comparison unset at the first
+    # save: "'NoneType' object is not callable" (a reviewer).
+    kmp.enable("mixed_float16")
+    directory = str(tmp_path / "ckpt")
+    x, y = np.ones((64, 16), "float32"), np.zeros(64, "int32")
+    checkpoint = kmp.callbacks.OrbaxCheckpoint(
+        directory,
+        save_freq=2,
+        save_best_only=True,
+        monitor="loss",
+        save_on_background=False,
+    )
+    compiled_model().fit(
+        x, y, batch_size=16, shuffle=False, verbose=0, callbacks=[checkpoint]
+    )
+    assert steps(directory)
+
+
+@tf_only
+def test_a_run_under_mirrored_strategy_is_numbered(tmp_path):
+    # Keras's `set_model` took `int()` of a MirroredVariable and `fit`
+    # failed before its first step (a reviewer; one device here).
+    import tensorflow as tf
+
+    kmp.enable("mixed_float16")
+    with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
+        model = compiled_model()
+    directory = str(tmp_path / "ckpt")
+    fit(model, 4, directory)
+    assert steps(directory) == [2, 4]
+    checkpoint = kmp.callbacks.OrbaxCheckpoint(directory)
+    checkpoint.set_model(model)
+    assert checkpoint._total_batches_seen == 4
