@@ -6,11 +6,11 @@ batches seen, and a resumed run's count starts at its optimizer's
 `iterations`. A loss scaler does not count a skipped step there (the
 inner optimizer's learning-rate schedule must not advance on it), so
 after skipped steps a resumed run numbers its saves below the steps on
-disk, and Orbax writes none of them, silently: a helper's run of 10
-batches with 7 skipped (`iterations` 3) saved steps 6, 8 and 10; resumed
-from step 10, its saves 5, 7 and 9 never appeared, and a second resume
-went back to step 10's state (stock Keras's scaler the same,
-2026-12-01).
+disk: a helper's run of 10 batches with 7 skipped (`iterations` 3) saved
+steps 6, 8 and 10; resumed from step 10, its saves 5, 7 and 9 never
+appeared on JAX, silently, and a second resume went back to step 10's
+state; on TensorFlow and torch the resumed run failed at its first save
+("Step 6 already exists"). Stock Keras's scaler the same, 2026-12-01.
 
 kmp's `LossScaleOptimizer` counts the steps it skipped
 (`skipped_steps`), saved with the rest of its state, so here the count
