@@ -16,7 +16,11 @@ kmp's `LossScaleOptimizer` counts the steps it skipped
 (`skipped_steps`), saved with the rest of its state, so here the count
 starts at `iterations + skipped_steps`: every batch the run's optimizers
 saw, applied or skipped, as a run that was never interrupted counts
-them. Two crashes of Keras's callback are mended on the way (a
+them. A save at each epoch's end (`save_freq="epoch"`, the default)
+is numbered by the epoch, and a `fit` resumed without `initial_epoch`
+counts from 0 again: Keras's failed at its first save ("Step 0 already
+exists"); here such a `fit`'s epochs are numbered after the latest step
+on disk. Two crashes of Keras's callback are mended on the way (a
 reviewer, 2026-12-01): under TensorFlow's `MirroredStrategy` its
 `set_model` took `int()` of a `MirroredVariable` and `fit` failed
 before its first step; with `save_best_only` and a `save_freq` in
@@ -30,9 +34,7 @@ restore into a model whose optimizer is built (a load builds it;
 compiled by hand, call `model.optimizer.build(model.trainable_variables)`
 before `load_weights`), with optimizers named as they were saved
 (`Adam(name="adam")`): Keras's `set_state_tree` matches variables by
-path and skips, without a word, what it cannot match. A save at the end
-of each epoch (`save_freq="epoch"`) is numbered by the epoch: resume
-with `fit(initial_epoch=...)`.
+path and skips, without a word, what it cannot match.
 """
 
 import keras
@@ -83,7 +85,25 @@ class OrbaxCheckpoint(keras.callbacks.OrbaxCheckpoint):
         # callable", a reviewer).
         if self.monitor_op is None:
             self._set_monitor_op()
+        self._epochs_after = None  # set at this `fit`'s first epoch
         super().on_train_begin(logs)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self._epochs_after is None:
+            # An epoch's save is numbered by the epoch, and a resumed
+            # `fit` without `initial_epoch` counts from 0 again: its first
+            # save failed ("Step 0 already exists"). Number this `fit`'s
+            # epochs after the latest step on disk where they would fall
+            # on it; with `initial_epoch` set past it, as Keras does.
+            latest = self.checkpointer.latest
+            self._epochs_after = 0 if latest is None else latest.step + 1
+            self._epochs_after = max(0, self._epochs_after - epoch)
+        super().on_epoch_begin(epoch, logs)
+
+    def _save_checkpoint(self, step, logs=None):
+        if self.save_freq == "epoch":
+            step += getattr(self, "_epochs_after", None) or 0
+        super()._save_checkpoint(step, logs)
 
 
 def batches_seen(model) -> int:

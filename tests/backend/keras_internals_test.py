@@ -310,6 +310,13 @@ REACHES = [
     ),
     Reach(
         "orbax",
+        "_save_checkpoint",
+        ("step", "logs"),
+        "kmp.callbacks.OrbaxCheckpoint's epoch saves of a resumed fit "
+        "numbered past the steps on disk (kmp/callbacks/orbax_checkpoint.py)",
+    ),
+    Reach(
+        "orbax",
         "_set_monitor_op",
         (),
         "kmp.callbacks.OrbaxCheckpoint's save_best_only at a save_freq in "

@@ -109,3 +109,35 @@ def test_a_run_under_mirrored_strategy_is_numbered(tmp_path):
     checkpoint = kmp.callbacks.OrbaxCheckpoint(directory)
     checkpoint.set_model(model)
     assert checkpoint._total_batches_seen == 4
+
+
+def test_a_fit_resumed_without_initial_epoch_saves_after_the_steps_on_disk(
+    tmp_path,
+):
+    # Epoch saves are numbered by the epoch, and a resumed fit counts
+    # from 0 again: Keras's failed at its first save ("Step 0 already
+    # exists", every backend). With `initial_epoch`, Keras's numbers.
+    kmp.enable("mixed_float16")
+    directory = str(tmp_path / "ckpt")
+    x, y = np.ones((32, 16), "float32"), np.zeros(32, "int32")
+
+    def fit_epochs(model, epochs, initial_epoch=0):
+        checkpoint = kmp.callbacks.OrbaxCheckpoint(
+            directory, max_to_keep=10, save_on_background=False
+        )
+        model.fit(
+            x,
+            y,
+            batch_size=16,
+            epochs=epochs,
+            initial_epoch=initial_epoch,
+            verbose=0,
+            callbacks=[checkpoint],
+        )
+
+    fit_epochs(compiled_model(), 2)
+    assert steps(directory) == [0, 1]
+    fit_epochs(keras.saving.load_model(directory), 2)
+    assert steps(directory) == [0, 1, 2, 3]
+    fit_epochs(keras.saving.load_model(directory), 6, initial_epoch=4)
+    assert steps(directory) == [0, 1, 2, 3, 4, 5]
