@@ -333,7 +333,12 @@ def pin_float32(
         record_policies(
             model, {layer: float32_policy(layer) for layer in pinned}
         )
-        mark_pinned(model)  # for what no config keeps (`pin_mark`)
+        # For what no config keeps (`pin_mark`). The models it holds are
+        # pinned too, and may be saved on their own (keras-io's
+        # pretraining saves its encoder).
+        for layer in layers:
+            if isinstance(layer, keras.Model):
+                mark_pinned(layer)
     return model
 
 

@@ -8,7 +8,9 @@ float32 outputs or kmp's island classes; a model whose every output is
 cast, and that holds no island class (a feature extractor), showed
 nothing, and came back returning float16.
 
-So `mark_pinned` gives the pinned model an instance-level `save_assets`,
+So `mark_pinned` gives the pinned model, and each model it holds (which
+pinning pinned too, and which may be saved on its own: keras-io's
+pretraining guide saves its encoder), an instance-level `save_assets`,
 Keras's hook for a saveable's own files, which writes `MARK` into the
 archive's `assets/` folder at the saved model's own path, its root:
 `assets/kmp_pinned.json`. `pinned_in` reads only that one. A pinned
