@@ -65,9 +65,15 @@ _MODEL_CALLS = ("call", "stateless_call", "__call__")
 # helper method's result): any held model's output, for all kmp knows.
 _ANY = "*"
 # Libraries whose functions return what their arguments carry.
-_LIBRARIES = frozenset(
-    {"builtins", "jax", "jaxlib", "keras", "math", "numpy", "tensorflow"}
-    | {"torch"}
+_LIBRARIES = (
+    "builtins",
+    "jax",
+    "jaxlib",
+    "keras",
+    "math",
+    "numpy",
+    "tensorflow",
+    "torch",
 )
 # Statements that may run their body or not, or twice: a name bound in
 # one keeps what it held before, too.

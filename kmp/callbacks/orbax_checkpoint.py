@@ -49,8 +49,7 @@ class OrbaxCheckpoint(keras.callbacks.OrbaxCheckpoint):
 
     Takes Keras's arguments and writes Keras's checkpoints: restore with
     `keras.saving.load_model(directory)`. With a model whose optimizer
-    is not kmp's `LossScaleOptimizer` (nested in a kmp wrapper or not),
-    it numbers as Keras's does.
+    is not kmp's `LossScaleOptimizer`, it numbers as Keras's does.
 
     Args:
         directory: Where the checkpoints go.
@@ -118,13 +117,10 @@ def batches_seen(model) -> int:
 
 
 def skipped_steps(model) -> int:
-    """The steps kmp's scaler of a compiled model skipped in all (0 where
-    its optimizer is another)."""
+    """The steps kmp's scaler, a compiled model's optimizer, skipped in
+    all (0 where its optimizer is another, or not built). `kmp.wrap`
+    puts the scaler outermost, memory modes included."""
     optimizer = getattr(model, "optimizer", None)
-    while optimizer is not None and not isinstance(
-        optimizer, LossScaleOptimizer
-    ):
-        optimizer = getattr(optimizer, "inner_optimizer", None)
-    if optimizer is None or not optimizer.built:
+    if not isinstance(optimizer, LossScaleOptimizer) or not optimizer.built:
         return 0
     return int(keras.ops.convert_to_numpy(optimizer.skipped_steps.value))
