@@ -4,6 +4,8 @@
                         16-bit probabilities
     loss_flow           which held model's outputs a trainer's
                         crossentropies read, from its step's source
+    held_outputs        which of a held model's outputs a step's value
+                        carries: unpacked, or a constant subscript
     model_checks        outputs, inner softmaxes, tensor-core sizes, loss
     normalization_checks  Normalization layers in 16 bits, or with
                         statistics a 16-bit adapt made infinite

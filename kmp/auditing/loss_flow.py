@@ -25,10 +25,13 @@ source order:
   other expression carries what its parts carry. An assignment
   replaces what a name held, unless it sits in a branch or a loop; a
   tuple of values is matched to a tuple of names one by one;
-  `self.x = ...` binds no name. A multi-output held model unpacked
-  (`validity, images = self.combined(z)`) gives each name the whole
-  model: its outputs are not told apart, so a crossentropy on one
-  counts for every output it makes;
+  `self.x = ...` binds no name. A multi-output held model's outputs
+  are told apart where the step unpacks its call's result
+  (`validity, images = self.combined(z)`) or takes a constant
+  subscript of it (`out[0]`, `out[-1]`, a dict's `out["validity"]`):
+  each name, or the subscript, carries that output alone
+  (`held_outputs`); any other part of the result (`out[i]`, a slice,
+  `ops.stack(out)[0]`) carries every output;
 - a crossentropy that reads probabilities reads the models its
   prediction carries: a Keras loss's `y_pred` (its second argument), a
   torch function's `input` (its first), any argument of another's;
@@ -56,6 +59,7 @@ from typing import NamedTuple
 import keras
 
 from kmp import model_layers
+from kmp.auditing import held_outputs
 from kmp.auditing import source_reading
 from kmp.auditing.loss_checks import names_of_losses
 
@@ -89,11 +93,12 @@ def trainer_losses(trainer) -> dict:
     held model's outputs, by the held model's name (`model_layers.
     held_models`), read from its `train_step` (the module's docstring
     says how): `{"decoder": ["binary_crossentropy"]}` for keras-io's
-    VAE. A held model no crossentropy reads is absent; empty where the
-    step cannot be read."""
-    held = {
-        id(model): name for name, model in model_layers.held_models(trainer)
-    }
+    VAE. A crossentropy on one output of a multi-output held model is
+    keyed by that output (`held_outputs.output_key`):
+    `{"combined/validity": [...]}`. A held model no crossentropy reads
+    is absent; empty where the step cannot be read."""
+    held = model_layers.held_models(trainer)
+    models = dict(held)
     methods, _ = source_reading.reachable(type(trainer), "train_step")
     readers = [method for method in methods if method.tree is not None]
     functions, _ = source_reading.reached_functions(readers)
@@ -102,7 +107,6 @@ def trainer_losses(trainer) -> dict:
         for _, function, tree in functions
         if tree is not None
     ]
-    everyone = list(dict.fromkeys(held.values()))
     found = {}
     for reader in readers:
         step = _Step(trainer, held, source_reading.names_of(reader))
@@ -110,9 +114,14 @@ def trainer_losses(trainer) -> dict:
             step.visit(reader.tree)
         except RecursionError:  # an expression too deep to walk: unread
             continue
-        for loss, models in step.reads:
-            untraced = not models or _ANY in models
-            for name in everyone if untraced else sorted(models):
+        for loss, carried in step.reads:
+            untraced = not carried or _ANY in carried
+            keys = {
+                key
+                for each in carried
+                for key in held_outputs.result_keys(each, models)
+            }
+            for name in list(models) if untraced else sorted(keys):
                 names = found.setdefault(name, [])
                 if loss not in names:
                     names.append(loss)
@@ -130,12 +139,16 @@ def _attribute(owner, name):
 
 class _Step(ast.NodeVisitor):
     """One method's or function's statements, in source order: what each
-    name holds, and `reads`, `(loss, models)` for each crossentropy call
-    (`models` empty where its prediction carries no held model)."""
+    name holds, and `reads`, `(loss, carried)` for each crossentropy call
+    (`carried` empty where its prediction carries no held model)."""
 
     def __init__(self, trainer, held, names):
-        self.trainer, self.held, self.names = trainer, held, names
-        self.holds = {}  # a name: the held models' names its value carries
+        self.trainer, self.names = trainer, names
+        self.held = {id(model): name for name, model in held}
+        self.by_name = dict(held)
+        # A name: what its value carries, each a held model's name (its
+        # every output), or `held_outputs.Outputs`.
+        self.holds = {}
         self.bound = {}  # a name: the object it was bound to (an alias)
         self.reads = []
         self.branches = 0  # how deep in `_BRANCHES` the walk is
@@ -164,7 +177,8 @@ class _Step(ast.NodeVisitor):
         if isinstance(node.target, ast.Name):
             name = node.target.id
             held = self.holds.get(name, frozenset())
-            self.holds[name] = held | self.models(node.value)
+            carried = held | self.models(node.value)
+            self.holds[name] = held_outputs.widened(carried)
 
     def visit_NamedExpr(self, node):
         self.visit(node.value)
@@ -199,42 +213,65 @@ class _Step(ast.NodeVisitor):
             self.reads.append((loss, models))
         self.generic_visit(node)
 
-    def _bind(self, target, value):
+    def _bind(self, target, value, carried=None):
+        """Binds `target` to `value`, or to the part of it that carries
+        `carried`, where given (a name that unpacks it)."""
         if isinstance(target, ast.Name):
-            models = self.models(value)
+            bound = None
+            if carried is None:
+                carried = self.models(value)
+                bound = self._object(value) or self._built(value)
             if self.branches:  # bound maybe: what it held may be left
-                models |= self.holds.get(target.id, frozenset())
-            self.holds[target.id] = models
-            bound = self._object(value) or self._built(value)
+                carried |= self.holds.get(target.id, frozenset())
+            self.holds[target.id] = carried
             if bound is not None:
                 self.bound[target.id] = bound
             else:
                 self.bound.pop(target.id, None)
         elif isinstance(target, ast.Starred):
-            self._bind(target.value, value)
+            self._bind(target.value, value, carried)
         elif isinstance(target, (ast.Tuple, ast.List)):
-            pairs = isinstance(value, (ast.Tuple, ast.List)) and len(
-                value.elts
-            ) == len(target.elts)
-            if pairs and not any(
-                isinstance(e, ast.Starred) for e in (*target.elts, *value.elts)
-            ):
-                for each, part in zip(target.elts, value.elts):
+            given = (
+                value.elts if isinstance(value, (ast.Tuple, ast.List)) else ()
+            )
+            starred = any(
+                isinstance(e, ast.Starred) for e in (*target.elts, *given)
+            )
+            paired = len(given) == len(target.elts) and not starred
+            if paired and carried is None:
+                for each, part in zip(target.elts, given):
                     self._bind(each, part)
-            else:  # `z_mean, z_log_var, z = self.encoder(x)`
-                for each in target.elts:
-                    self._bind(each, value)
+                return
+            # `z_mean, z_log_var, z = self.encoder(x)`: one output each.
+            carried = self.models(value) if carried is None else carried
+            for at, each in enumerate(target.elts):
+                at = None if starred else at  # a starred name: every one
+                part = held_outputs.part(
+                    carried, at, self.by_name, len(target.elts)
+                )
+                self._bind(each, value, part)
         # `self.x = ...` or `a[i] = ...`: no name is bound.
 
     def models(self, node) -> frozenset:
-        """The held models whose outputs an expression carries (`_ANY`
-        among them where a call of the user's own may return any)."""
+        """What an expression carries: held models' names (their every
+        output; `_ANY` where a call of the user's own may return any
+        model's) and `held_outputs.Outputs`."""
         model = self._called_model(node)
         if model is not None:
-            return frozenset([model])
+            if getattr(node.func, "attr", None) == "stateless_call":
+                # `(outputs, variables)`: no output is told apart.
+                return frozenset([model])
+            return frozenset([held_outputs.Outputs(model, None)])
         if isinstance(node, ast.Name):
             return self.holds.get(node.id, frozenset())
+        key = None
+        if isinstance(node, ast.Subscript):
+            key = held_outputs.constant(node.slice)
+        if key is not None:  # `out[0]`
+            carried = self.models(node.value)
+            return held_outputs.part(carried, key, self.by_name)
         parts = frozenset().union(*map(self.models, ast.iter_child_nodes(node)))
+        parts = held_outputs.widened(parts)
         if isinstance(node, ast.Call) and not self._passes_on(node.func):
             return parts | {_ANY}
         return parts

@@ -8,10 +8,13 @@ them into `kmp.Finding`s. Severities: "error" (results are wrong),
 "warning" (results or speed are at risk), "info".
 """
 
+import functools
+
 import keras
 
 from kmp import backend
 from kmp import islands
+from kmp.auditing.held_outputs import output_losses
 from kmp.auditing.loss_checks import loss_names
 from kmp.auditing.loss_checks import probabilities_finding
 from kmp.auditing.loss_flow import trainer_losses
@@ -56,8 +59,9 @@ def _padded(n):
 
 def check_outputs(model, outputs, findings, losses=None):
     """Outputs not float32, and 16-bit probability outputs by the loss
-    that reads them: `losses`, names of those a trainer applies to the
-    model (`loss_flow.trainer_losses`), or those it was compiled with."""
+    that reads them: `losses(layer)`, names of those a trainer applies
+    to that output (`held_outputs.output_losses`), or those the model
+    was compiled with."""
     if outputs is None:
         _check_subclassed_outputs(model, findings)
         return
@@ -90,8 +94,10 @@ def check_outputs(model, outputs, findings, losses=None):
             continue
         if is_sensitive(layer):
             if losses is None:
-                losses = [name for name, _ in loss_names(model)]
-            findings.append(probabilities_finding(layer, losses, _path(layer)))
+                names = [name for name, _ in loss_names(model)]
+            else:
+                names = losses(layer)
+            findings.append(probabilities_finding(layer, names, _path(layer)))
         else:
             findings.append(
                 (
@@ -138,7 +144,10 @@ def _check_subclassed_outputs(model, findings):
     losses = trainer_losses(model) if held else {}
     for name, inner in held:
         found = []
-        check_outputs(inner, output_layers(inner), found, losses.get(name, []))
+        # Each output by the losses that read it: a combined model's
+        # images are not its score's crossentropy's.
+        read = functools.partial(output_losses, losses, name)
+        check_outputs(inner, output_layers(inner), found, read)
         findings.extend(
             (severity, _under(name, where), *rest)
             for severity, where, *rest in found

@@ -303,3 +303,142 @@ def test_keras_io_s_dcgan_and_vae_as_written():
     assert found["discriminator"].severity == "error"
     assert "past float16's 65504" in found["discriminator"].problem
     assert found["generator"].severity == "warning"
+
+
+def _combined(as_dict=False):
+    """A GAN's combined model of two outputs: the discriminator's
+    sigmoid score of the generator's sigmoid images, and the images."""
+    z = keras.Input((4,))
+    images = keras.layers.Dense(4, activation="sigmoid", name="images")(z)
+    dense = keras.layers.Dense(1, activation="sigmoid", name="validity")
+    validity = dense(images)
+    if as_dict:
+        outputs = {"validity": validity, "images": images}
+    else:
+        outputs = [validity, images]
+    return keras.Model(z, outputs, name="combined")
+
+
+class Combined(keras.Model):
+    """A trainer of a two-output model whose crossentropy reads one."""
+
+    def __init__(self, as_dict=False):
+        super().__init__()
+        self.combined = _combined(as_dict)
+        self.loss_fn = keras.losses.BinaryCrossentropy()
+
+
+class Unpacked(Combined):
+    def train_step(self, data):
+        validity, images = self.combined(data)
+        return self.loss_fn(data, validity) + ops.mean(images)
+
+
+class Subscripted(Combined):
+    def train_step(self, data):
+        out = self.combined(data)
+        return self.loss_fn(data, out[0]) + ops.mean(out[1])
+
+
+class FromTheEnd(Combined):
+    def train_step(self, data):
+        scores = self.combined(data)[-2]  # the call's result, at once
+        return self.loss_fn(data, ops.concatenate([scores, scores]))
+
+
+@pytest.mark.parametrize("trainer", [Unpacked, Subscripted, FromTheEnd])
+def test_one_output_of_a_held_model_is_told_apart(trainer):
+    # The crossentropy reads the score; the images reach it through the
+    # discriminator's layer alone. Counted for the whole model, both
+    # sigmoids were a crossentropy's.
+    assert trainer_losses(trainer()) == {"combined/validity": BCE}
+
+
+class Images(Combined):
+    def train_step(self, data):
+        out = self.combined(data)
+        return self.loss_fn(data, out[-1])
+
+
+class Named(Combined):
+    def __init__(self):
+        super().__init__(as_dict=True)
+
+    def train_step(self, data):
+        out = self.combined(data)
+        return self.loss_fn(data, out["validity"])
+
+
+def test_a_negative_index_and_a_dict_s_key():
+    assert trainer_losses(Images()) == {"combined/images": BCE}
+    assert trainer_losses(Named()) == {"combined/validity": BCE}
+
+
+class Indexed(Combined):
+    def train_step(self, data):
+        i = 0
+        out = self.combined(data)
+        return self.loss_fn(data, out[i])
+
+
+class Starred(Combined):
+    def train_step(self, data):
+        validity, *rest = self.combined(data)
+        return self.loss_fn(data, validity)
+
+
+class Stacked(Combined):
+    def train_step(self, data):
+        out = ops.stack(self.combined(data))
+        return self.loss_fn(data, out[0])
+
+
+class StatelessPair(Combined):
+    def train_step(self, state, data):
+        tv, ntv = state
+        (validity, images), ntv = self.combined.stateless_call(tv, ntv, data)
+        return self.loss_fn(data, validity)
+
+
+class DictIndexed(Combined):
+    def __init__(self):
+        super().__init__(as_dict=True)
+
+    def train_step(self, data):
+        validity, images = self.combined(data)  # a dict's keys
+        out = self.combined(data)
+        return self.loss_fn(data, validity) + self.loss_fn(data, out[0])
+
+
+@pytest.mark.parametrize(
+    "trainer", [Indexed, Starred, Stacked, StatelessPair, DictIndexed]
+)
+def test_an_output_not_told_apart_counts_for_every_output(trainer):
+    # An index that is no constant, a starred name, a function's result,
+    # a `stateless_call`'s `(outputs, variables)`, a dict unpacked or
+    # indexed by number: the whole model, as before outputs were told
+    # apart.
+    assert trainer_losses(trainer()) == {"combined": BCE}
+
+
+def test_the_audit_errs_on_the_output_the_crossentropy_reads():
+    # Both sigmoids float16: the score under the crossentropy is an
+    # error; the images, which no crossentropy reads, are a warning.
+    keras.config.set_dtype_policy("mixed_float16")
+    for trainer in (Unpacked(), Subscripted()):
+        found = {
+            f.where: f.severity
+            for f in quiet_audit(trainer)
+            if "float16 sigmoid" in f.problem
+        }
+        assert found == {
+            "combined/validity": "error",
+            "combined/images": "warning",
+        }
+    # An index not told apart: both, as before.
+    found = {
+        f.where: f.severity
+        for f in quiet_audit(Indexed())
+        if "float16 sigmoid" in f.problem
+    }
+    assert found == {"combined/validity": "error", "combined/images": "error"}
