@@ -1,6 +1,7 @@
 """Reading and changing a model's layers: every layer, the layers that
-produce its outputs, layers picked by class or by path pattern, and a
-layer's class swapped in place.
+produce its outputs, layers picked by class or by path pattern, a
+layer's class swapped in place, and the traced steps that a change
+leaves behind dropped.
 
 `kmp.pin_float32`, `kmp.float8`, the audit and the doctor all walk models
 this way, so that they agree on what "the model's layers" and "an output
@@ -206,6 +207,16 @@ def matches(layer, patterns) -> bool:
         ):
             return True
     return False
+
+
+def forget_traces(model) -> None:
+    """Drops a model's traced `fit`, `evaluate` and `predict` steps, which
+    Keras makes once and reuses (on JAX and TensorFlow they run the
+    program traced from the layers as they were): its next call traces
+    them again, with the layers as they are now."""
+    if isinstance(model, keras.Model):
+        model.train_function = model.test_function = None
+        model.predict_function = None
 
 
 def swap_class(layer, cls):

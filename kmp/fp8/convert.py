@@ -27,6 +27,7 @@ from kmp.fp8.matmuls import matmul_sizes
 from kmp.layer_policies import record_policies
 from kmp.model_layers import all_layers
 from kmp.model_layers import check_patterns
+from kmp.model_layers import forget_traces
 from kmp.model_layers import matches
 from kmp.model_layers import nested_layers
 from kmp_config.names import HALF_DTYPES
@@ -202,7 +203,7 @@ def float8(model, also=(), skip=(), matmul=None, min_size=None):
         return model
     if not converted:
         if matmul == "kmp":  # Keras's float8 layers given kmp's matmul
-            _forget_traces(model)
+            forget_traces(model)
         return model  # called again: nothing else to do
     unsure = record_policies(
         model, {layer: layer.dtype_policy for layer in converted}
@@ -218,7 +219,7 @@ def float8(model, also=(), skip=(), matmul=None, min_size=None):
             "float8 now.",
             stacklevel=2,
         )
-    _forget_traces(model)
+    forget_traces(model)
     return model
 
 
@@ -258,14 +259,8 @@ def use_default_matmul(model) -> int:
     for layer in changed:
         scaled_layers.use_kmp_matmul(layer)
     if changed:
-        _forget_traces(model)
+        forget_traces(model)
     return len(changed)
-
-
-def _forget_traces(model):
-    # A compiled model's step functions were traced with the old layers.
-    model.train_function = model.test_function = None
-    model.predict_function = None
 
 
 def _check_matmul(matmul):

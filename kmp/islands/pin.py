@@ -70,6 +70,7 @@ from kmp.layer_policies import record_policies
 from kmp.model_layers import all_layers
 from kmp.model_layers import check_patterns
 from kmp.model_layers import fed_outputs
+from kmp.model_layers import forget_traces
 from kmp.model_layers import has_own_call
 from kmp.model_layers import held_models
 from kmp.model_layers import matches
@@ -221,7 +222,16 @@ def pin_float32(
         raise InputError(
             f"pin_float32 expects a Keras model or layer, got {model!r}."
         )
-    also = check_patterns(also)
+    _pin(model, check_patterns(also))
+    # A model that ran already has its steps traced unpinned: on JAX and
+    # TensorFlow `predict` went on returning float16 after pinning.
+    forget_traces(model)
+    return model
+
+
+def _pin(model, also):
+    """`pin_float32`'s work, which leaves the model's traced steps be:
+    pinned as Keras builds it, it may be inside the trace of one."""
     for _, inner in held_models(model):
         # A trainer's models (keras-io's VAE's decoder, a GAN's
         # generator): their outputs are what its train step's loss reads.
@@ -231,7 +241,7 @@ def pin_float32(
         layer.compute_dtype != "float32" for layer in layers
     ):
         warn_if_reset("pin_float32")  # built in float32 after kmp.enable
-        return model
+        return
     outputs = output_layers(model)  # None for a subclassed model
     for layer in layers:
         # A layer not built yet may make its layers in `build` (keras-io's
@@ -339,7 +349,6 @@ def pin_float32(
         for layer in layers:
             if isinstance(layer, keras.Model):
                 mark_pinned(layer)
-    return model
 
 
 def _pin_again_when_built(model, also) -> None:
@@ -358,7 +367,7 @@ def _pin_again_when_built(model, also) -> None:
     def build_then_pin(*args, **kwargs):
         build(*args, **kwargs)  # a build that raises keeps the wrapper
         model.build = build  # once: Keras's build as it was
-        pin_float32(model, also=also)
+        _pin(model, also)
 
     build_then_pin._kmp_pins_when_built = True
     model.build = build_then_pin

@@ -544,3 +544,44 @@ def test_layers_a_layer_makes_in_its_own_build_are_pinned_too():
     model(x)  # built now: the wrapper stayed for it
     assert isinstance(model.block.attention._softmax, kmp.layers.Float32Softmax)
     assert _dtype(model(x)) == "float32"
+
+
+def test_a_model_that_ran_before_pinning_runs_pinned_after():
+    # Keras traces `predict`, `evaluate` and `fit` once and reuses the
+    # program: on JAX and TensorFlow a model pinned after it ran went on
+    # returning float16 from `predict` (2026-12-01).
+    kmp.enable("mixed_float16")
+    model = _softmax_head()
+    model.compile(optimizer=kmp.wrap("sgd"), loss="mse")
+    x = np.random.default_rng(0).normal(size=(32, 8)).astype("float32")
+    assert model.predict(x, verbose=0).dtype == np.float16
+    model.evaluate(x, x[:, :4], verbose=0)
+    kmp.pin_float32(model)
+    predicted = model.predict(x, verbose=0)
+    assert predicted.dtype == np.float32
+    np.testing.assert_array_equal(predicted, ops.convert_to_numpy(model(x)))
+    reference = model.evaluate(x, x[:, :4], verbose=0, batch_size=32)
+    called = float(
+        ops.mean(keras.losses.mean_squared_error(x[:, :4], model(x)))
+    )
+    assert reference == pytest.approx(called, rel=1e-6)
+
+
+def test_a_model_pinned_as_its_first_predict_builds_it_predicts_on():
+    # Pinned inside the trace that builds it: that trace is kept, and
+    # the batches after the first run it.
+    kmp.enable("mixed_float16")
+    model = kmp.pin_float32(MakesItsLayersInBuild())
+    x = np.random.default_rng(0).normal(size=(48, 3, 4)).astype("float32")
+    predicted = model.predict(x, batch_size=16, verbose=0)
+    assert predicted.dtype == np.float32
+    np.testing.assert_allclose(
+        predicted, ops.convert_to_numpy(model(x)), rtol=1e-6, atol=1e-6
+    )
+
+
+def _softmax_head():
+    inputs = keras.Input((8,))
+    hidden = keras.layers.Dense(16)(inputs)
+    outputs = keras.layers.Dense(4, activation="softmax")(hidden)
+    return keras.Model(inputs, outputs)
