@@ -3,7 +3,8 @@ imports (top-level and inside functions) and hold them to the layering
 that BUILD_NOTES.md draws.
 
     kmp/*.py, kmp/backend/, kmp/memory/, kmp/scaling/, kmp/islands/,
-    kmp/fp8/, kmp/auditing/  the core: imports no wing, no application;
+    kmp/fp8/, kmp/auditing/, kmp/saving/, kmp/callbacks/
+                          the core: imports no wing, no application;
                           its parts import each other without a cycle
     kmp/doctor/, kmp/distributed/
                           the wings: the core and themselves
@@ -37,6 +38,7 @@ CORE_PACKAGES = (
     "islands",
     "fp8",
     "auditing",
+    "saving",
     "callbacks",
 )
 WINGS = ("doctor", "distributed")

@@ -405,3 +405,34 @@ def test_stock_orbax_checkpoint_loses_a_resumed_run_s_saves(tmp_path):
     except errors.StepAlreadyExistsError:
         assert backend.name() != "jax"
     assert steps(directory) == [6, 8, 10]  # none of the resumed run's
+
+
+def test_stock_orbax_load_gives_a_sequential_model_its_initial_weights(
+    tmp_path,
+):
+    # `fit` builds a Sequential model inside its name scope, Keras's load
+    # outside: saved "sequential/dense/kernel", made "dense/kernel", and
+    # `set_state_tree` assigns by path, so nothing is restored, without a
+    # word (keras-team/keras#23251). kmp's: checkpoint_dirs_test.
+    keras.config.set_dtype_policy("float32")
+    x = np.random.default_rng(0).normal(size=(32, 4)).astype("float32")
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile(optimizer="adam", loss="mse")
+    directory = str(tmp_path / "ckpt")
+    checkpoint = keras.callbacks.OrbaxCheckpoint(
+        directory, save_on_background=False
+    )
+    model.fit(x, x[:, :2], verbose=0, callbacks=[checkpoint])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        restored = keras.saving.load_model(directory)
+    assert not [w for w in caught if "/keras/" in w.filename]
+    assert restored.weights[0].path != model.weights[0].path
+    trained = ops.convert_to_numpy(model.weights[0])
+    assert not np.array_equal(
+        ops.convert_to_numpy(restored.weights[0]), trained
+    )
+    kmp_restored = kmp.load_model(directory)
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(kmp_restored.weights[0]), trained
+    )

@@ -25,9 +25,11 @@ reviewer, 2026-12-01): under TensorFlow's `MirroredStrategy` its
 `set_model` took `int()` of a `MirroredVariable` and `fit` failed
 before its first step; with `save_best_only` and a `save_freq` in
 batches its first save compared with a monitor it sets only at an
-epoch's end. Everything else is Keras's: arguments, files, the restore
-(`keras.saving.load_model(directory)`, then `kmp.pin_float32` on a
-pinned model, whose islands made in code no checkpoint keeps).
+epoch's end. Everything else is Keras's: arguments and files. Restore
+with `kmp.load_model(directory)`: Keras's load, then the float32 islands
+made in code that no checkpoint keeps, and the weights and optimizer
+state Keras's load drops by path (every weight of a Sequential or
+subclassed model; `kmp.saving.checkpoint_dirs`).
 
 Other notes from the same runs, which hold for Keras's callback too:
 restore into a model whose optimizer is built (a load builds it;
@@ -48,8 +50,10 @@ class OrbaxCheckpoint(keras.callbacks.OrbaxCheckpoint):
     on disk (the module says why).
 
     Takes Keras's arguments and writes Keras's checkpoints: restore with
-    `keras.saving.load_model(directory)`. With a model whose optimizer
-    is not kmp's `LossScaleOptimizer`, it numbers as Keras's does.
+    `kmp.load_model(directory)`, which puts back what Keras's load of a
+    directory leaves out (the module says what). With a model whose
+    optimizer is not kmp's `LossScaleOptimizer`, it numbers as Keras's
+    does.
 
     Args:
         directory: Where the checkpoints go.
@@ -63,7 +67,7 @@ class OrbaxCheckpoint(keras.callbacks.OrbaxCheckpoint):
     model.fit(data, epochs=100, callbacks=[
         kmp.callbacks.OrbaxCheckpoint("/shared/ckpt", save_freq=1000)])
     # interrupted: load the latest, and go on numbering after it
-    model = keras.saving.load_model("/shared/ckpt")
+    model = kmp.load_model("/shared/ckpt")
     model.fit(data, epochs=100, callbacks=[
         kmp.callbacks.OrbaxCheckpoint("/shared/ckpt", save_freq=1000)])
     ```

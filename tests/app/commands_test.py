@@ -129,7 +129,7 @@ def test_a_damaged_keras_file_is_one_line_for_audit_and_doctor(
     # Keras's load, 73 lines of traceback before issue 40.
     import keras
     import numpy as np
-    from saving_test import damage
+    from loading_test import damage
 
     path = str(tmp_path / "damaged.keras")
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])

@@ -4,7 +4,6 @@ steps; and a kmp run restored from them exactly, on each backend."""
 
 import keras
 import numpy as np
-import pytest
 from orbax_runs import compiled_model
 from orbax_runs import fit
 from orbax_runs import steps
@@ -62,17 +61,6 @@ def test_the_count_is_keras_s_without_kmp_s_scaler():
     model.compile(optimizer=kmp.wrap("adam", state_dtype="bfloat16"))
     model.optimizer.build(model.trainable_variables)
     assert skipped_steps(model) == 0  # built, none skipped
-
-
-def test_kmp_load_model_names_the_way_to_restore_a_directory(tmp_path):
-    kmp.enable("mixed_float16")
-    directory = str(tmp_path / "ckpt")
-    fit(compiled_model(), 2, directory)
-    with pytest.raises(
-        kmp.InputError,
-        match=(r"keras.saving.load_model, then kmp.pin_float32\(model\)"),
-    ):
-        kmp.load_model(directory)
 
 
 def test_save_best_only_at_a_save_freq_in_batches(tmp_path):

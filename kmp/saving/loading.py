@@ -20,6 +20,10 @@ set up do not come back that way, and `kmp.load_model` puts them back:
 Float8 layers and the islands a config lists need nothing: Keras's load
 keeps them (`kmp.float8` and `kmp.pin_float32` record them so).
 
+An `OrbaxCheckpoint` directory loads the same way, and more comes back
+than from Keras's load of it: the weights and optimizer state it drops
+by path (`kmp.saving.checkpoint_dirs`).
+
 What cannot come back is said, never hidden: the optimizer state of a
 file whose optimizer differs from the one the load builds (a scaler that
 Keras's `compile` added under mixed_float16, loaded under float32) is one
@@ -30,7 +34,6 @@ imported registers.
 
 import contextlib
 import json
-import os
 import re
 import warnings
 import zipfile
@@ -49,10 +52,13 @@ from kmp.islands import pin_float32
 from kmp.islands import pinned_in
 from kmp.model_layers import fed_outputs
 from kmp.model_layers import output_layers
-from kmp.saved_compile import SKIPPED_OPTIMIZER
-from kmp.saved_compile import compile_as_saved
-from kmp.saved_compile import lost_optimizer
-from kmp.saved_compile import saved_unbuilt
+from kmp.saving.checkpoint_dirs import is_checkpoint_dir
+from kmp.saving.checkpoint_dirs import read_checkpoint
+from kmp.saving.checkpoint_dirs import restore_dropped
+from kmp.saving.saved_compile import SKIPPED_OPTIMIZER
+from kmp.saving.saved_compile import compile_as_saved
+from kmp.saving.saved_compile import lost_optimizer
+from kmp.saving.saved_compile import saved_unbuilt
 from kmp.scaling import LossScaleOptimizer
 from kmp_config.names import HALF_DTYPES
 from kmp_config.names import MIXED_POLICIES
@@ -78,9 +84,10 @@ def load_model(
     policy=None,
     pin=None,
 ):
-    """Loads a `.keras` model as `keras.saving.load_model` does, then puts
-    back kmp's float32 islands and a custom-compiled model's optimizer,
-    and says what it could not put back.
+    """Loads a `.keras` model, or the latest step of an `OrbaxCheckpoint`
+    directory, as `keras.saving.load_model` does, then puts back kmp's
+    float32 islands and a custom-compiled model's optimizer, and says
+    what it could not put back.
 
     Call it under the policy you train with (`kmp.enable(...)` first), or
     pass `policy="saved"` to load under the one the file's layers record.
@@ -113,10 +120,17 @@ def load_model(
     - if the file's optimizer state does not fit the optimizer the load
       built (a scaler Keras's own `compile` added under mixed_float16,
       loaded under another policy), the optimizer starts afresh, and a
-      `UserWarning` says so in one line, with the fix.
+      `UserWarning` says so in one line, with the fix;
+    - from a checkpoint directory, the saved values Keras's load drops
+      because no variable of the rebuilt model has their path (every
+      weight of a Sequential or subclassed model that `fit` built:
+      keras-team/keras#23251) are assigned to the variables they belong
+      to (`kmp.saving.checkpoint_dirs`), and a `UserWarning` names any still
+      lost. The pin mark is read from the checkpoint's assets.
 
     Args:
-        filepath: Path to a `.keras` file.
+        filepath: Path to a `.keras` file, or a directory an
+            `OrbaxCheckpoint` wrote (needs orbax-checkpoint).
         custom_objects: As for `keras.saving.load_model`.
         compile: Whether to compile the model as it was saved.
         safe_mode: As for `keras.saving.load_model`.
@@ -134,9 +148,10 @@ def load_model(
         The model.
 
     Raises:
-        kmp.InputError: `filepath` is not a `.keras` Keras archive, is a
-            damaged one (a member whose checksum fails), or names a
-            class that nothing imported registers.
+        kmp.InputError: `filepath` is not a `.keras` Keras archive or a
+            checkpoint directory with a model config, is a damaged
+            archive (a member whose checksum fails), or names a class
+            that nothing imported registers.
 
     Example:
 
@@ -146,7 +161,12 @@ def load_model(
     model.fit(data, epochs=1)
     ```
     """
-    config = _read_config(filepath)
+    checkpoint = None
+    if is_checkpoint_dir(str(filepath)):
+        checkpoint = read_checkpoint(str(filepath))
+        config = checkpoint.config
+    else:
+        config = _read_config(filepath)
     if policy == "saved":
         policy = saved_policy(config)
     unnamed = compile and _names_no_optimizer(config)
@@ -158,10 +178,13 @@ def load_model(
             compile_as_saved(
                 model, config, filepath, custom_objects, safe_mode, unnamed
             )
+    if checkpoint is not None:
+        restore_dropped(model, filepath, checkpoint, compile and not unnamed)
     if unnamed:
         warnings.warn(_no_optimizer(filepath, model), stacklevel=2)
     if pin is not False:
-        if pin or _was_pinned(model, config, filepath):
+        marked = checkpoint.pinned if checkpoint else _marked(filepath)
+        if pin or _was_pinned(model, config, marked):
             if _compute(model) != "float32":
                 pin_float32(model)
         use_default_matmul(model)
@@ -228,20 +251,18 @@ def _saved_compute(config) -> str:
     return "bfloat16" if any("bfloat16" in n for n in names) else "float32"
 
 
-def _was_pinned(model, config, filepath) -> bool:
+def _was_pinned(model, config, marked) -> bool:
     """Whether `kmp.load_model` pins the loaded `model` again by default
-    (its docstring says when, and why)."""
+    (its docstring says when, and why; `marked`: the file keeps
+    `kmp.pin_float32`'s mark of the saved model)."""
     loaded = _compute(model)
     if loaded == "float32":
         return False
     outputs = output_layers(model)
     if _saved_compute(config) != loaded or outputs is None:
         return True
-    # `pin_float32`'s own mark, the saved model's (a model's inside it,
-    # pinned on its own, is elsewhere in the archive).
-    with zipfile.ZipFile(str(filepath)) as archive:
-        if pinned_in(archive):
-            return True
+    if marked:
+        return True
     # `pin_float32`'s marks that a file keeps: every output float32 (a
     # Functional config's, or a KerasHub task's head through its
     # backbone's `DTypePolicyMap`), or a class of its own (a
@@ -259,20 +280,23 @@ def _was_pinned(model, config, filepath) -> bool:
     )
 
 
+def _marked(filepath) -> bool:
+    """Whether a `.keras` file keeps `pin_float32`'s own mark, the saved
+    model's (a model's inside it, pinned on its own, is elsewhere in the
+    archive)."""
+    with zipfile.ZipFile(str(filepath)) as archive:
+        return pinned_in(archive)
+
+
 def _read_config(filepath):
     """The archive's `config.json`, parsed; `InputError` for anything
     that is not a `.keras` Keras archive."""
     path = str(filepath)
     if not path.endswith(".keras"):
-        then = ""
-        if os.path.isdir(path):  # an OrbaxCheckpoint directory, say
-            then = (
-                ", then kmp.pin_float32(model) where the model was pinned "
-                "(the float32 islands no checkpoint keeps)"
-            )
         raise InputError(
-            f"kmp.load_model reads .keras files, got {path!r}; load other "
-            f"formats with keras.saving.load_model{then}."
+            f"kmp.load_model reads .keras files and OrbaxCheckpoint "
+            f"directories, got {path!r}; load other formats with "
+            "keras.saving.load_model."
         )
     try:
         with zipfile.ZipFile(path) as archive, _damaged_archive(path):

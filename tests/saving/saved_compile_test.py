@@ -1,6 +1,6 @@
 """A model with its own `compile`, loaded by `kmp.load_model`: keras-io's
 SimCLR (`compile(contrastive_optimizer, probe_optimizer)`), its GANs and
-its diffusion model (`kmp.saved_compile`). Keras's load gives each back
+its diffusion model (`kmp.saving.saved_compile`). Keras's load gives each back
 uncompiled with a warning; kmp's raised on them, or remade their
 optimizers in silence. And `saved_unbuilt`, which reads from a file
 whether its optimizer ever took a step."""
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import kmp
-from kmp.saved_compile import saved_unbuilt
+from kmp.saving.saved_compile import saved_unbuilt
 
 
 def _lines(caught):

@@ -1,0 +1,249 @@
+"""An Orbax checkpoint directory, read as `kmp.load_model` reads a `.keras`
+file.
+
+Keras's `OrbaxCheckpoint` (and `kmp.callbacks.OrbaxCheckpoint`, which
+numbers its steps) writes, at each step, the model's config (the JSON of
+a `.keras` file's `config.json`), its assets (what each saveable's
+`save_assets` writes, `kmp.pin_float32`'s mark among them) and its
+variables, named by path (`model.get_state_tree()`).
+`keras.saving.load_model(directory)` rebuilds the model from the latest
+step's config and assigns each saved value to the variable with its path
+(`set_state_tree`); a saved value whose path no variable of the rebuilt
+model has is dropped without a word. A KerasHub task, whose own
+`compile` Keras's load skips, came back with the default optimizer its
+constructor compiles, its saved scaler and Adam's moments dropped so
+(2026-12-01); a file's optimizer loaded under another policy (Keras's
+scaler under mixed_float16 only) loses its state the same way.
+
+`read_checkpoint` reads what `kmp.load_model` needs before it loads: the
+latest step's config, whether the saved model was pinned, and the paths
+of the saved variables (from the arrays' metadata: no array is read).
+After the load, `restore_dropped` puts back the values Keras's load
+dropped where it can tell their variable (`mend_paths`), and says in
+one line what is still lost (`unrestored`).
+"""
+
+import json
+import os
+import warnings
+from typing import NamedTuple
+
+from kmp.errors import InputError
+from kmp.islands.pin_mark import MARK
+
+# The parts of the state tree the model's load assigns (Keras's
+# `set_state_tree`). Metrics are left out: a loaded model makes its
+# metrics' variables at its first step, after the load.
+_GROUPS = ("trainable_variables", "non_trainable_variables")
+_OPTIMIZER = "optimizer_variables"
+# Why a saved value fits no variable, when `mend_paths` cannot tell.
+_WHY = (
+    "A path is made of layer names, and a layer Keras names (dense_3) is "
+    "named after what the process made before it: load in a new process, "
+    "or name the model's layers in its code (name=...)."
+)
+
+
+class Checkpoint(NamedTuple):
+    """What `read_checkpoint` reads from a directory's latest step."""
+
+    step: int
+    config: dict  # the model's, parsed: a `.keras` file's `config.json`
+    pinned: bool  # `kmp.pin_float32`'s mark of the saved model
+    paths: dict  # state tree group -> {saved path: its shape}
+
+
+def is_checkpoint_dir(path) -> bool:
+    """Whether `path` is a directory of checkpoint steps (`0/`, `12/`),
+    as an `OrbaxCheckpoint` writes."""
+    return os.path.isdir(path) and any(
+        name.isdigit() and os.path.isdir(os.path.join(path, name))
+        for name in os.listdir(path)
+    )
+
+
+def read_checkpoint(path) -> Checkpoint:
+    """The latest step of the Orbax checkpoint directory at `path`: its
+    model's config, its pin mark and its variables' paths.
+
+    Raises:
+        kmp.InputError: orbax-checkpoint is not installed, the latest
+            step holds nothing, or no model config (saved with
+            `save_weights_only=True`).
+    """
+    try:
+        from orbax.checkpoint import v1 as ocp
+    except ImportError:
+        raise InputError(
+            f"{path} is an Orbax checkpoint directory, and reading one "
+            "needs the orbax-checkpoint package: pip install "
+            "orbax-checkpoint."
+        ) from None
+    checkpointer = ocp.training.Checkpointer(directory=path)
+    latest = checkpointer.latest
+    with ocp.Context():
+        saved = {}
+        if latest is not None:
+            found = checkpointer.checkpointables_metadata(latest.step)
+            saved = found.metadata
+        if "pytree" not in saved:
+            step = "" if latest is None else f", step {latest.step},"
+            raise InputError(
+                f"{path}{step} holds no checkpoint (a save that never "
+                "finished leaves a step's directory with nothing in it): "
+                "load another step's directory or save again."
+            )
+        if "model_config" not in saved:
+            raise InputError(
+                f"{path}, step {latest.step}, holds weights but no model "
+                "config (OrbaxCheckpoint(save_weights_only=True)): build "
+                "the model in code, then model.load_weights(directory)."
+            )
+        wanted = {"model_config": None}
+        if "assets" in saved:
+            wanted["assets"] = None
+        loaded = checkpointer.load_checkpointables(latest.step, wanted)
+    tree = saved.get("pytree") or {}
+    return Checkpoint(
+        step=latest.step,
+        config=json.loads(loaded["model_config"]["config"]),
+        # At the root of the assets: the saved model's own mark (a model
+        # it holds writes its own under its path).
+        pinned=MARK in (loaded.get("assets") or {}),
+        paths={
+            group: {
+                key: getattr(leaf, "shape", ())
+                for key, leaf in _leaves(tree.get(group) or {})
+            }
+            for group in (*_GROUPS, _OPTIMIZER)
+        },
+    )
+
+
+def mend_paths(model, path, checkpoint, optimizer=True) -> set:
+    """Assigns the saved values that Keras's load dropped for want of a
+    variable with their path to the variable they belong to, where one
+    alone fits; returns the paths of the values it assigned.
+
+    A model that Keras builds in `fit` (a Sequential or subclassed one)
+    made its variables inside its own name scope, and a load builds it
+    outside: the run saved `net/dense/kernel` and Adam's
+    `adam/net_dense_kernel_momentum`, the load made `dense/kernel` and
+    `adam/dense_kernel_momentum`, and `keras.saving.load_model` gave back
+    the initial weights, without a word (keras-team/keras#23251;
+    Keras 3.15.1 and 3.16.0.dev2026102704, 2026-12-01). A saved value
+    fits a variable the load left unassigned when its path ends in the
+    variable's (`/` before it; an optimizer's slot, named after its
+    variable's path, `_`), under the same optimizer, with the same
+    shape, and no other does (`optimizer`: the optimizer's too)."""
+    pairs = {}
+    for group, variables in _groups(model, optimizer).items():
+        saved = checkpoint.paths[group]
+        left = [v for v in variables if v.path not in saved]
+        dropped = [p for p in saved if p not in {v.path for v in variables}]
+        fits = {}
+        for variable in left:
+            found = [
+                p
+                for p in dropped
+                if _fits(p, variable.path, group)
+                and tuple(saved[p]) == tuple(variable.shape)
+            ]
+            if len(found) == 1:
+                fits.setdefault(found[0], []).append(variable)
+        # One value to one variable: a value two variables fit fits none.
+        pairs[group] = {p: v[0] for p, v in fits.items() if len(v) == 1}
+    if not any(pairs.values()):
+        return set()
+    from orbax.checkpoint import v1 as ocp
+
+    with ocp.Context():
+        tree = ocp.training.Checkpointer(directory=path).load_checkpointables(
+            checkpoint.step, {"pytree": None}
+        )["pytree"]
+    for group, matched in pairs.items():
+        values = dict(_leaves(tree.get(group) or {}))
+        for saved_path, variable in matched.items():
+            variable.assign(values[saved_path])
+    return {p for matched in pairs.values() for p in matched}
+
+
+def restore_dropped(model, filepath, checkpoint, optimizer):
+    """After Keras's load of a checkpoint directory: puts back the saved
+    values it dropped where their variable is known (`mend_paths`), and
+    says in one line each what is still lost: weights, the optimizer's
+    state (`optimizer`: the load compiled the model, with the optimizer
+    the checkpoint names)."""
+    mended = mend_paths(model, filepath, checkpoint, optimizer)
+    dropped = unrestored(model, checkpoint, optimizer, mended)
+    weights = [
+        path
+        for group in _GROUPS
+        for path in dropped.get(group, ())
+        # A dropout's random state, named by Keras (`seed_generator_3`):
+        # a fresh one draws other masks, and loses nothing trained.
+        if not path.endswith("/seed_generator_state")
+    ]
+    if weights:
+        warnings.warn(
+            f"kmp.load_model: {filepath}: {len(weights)} saved weights "
+            f"(first: {weights[0]!r}) fit no variable of the model the "
+            "checkpoint's config builds, so those variables keep their "
+            f"initial values. {_WHY}",
+            stacklevel=3,
+        )
+    lost = dropped.get(_OPTIMIZER)
+    if lost:
+        warnings.warn(
+            f"kmp.load_model: {filepath}: {len(lost)} of the optimizer's "
+            f"saved values (first: {lost[0]!r}) fit no variable of the "
+            "optimizer this load built, so those start afresh (slots, loss "
+            f"scale, iterations). {_WHY} Loaded under another policy than "
+            "the run's, Keras's compile adds or drops its LossScaleOptimizer"
+            ': load with kmp.load_model(directory, policy="saved").',
+            stacklevel=3,
+        )
+
+
+def unrestored(model, checkpoint, optimizer=True, mended=()) -> dict:
+    """`{group: [paths]}`: the values `checkpoint` saved that no variable of
+    the loaded `model` has the path of, so that the load dropped them,
+    but for those `mend_paths` assigned (`mended`); `optimizer`: its
+    optimizer's too. Groups with none are left out."""
+    dropped = {}
+    for group, variables in _groups(model, optimizer).items():
+        have = {variable.path for variable in variables}
+        missing = sorted(set(checkpoint.paths[group]) - have - set(mended))
+        if missing:
+            dropped[group] = missing
+    return dropped
+
+
+def _groups(model, optimizer):
+    """The loaded model's variables, by state tree group."""
+    groups = {
+        "trainable_variables": model.trainable_variables,
+        "non_trainable_variables": model.non_trainable_variables,
+    }
+    held = getattr(model, "optimizer", None)
+    if optimizer and held is not None:
+        groups[_OPTIMIZER] = held.variables
+    return groups
+
+
+def _fits(saved, loaded, group) -> bool:
+    """Whether the saved path `saved` is the loaded path `loaded` made in
+    an outer name scope (`mend_paths`)."""
+    if group != _OPTIMIZER:
+        return saved.endswith("/" + loaded)
+    owner, _, name = loaded.partition("/")
+    return saved.startswith(owner + "/") and saved.endswith("_" + name)
+
+
+def _leaves(tree, prefix=""):
+    """`(path, leaf)` of a nested state tree, paths as Keras joins them."""
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            yield from _leaves(value, f"{prefix}{key}/")
+        else:
+            yield f"{prefix}{key}", value

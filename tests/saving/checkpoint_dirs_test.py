@@ -1,0 +1,191 @@
+import os
+import warnings
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+import kmp
+from kmp.saving.checkpoint_dirs import is_checkpoint_dir
+from kmp.saving.checkpoint_dirs import read_checkpoint
+
+
+@keras.saving.register_keras_serializable(package="kmp_tests")
+class Net(keras.Model):
+    """A subclassed model, its layers named by Keras or (`named`) by it."""
+
+    def __init__(self, named=False, **kwargs):
+        super().__init__(**kwargs)
+        self.named = named
+        self.hidden = keras.layers.Dense(
+            8, activation="relu", name="hidden" if named else None
+        )
+        self.head = keras.layers.Dense(2, name="head" if named else None)
+
+    def call(self, x):
+        return self.head(self.hidden(x))
+
+    def get_config(self):
+        return {**super().get_config(), "named": self.named}
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 4)).astype("float32")
+    return x, x[:, :2] * 0.5
+
+
+def _trained(model, directory):
+    """`model` compiled under kmp's scaler and fit for 8 steps, its
+    checkpoint written at the end of each of its 2 epochs."""
+    x, y = _data()
+    model.compile(
+        optimizer=kmp.wrap(keras.optimizers.Adam(name="adam")), loss="mse"
+    )
+    model.fit(
+        x,
+        y,
+        batch_size=16,
+        epochs=2,
+        verbose=0,
+        callbacks=[
+            kmp.callbacks.OrbaxCheckpoint(directory, save_on_background=False)
+        ],
+    )
+    return model
+
+
+def _numpy(variables):
+    return [ops.convert_to_numpy(v).astype("float32") for v in variables]
+
+
+def _assert_same_state(restored, model):
+    x, _ = _data()
+    np.testing.assert_array_equal(
+        restored.predict(x, verbose=0), model.predict(x, verbose=0)
+    )
+    for a, b in zip(
+        _numpy(restored.optimizer.variables), _numpy(model.optimizer.variables)
+    ):
+        np.testing.assert_array_equal(a, b)
+
+
+def _sequential():
+    return keras.Sequential(
+        [
+            keras.Input((4,)),
+            keras.layers.Dense(8, activation="relu"),
+            keras.layers.Dense(2),
+        ]
+    )
+
+
+def test_a_sequential_model_s_checkpoint_comes_back_whole(tmp_path):
+    # Keras's load gives back the initial weights: the run saved them as
+    # "sequential/dense/kernel", the load made "dense/kernel"
+    # (`stock_keras_test`). Weights, Adam's moments, the loss scale.
+    kmp.enable("mixed_float16")
+    directory = str(tmp_path / "ckpt")
+    model = _trained(_sequential(), directory)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        restored = kmp.load_model(directory)
+    assert not [w for w in caught if "kmp.load_model" in str(w.message)]
+    assert isinstance(restored.optimizer, kmp.LossScaleOptimizer)
+    _assert_same_state(restored, model)
+    x, y = _data()
+    went_on = model.fit(x, y, batch_size=16, shuffle=False, verbose=0)
+    resumed = restored.fit(x, y, batch_size=16, shuffle=False, verbose=0)
+    assert went_on.history["loss"] == resumed.history["loss"]
+
+
+def test_a_subclassed_model_with_named_layers_comes_back_whole(tmp_path):
+    kmp.enable("mixed_float16")
+    directory = str(tmp_path / "ckpt")
+    model = _trained(kmp.pin_float32(Net(named=True)), directory)
+    restored = kmp.load_model(directory)
+    assert ops.convert_to_numpy(restored(_data()[0])).dtype == np.float32
+    _assert_same_state(restored, model)
+
+
+def test_a_value_no_variable_fits_is_said_in_one_line_each(tmp_path):
+    # Layers Keras names are named after what the process made before:
+    # here the load's are dense_2 and dense_3, the run's dense and
+    # dense_1. No path ends another's: nothing is guessed, all is said.
+    kmp.enable("mixed_float16")
+    directory = str(tmp_path / "ckpt")
+    _trained(Net(), directory)
+    keras.layers.Dense(1), keras.layers.Dense(1)
+    with pytest.warns(UserWarning) as caught:
+        kmp.load_model(directory)
+    said = [
+        str(w.message) for w in caught if "kmp.load_model" in str(w.message)
+    ]
+    assert len(said) == 2
+    assert "4 saved weights (first: 'net/dense/bias')" in said[0]
+    assert "initial values" in said[0] and "name=..." in said[0]
+    assert "of the optimizer's saved values" in said[1]
+    assert 'policy="saved"' in said[1]
+
+
+def test_a_pinned_model_whose_outputs_are_cast_comes_back_pinned(tmp_path):
+    # Its one output, a layer of layers, is cast, not pinned: no config
+    # shows it. The mark in the checkpoint's assets does
+    # (`kmp.islands.pin_mark`).
+    kmp.enable("mixed_float16")
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, Residual(name="block")(inputs))
+    directory = str(tmp_path / "ckpt")
+    kmp.pin_float32(model)
+    x = _data()[0]
+    model.compile(optimizer=kmp.wrap("sgd"), loss="mse")
+    checkpoint = kmp.callbacks.OrbaxCheckpoint(
+        directory, save_on_background=False
+    )
+    model.fit(x, x, verbose=0, callbacks=[checkpoint])
+    assert read_checkpoint(directory).pinned
+    stock = keras.saving.load_model(directory)
+    assert ops.convert_to_numpy(stock(x)).dtype == np.float16
+    restored = kmp.load_model(directory)
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(restored(x)), ops.convert_to_numpy(model(x))
+    )
+    assert ops.convert_to_numpy(restored(x)).dtype == np.float32
+
+
+@keras.saving.register_keras_serializable(package="kmp_tests")
+class Residual(keras.layers.Layer):
+    """A layer of layers: pinning casts its output."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(4, name="inner")
+
+    def call(self, x):
+        return x + self.dense(x)
+
+
+def test_what_is_not_a_checkpoint_is_said(tmp_path):
+    assert not is_checkpoint_dir(str(tmp_path))
+    with pytest.raises(kmp.InputError, match="OrbaxCheckpoint directories"):
+        kmp.load_model(str(tmp_path))
+    os.mkdir(tmp_path / "3")  # a step's directory, nothing written
+    with pytest.raises(kmp.InputError, match="step 3, holds no checkpoint"):
+        kmp.load_model(str(tmp_path))
+
+
+def test_a_weights_only_checkpoint_says_how_to_load_it(tmp_path):
+    kmp.enable("mixed_float16")
+    x, y = _data()
+    model = _sequential()
+    model.compile(optimizer=kmp.wrap("sgd"), loss="mse")
+    directory = str(tmp_path / "ckpt")
+    checkpoint = kmp.callbacks.OrbaxCheckpoint(
+        directory, save_weights_only=True, save_on_background=False
+    )
+    model.fit(x, y, verbose=0, callbacks=[checkpoint])
+    with pytest.raises(
+        kmp.InputError, match=r"model.load_weights\(directory\)"
+    ):
+        kmp.load_model(directory)
