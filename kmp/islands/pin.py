@@ -222,11 +222,23 @@ def pin_float32(
         raise InputError(
             f"pin_float32 expects a Keras model or layer, got {model!r}."
         )
-    _pin(model, check_patterns(also))
+    also = check_patterns(also)
+    if _float32_only(all_layers(model)):
+        warn_if_reset("pin_float32")  # built in float32 after kmp.enable
+        return model
+    _pin(model, also)
     # A model that ran already has its steps traced unpinned: on JAX and
     # TensorFlow `predict` went on returning float16 after pinning.
     forget_traces(model)
     return model
+
+
+def _float32_only(layers) -> bool:
+    """Under a float32 global policy, no layer computes in 16 bits: there
+    is nothing to pin."""
+    return keras.config.dtype_policy().compute_dtype == "float32" and not any(
+        layer.compute_dtype != "float32" for layer in layers
+    )
 
 
 def _pin(model, also):
@@ -237,10 +249,7 @@ def _pin(model, also):
         # generator): their outputs are what its train step's loss reads.
         pin_float32(inner, also=also)
     layers = all_layers(model)
-    if keras.config.dtype_policy().compute_dtype == "float32" and not any(
-        layer.compute_dtype != "float32" for layer in layers
-    ):
-        warn_if_reset("pin_float32")  # built in float32 after kmp.enable
+    if _float32_only(layers):
         return
     outputs = output_layers(model)  # None for a subclassed model
     for layer in layers:
