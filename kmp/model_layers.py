@@ -1,7 +1,7 @@
 """Reading and changing a model's layers: every layer, the layers that
 produce its outputs, layers picked by class or by path pattern, a
 layer's class swapped in place, and the traced steps that a change
-leaves behind dropped.
+leaves behind made afresh.
 
 `kmp.pin_float32`, `kmp.float8`, the audit and the doctor all walk models
 this way, so that they agree on what "the model's layers" and "an output
@@ -209,14 +209,23 @@ def matches(layer, patterns) -> bool:
     return False
 
 
-def forget_traces(model) -> None:
-    """Drops a model's traced `fit`, `evaluate` and `predict` steps, which
+def retrace_steps(model) -> None:
+    """Makes a model's `fit`, `evaluate` and `predict` steps afresh, which
     Keras makes once and reuses (on JAX and TensorFlow they run the
-    program traced from the layers as they were): its next call traces
-    them again, with the layers as they are now."""
-    if isinstance(model, keras.Model):
-        model.train_function = model.test_function = None
-        model.predict_function = None
+    program traced from the layers as they were): each traces again at
+    its next call, with the layers as they are now. Made, not dropped:
+    `fit` calls `model.train_function` at each step, so a callback that
+    changes the model while it runs (`on_epoch_end`) would leave it
+    `None` for the next one."""
+    if not isinstance(model, keras.Model):
+        return
+    for made, make in (
+        (model.train_function, model.make_train_function),
+        (model.test_function, model.make_test_function),
+        (model.predict_function, model.make_predict_function),
+    ):
+        if made is not None:
+            make(force=True)
 
 
 def swap_class(layer, cls):

@@ -27,9 +27,9 @@ from kmp.fp8.matmuls import matmul_sizes
 from kmp.layer_policies import record_policies
 from kmp.model_layers import all_layers
 from kmp.model_layers import check_patterns
-from kmp.model_layers import forget_traces
 from kmp.model_layers import matches
 from kmp.model_layers import nested_layers
+from kmp.model_layers import retrace_steps
 from kmp_config.names import HALF_DTYPES
 
 _MATMULS = (keras.layers.Dense, keras.layers.EinsumDense)
@@ -203,7 +203,7 @@ def float8(model, also=(), skip=(), matmul=None, min_size=None):
         return model
     if not converted:
         if matmul == "kmp":  # Keras's float8 layers given kmp's matmul
-            forget_traces(model)
+            retrace_steps(model)
         return model  # called again: nothing else to do
     unsure = record_policies(
         model, {layer: layer.dtype_policy for layer in converted}
@@ -219,7 +219,7 @@ def float8(model, also=(), skip=(), matmul=None, min_size=None):
             "float8 now.",
             stacklevel=2,
         )
-    forget_traces(model)
+    retrace_steps(model)
     return model
 
 
@@ -259,7 +259,7 @@ def use_default_matmul(model) -> int:
     for layer in changed:
         scaled_layers.use_kmp_matmul(layer)
     if changed:
-        forget_traces(model)
+        retrace_steps(model)
     return len(changed)
 
 

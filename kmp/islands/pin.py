@@ -70,13 +70,13 @@ from kmp.layer_policies import record_policies
 from kmp.model_layers import all_layers
 from kmp.model_layers import check_patterns
 from kmp.model_layers import fed_outputs
-from kmp.model_layers import forget_traces
 from kmp.model_layers import has_own_call
 from kmp.model_layers import held_models
 from kmp.model_layers import matches
 from kmp.model_layers import nested_layers
 from kmp.model_layers import output_feeders
 from kmp.model_layers import output_layers
+from kmp.model_layers import retrace_steps
 from kmp.model_layers import swap_class
 from kmp.policy import warn_if_reset
 
@@ -229,7 +229,7 @@ def pin_float32(
     _pin(model, also)
     # A model that ran already has its steps traced unpinned: on JAX and
     # TensorFlow `predict` went on returning float16 after pinning.
-    forget_traces(model)
+    retrace_steps(model)
     return model
 
 

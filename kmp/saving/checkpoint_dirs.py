@@ -36,6 +36,8 @@ from kmp.islands.pin_mark import MARK
 # metrics' variables at its first step, after the load.
 _GROUPS = ("trainable_variables", "non_trainable_variables")
 _OPTIMIZER = "optimizer_variables"
+# A dropout's random state, named by Keras (`seed_generator_3`).
+_SEED_STATE = "/seed_generator_state"
 # Why a saved value fits no variable, when `mend_paths` cannot tell.
 _WHY = (
     "A path is made of layer names, and a layer Keras names (dense_3) is "
@@ -54,10 +56,16 @@ class Checkpoint(NamedTuple):
 
 
 def is_checkpoint_dir(path) -> bool:
-    """Whether `path` is a directory of checkpoint steps (`0/`, `12/`),
-    as an `OrbaxCheckpoint` writes."""
+    """Whether `path` is a directory of Orbax checkpoint steps (`0/`,
+    `12/`, each with Orbax's metadata or a `pytree/`), as an
+    `OrbaxCheckpoint` writes (a TensorFlow SavedModel export's `1/` is
+    none)."""
     return os.path.isdir(path) and any(
-        name.isdigit() and os.path.isdir(os.path.join(path, name))
+        name.isdigit()
+        and any(
+            os.path.exists(os.path.join(path, name, marker))
+            for marker in ("_CHECKPOINT_METADATA", "pytree")
+        )
         for name in os.listdir(path)
     )
 
@@ -89,9 +97,9 @@ def read_checkpoint(path) -> Checkpoint:
         if "pytree" not in saved:
             step = "" if latest is None else f", step {latest.step},"
             raise InputError(
-                f"{path}{step} holds no checkpoint (a save that never "
-                "finished leaves a step's directory with nothing in it): "
-                "load another step's directory or save again."
+                f"{path}{step} holds no checkpoint's arrays (a save that "
+                "never finished): delete that step's directory to load the "
+                "one before it, or save again."
             )
         if "model_config" not in saved:
             raise InputError(
@@ -122,8 +130,8 @@ def read_checkpoint(path) -> Checkpoint:
 
 def mend_paths(model, path, checkpoint, optimizer=True) -> set:
     """Assigns the saved values that Keras's load dropped for want of a
-    variable with their path to the variable they belong to, where one
-    alone fits; returns the paths of the values it assigned.
+    variable with their path to the variables they belong to; returns
+    the paths of the values it assigned.
 
     A model that Keras builds in `fit` (a Sequential or subclassed one)
     made its variables inside its own name scope, and a load builds it
@@ -131,28 +139,31 @@ def mend_paths(model, path, checkpoint, optimizer=True) -> set:
     `adam/net_dense_kernel_momentum`, the load made `dense/kernel` and
     `adam/dense_kernel_momentum`, and `keras.saving.load_model` gave back
     the initial weights, without a word (keras-team/keras#23251;
-    Keras 3.15.1 and 3.16.0.dev2026102704, 2026-12-01). A saved value
-    fits a variable the load left unassigned when its path ends in the
-    variable's (`/` before it; an optimizer's slot, named after its
-    variable's path, `_`), under the same optimizer, with the same
-    shape, and no other does (`optimizer`: the optimizer's too)."""
-    pairs = {}
-    for group, variables in _groups(model, optimizer).items():
-        saved = checkpoint.paths[group]
-        left = [v for v in variables if v.path not in saved]
-        dropped = [p for p in saved if p not in {v.path for v in variables}]
-        fits = {}
-        for variable in left:
-            found = [
-                p
-                for p in dropped
-                if _fits(p, variable.path, group)
-                and tuple(saved[p]) == tuple(variable.shape)
-            ]
-            if len(found) == 1:
-                fits.setdefault(found[0], []).append(variable)
-        # One value to one variable: a value two variables fit fits none.
-        pairs[group] = {p: v[0] for p, v in fits.items() if len(v) == 1}
+    Keras 3.15.1, and 3.16.0.dev2026102704 for a subclassed model). And
+    on TensorFlow, Keras's own scaler saved its inner optimizer's slots
+    under its scope (`loss_scale_optimizer/adam/...`, defect 42).
+
+    The weights first, all or none: each saved value the load dropped
+    must fit one variable it left unassigned, and each such variable one
+    value, where a value fits a variable whose path ends its own (after
+    a `/`) with its shape. A model whose layers Keras named after what
+    the process made before (the run's `dense_1` and `dense_2`, the
+    load's `dense` and `dense_1`) fits in part, and in part wrongly: it
+    is left, and said (`restore_dropped`). Then the optimizer's
+    (`optimizer`), each variable one at a time: a slot is named after
+    its variable's path, so the one the saved variable's path names, under
+    the same optimizer (in an outer scope, or none), with its shape.
+    A dropout's seed state need not fit: a fresh one loses nothing."""
+    weights = _weight_pairs(model, checkpoint)
+    pairs = {
+        group: {
+            s: v for s, v in weights.items() if s in checkpoint.paths[group]
+        }
+        for group in _GROUPS
+    }
+    if optimizer and getattr(model, "optimizer", None) is not None:
+        renamed = {v.path: s for s, v in weights.items()}
+        pairs[_OPTIMIZER] = _slot_pairs(model.optimizer, checkpoint, renamed)
     if not any(pairs.values()):
         return set()
     from orbax.checkpoint import v1 as ocp
@@ -168,6 +179,71 @@ def mend_paths(model, path, checkpoint, optimizer=True) -> set:
     return {p for matched in pairs.values() for p in matched}
 
 
+def _weight_pairs(model, checkpoint) -> dict:
+    """`{saved path: variable}` for the weights Keras's load dropped, where
+    every one of them pairs (`mend_paths`); `{}` where any does not."""
+    saved = {}
+    for group in _GROUPS:
+        saved.update(checkpoint.paths[group])
+    variables = [*model.trainable_variables, *model.non_trainable_variables]
+    have = {v.path for v in variables}
+    left = [v for v in variables if v.path not in saved]
+    dropped = [p for p in saved if p not in have]
+    fits = {}
+    for variable in left:
+        found = [
+            p
+            for p in dropped
+            if p.endswith("/" + variable.path)
+            and tuple(saved[p]) == tuple(variable.shape)
+        ]
+        if len(found) == 1:
+            fits.setdefault(found[0], []).append(variable)
+    pairs = {p: found[0] for p, found in fits.items() if len(found) == 1}
+    paired = {id(v) for v in pairs.values()}
+    unpaired = [p for p in dropped if p not in pairs] + [
+        v.path for v in left if id(v) not in paired
+    ]
+    if any(not p.endswith(_SEED_STATE) for p in unpaired):
+        return {}
+    return pairs
+
+
+def _slot_pairs(optimizer, checkpoint, renamed) -> dict:
+    """`{saved path: variable}` for the optimizer's variables Keras's load
+    dropped, through the weights' new paths (`renamed`: the loaded path
+    of each weight `_weight_pairs` paired -> its saved path)."""
+    saved = checkpoint.paths[_OPTIMIZER]
+    dropped = [
+        p for p in saved if p not in {v.path for v in optimizer.variables}
+    ]
+    pairs = {}
+    for variable in optimizer.variables:
+        if variable.path in saved:
+            continue
+        owner, _, name = variable.path.partition("/")
+        # A slot's name is its variable's path with `_` for `/`: the
+        # longest such prefix names the variable.
+        prefix = max(
+            (p for p in renamed if name.startswith(p.replace("/", "_") + "_")),
+            key=len,
+            default=None,
+        )
+        if prefix is not None:
+            name = renamed[prefix].replace("/", "_") + name[len(prefix) :]
+        wanted = f"{owner}/{name}"
+        found = [
+            p
+            for p in dropped
+            if (p == wanted or p.endswith("/" + wanted))
+            and tuple(saved[p]) == tuple(variable.shape)
+            and p not in pairs
+        ]
+        if len(found) == 1:
+            pairs[found[0]] = variable
+    return pairs
+
+
 def restore_dropped(model, filepath, checkpoint, optimizer):
     """After Keras's load of a checkpoint directory: puts back the saved
     values it dropped where their variable is known (`mend_paths`), and
@@ -180,9 +256,8 @@ def restore_dropped(model, filepath, checkpoint, optimizer):
         path
         for group in _GROUPS
         for path in dropped.get(group, ())
-        # A dropout's random state, named by Keras (`seed_generator_3`):
-        # a fresh one draws other masks, and loses nothing trained.
-        if not path.endswith("/seed_generator_state")
+        # A fresh dropout state draws other masks, and loses nothing.
+        if not path.endswith(_SEED_STATE)
     ]
     if weights:
         warnings.warn(
@@ -229,15 +304,6 @@ def _groups(model, optimizer):
     if optimizer and held is not None:
         groups[_OPTIMIZER] = held.variables
     return groups
-
-
-def _fits(saved, loaded, group) -> bool:
-    """Whether the saved path `saved` is the loaded path `loaded` made in
-    an outer name scope (`mend_paths`)."""
-    if group != _OPTIMIZER:
-        return saved.endswith("/" + loaded)
-    owner, _, name = loaded.partition("/")
-    return saved.startswith(owner + "/") and saved.endswith("_" + name)
 
 
 def _leaves(tree, prefix=""):

@@ -130,7 +130,8 @@ def load_model(
 
     Args:
         filepath: Path to a `.keras` file, or a directory an
-            `OrbaxCheckpoint` wrote (needs orbax-checkpoint).
+            `OrbaxCheckpoint` wrote (needs orbax-checkpoint; loads
+            compiled only, as Keras's load does).
         custom_objects: As for `keras.saving.load_model`.
         compile: Whether to compile the model as it was saved.
         safe_mode: As for `keras.saving.load_model`.
@@ -163,6 +164,12 @@ def load_model(
     """
     checkpoint = None
     if is_checkpoint_dir(str(filepath)):
+        if not compile:
+            raise InputError(
+                f"{filepath}: Keras's load of a checkpoint directory fails "
+                "with compile=False (Keras 3.15.1: its state tree reads the "
+                "model's optimizer): load it with compile=True."
+            )
         checkpoint = read_checkpoint(str(filepath))
         config = checkpoint.config
     else:

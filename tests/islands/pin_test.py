@@ -580,6 +580,26 @@ def test_a_model_pinned_as_its_first_predict_builds_it_predicts_on():
     )
 
 
+def test_a_callback_that_pins_the_model_during_fit():
+    # `fit` calls `model.train_function` at each step: pinning makes it
+    # afresh, where a first version left it None, and the next step
+    # failed ("'NoneType' object is not callable", a reviewer).
+    class PinAtFirstEpochEnd(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 0:
+                kmp.pin_float32(self.model)
+
+    kmp.enable("mixed_float16")
+    model = _softmax_head()
+    model.compile(optimizer=kmp.wrap("sgd"), loss="mse")
+    x = np.random.default_rng(0).normal(size=(32, 8)).astype("float32")
+    logs = model.fit(
+        x, x[:, :4], epochs=2, verbose=0, callbacks=[PinAtFirstEpochEnd()]
+    )
+    assert len(logs.history["loss"]) == 2
+    assert model.predict(x, verbose=0).dtype == np.float32
+
+
 def _softmax_head():
     inputs = keras.Input((8,))
     hidden = keras.layers.Dense(16)(inputs)
