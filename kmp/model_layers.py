@@ -234,6 +234,12 @@ def swap_class(layer, cls):
     The layer keeps its identity, weights, config and build state; only
     the `call` that `cls` overrides changes. Used on exact Keras classes
     only, so no user subclass's behaviour is lost.
+
+    A mixin of `cls` (kmp's `_Float32Compute`, `_Float8`) derives from
+    `keras.layers.Layer`: a plain one first among the bases lays out
+    `cls`'s instances from itself, not from Keras's root class, which
+    Python accepts only where that root is `object` (under NNX it is
+    Flax's `Pytree`: "object layout differs").
     """
     if not issubclass(cls, type(layer)):
         raise InputTypeError(

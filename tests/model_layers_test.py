@@ -6,6 +6,8 @@ import re
 
 import keras
 import pytest
+from util import nnx_only
+from util import run_under_nnx
 
 import kmp
 from kmp import model_layers
@@ -150,3 +152,14 @@ def test_held_models_are_a_trainer_s_and_has_own_call_tells_one():
     assert model_layers.has_own_call(Calls())
     assert model_layers.held_models(Calls()) == []
     assert not model_layers.has_own_call(keras.layers.Dense(2))
+
+
+@nnx_only
+def test_kmp_s_classes_swap_in_under_nnx():
+    # Under NNX a Keras layer's root class is Flax's Pytree, not
+    # `object`: a plain mixin first among a kmp class's bases made
+    # Python refuse the swap ("object layout differs").
+    result = run_under_nnx("swap")
+    assert result["refused"] == {}
+    assert result["classes"][2] == "Float32Softmax"
+    assert result["attention_softmax"] == "Float32Softmax"

@@ -145,6 +145,22 @@ def run_script(script, *args, backend="tensorflow", timeout=300):
     return script_result(result.stdout)
 
 
+# Keras's NNX mode: JAX, with Flax installed (the `test` extra installs
+# it; a development environment may lack it).
+nnx_only = pytest.mark.skipif(
+    backend.name() != "jax" or importlib.util.find_spec("flax") is None,
+    reason="Keras's NNX mode: the JAX backend with flax installed",
+)
+
+
+def run_under_nnx(name):
+    """`tests/nnx_runs.py NAME`'s result: kmp under Keras's NNX mode, in
+    a process of its own (Keras reads `KERAS_NNX_ENABLED` when imported)."""
+    result = run_script("nnx_runs.py", name, backend="jax")
+    assert result.pop("nnx", True)
+    return result
+
+
 def once_per_session(tmp_path_factory, name, compute):
     """`compute()`'s result (JSON), computed once for the whole pytest run.
 

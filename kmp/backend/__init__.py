@@ -5,7 +5,7 @@ Everything else in kmp is written against `keras.ops` and the public
 Keras API; what cannot be branches here, each function once, on
 `name()`. One module per concern:
 
-    _current     which backend runs: `name`, `is_stateless`
+    _current     which backend runs: `name`, `is_stateless`, `is_nnx`
     settings     process-wide: the persistent XLA cache, TF32
     initialization  new variables' values from one compiled program (JAX)
     machine      devices, versions, the environment record, peak memory
@@ -21,6 +21,8 @@ Keras API; what cannot be branches here, each function once, on
                  and Keras's private names got with a clear error
     recompute    the state a rematerialized call writes, the same in its
                  recomputation (dropout's seeds, moving statistics)
+    layer_calls  a call set on one layer that runs on the layer running
+                 it (NNX's transforms run a copy of the model)
     layouts      a tensor broadcast over the batch whose gradient XLA
                  does not lay out batch-innermost on a GPU (JAX)
     activations  an activation recomputed in the backward pass, which
@@ -60,6 +62,7 @@ The rest of kmp calls these functions through this package
 (`from kmp import backend; backend.list_devices()`).
 """
 
+from kmp.backend._current import is_nnx
 from kmp.backend._current import is_stateless
 from kmp.backend._current import name
 from kmp.backend.activations import recompute_in_backward
@@ -83,6 +86,7 @@ from kmp.backend.keras_internals import KerasInternalsError
 from kmp.backend.keras_internals import keras_version
 from kmp.backend.keras_internals import private_attribute
 from kmp.backend.keras_internals import private_import
+from kmp.backend.layer_calls import layer_call
 from kmp.backend.layouts import broadcast_over_batch
 from kmp.backend.machine import Device
 from kmp.backend.machine import environment
@@ -158,10 +162,12 @@ __all__ = [
     "host_cpu",
     "initialized_together",
     "integer_ops",
+    "is_nnx",
     "is_stateless",
     "keras_version",
     "is_users",
     "join_processes",
+    "layer_call",
     "layout_problems",
     "list_devices",
     "max_over_replicas",

@@ -5,7 +5,10 @@ Keras's crossentropy finds the logits behind probabilities.
 
 TensorFlow's and torch's steps update variables in place; JAX's step is a
 pure function of its state, so what it reads after an update comes out
-of that state. The frameworks' gradient code is in `_taped_gradients`.
+of that state. Keras's compiled fit under NNX runs the class's
+`train_step`, not the instance's: there the logs are added to what the
+train function returns. The frameworks' gradient code is in
+`_taped_gradients`.
 """
 
 import contextlib
@@ -14,6 +17,7 @@ from typing import Callable
 import keras
 from keras import ops
 
+from kmp.backend._current import is_nnx
 from kmp.backend._current import is_stateless
 from kmp.backend._current import name
 
@@ -39,14 +43,21 @@ def add_train_step_logs(
 ) -> None:
     """Makes `model.train_step` return extra logs computed inside the step
     (they leave the device with the loss, in the transfer Keras makes).
+    Under NNX, Keras's compiled fit runs the class's `train_step`: the
+    logs are computed on the device after each call of the train
+    function, from the state it returns (`_add_logs_to_train_function`).
 
     Args:
-        model: A compiled Keras model. Its `train_step` is wrapped on the
-            instance; calling this again on the same model does nothing.
+        model: A compiled Keras model. Its `train_step` (under NNX, its
+            `make_train_function`) is wrapped on the instance; calling
+            this again on the same model does nothing.
         extra_logs: `extra_logs(read)` returns a dict of tensors, where
             `read(variable)` gives an optimizer variable's value *after*
             this step's update.
     """
+    if is_nnx():
+        _add_logs_to_train_function(model, extra_logs)
+        return
     if getattr(model.train_step, "_kmp_wrapped", False):
         return
     original = model.train_step
@@ -58,13 +69,8 @@ def add_train_step_logs(
             # state = (trainable, non_trainable, optimizer, metrics) values;
             # the optimizer's new values are only visible here, not through
             # its variables, which JAX updates when the epoch ends.
-            optimizer_values = state[2]
-            index = {id(v): i for i, v in enumerate(model.optimizer.variables)}
-
-            def read(variable):
-                return optimizer_values[index[id(variable)]]
-
             if isinstance(logs, dict):
+                read = _reader(model, state[2])
                 logs = {**logs, **extra_logs(read)}
             return logs, state
 
@@ -83,6 +89,51 @@ def add_train_step_logs(
     train_step._kmp_wrapped = True
     model.train_step = train_step
     # A train function compiled before the wrap would not call it.
+    model.train_function = None
+
+
+def _reader(model, optimizer_values, copy=False):
+    """`read(variable)`: the value of one of `model.optimizer`'s variables
+    in `optimizer_values`, a JAX step's state (as a copy: the state is
+    donated to the next step)."""
+    index = {id(v): i for i, v in enumerate(model.optimizer.variables)}
+
+    def read(variable):
+        value = optimizer_values[index[id(variable)]]
+        return ops.copy(value) if copy else value
+
+    return read
+
+
+def _add_logs_to_train_function(model, extra_logs):
+    """`add_train_step_logs` under NNX: Keras's `fit` makes its train
+    function by `model.make_train_function()`, whose compiled step calls
+    `type(model).train_step`; the logs are added to what that function
+    returns, `(logs, state)` after its steps (the last step's logs, with
+    `steps_per_execution`), by a few scalar operations on the device."""
+    if getattr(model.make_train_function, "_kmp_wrapped", False):
+        return
+    original = model.make_train_function
+
+    def make_train_function(force=False):
+        original(force)
+        step = model.train_function
+        if getattr(step, "_kmp_wrapped", False):
+            return
+
+        def train_function(state, iterator):
+            logs, state = step(state, iterator)
+            if isinstance(logs, dict):
+                read = _reader(model, state[2], copy=True)
+                logs = {**logs, **extra_logs(read)}
+            return logs, state
+
+        train_function._kmp_wrapped = True
+        model.train_function = train_function
+
+    make_train_function._kmp_wrapped = True
+    model.make_train_function = make_train_function
+    # A train function made before the wrap would not add them.
     model.train_function = None
 
 

@@ -45,8 +45,10 @@ from kmp.islands import MultiHeadAttention
 from kmp.model_layers import swap_class
 
 
-class _Float8:
-    """Mixin for a Keras matmul layer with `kernel`: float8 operands."""
+class _Float8(keras.layers.Layer):
+    """Mixin for a Keras matmul layer with `kernel`: float8 operands. A
+    `Layer`, so that it can be swapped in under NNX
+    (`kmp.model_layers.swap_class`)."""
 
     default_amax_history_length = 16
 

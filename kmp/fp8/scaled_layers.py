@@ -39,8 +39,10 @@ from kmp.fp8.scaled_matmul import keep_state
 from kmp.model_layers import swap_class
 
 
-class _ScaledFloat8:
-    """Mixin: the float8 call of a Keras matmul layer by `float8_matmul`."""
+class _ScaledFloat8(keras.layers.Layer):
+    """Mixin: the float8 call of a Keras matmul layer by `float8_matmul`.
+    A `Layer`, so that it can be swapped in under NNX
+    (`kmp.model_layers.swap_class`)."""
 
     def quantized_call(self, inputs, *args, **kwargs):
         product = None

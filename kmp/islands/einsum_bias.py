@@ -39,11 +39,12 @@ one), and `kmp.load_model` applies it again. Deleting the instance's
 `call` (`del layer.call`) undoes it.
 """
 
-import functools
 import math
 
 import keras
 from keras import ops
+
+from kmp import backend
 
 _STOCK_CALL = keras.layers.EinsumDense.call
 
@@ -71,7 +72,8 @@ def _has_flat_form(layer):
 def flattens_bias(layer):
     """Whether `flatten_bias` has been applied to `layer`: its `call` is
     the instance's own, kmp's wrapper, or a wrapper over it made with
-    `functools.wraps` (`recompute_gelu`'s), which copies its mark."""
+    `kmp.backend.layer_call` (`recompute_gelu`'s), which copies its
+    mark."""
     own = vars(layer).get("call")
     return getattr(own, "_kmp_flattens_bias", False)
 
@@ -98,29 +100,32 @@ def flatten_bias(layer):
     ):
         return False
 
-    @functools.wraps(layer.call)  # the bound call's signature
-    def call(inputs, *args, **kwargs):
-        leading = tuple(ops.shape(inputs))[:-1]
-        if (
-            type(layer).call is not _STOCK_CALL  # a class swapped in
-            or getattr(layer, "quantization_mode", None) is not None
-            or layer.bias is None
-            or not all(isinstance(size, int) for size in leading)
-        ):
-            # Keras sends a quantized layer to `quantized_call`, which
-            # this wrapper is not; `call` itself, called directly, gets
-            # here. The class's call as it is when the layer runs.
-            return type(layer).call(layer, inputs, *args, **kwargs)
-        kernel = layer.kernel  # with its LoRA update, if enabled
-        width, *axes = kernel.shape
-        flat = math.prod(axes)
-        x = ops.matmul(inputs, ops.reshape(kernel, (width, flat)))
-        x = ops.add(x, ops.reshape(layer.bias, (flat,)))
-        x = ops.reshape(x, leading + tuple(axes))
-        if layer.activation is not None:
-            x = layer.activation(x)
-        return x
-
+    # Run on the layer running it, an NNX transform's copy too
+    # (`kmp.backend.layer_call`).
+    call = backend.layer_call(layer, _call_adding_bias_flat)
     call._kmp_flattens_bias = True
     layer.call = call
     return True
+
+
+def _call_adding_bias_flat(layer, inputs, *args, **kwargs):
+    leading = tuple(ops.shape(inputs))[:-1]
+    if (
+        type(layer).call is not _STOCK_CALL  # a class swapped in
+        or getattr(layer, "quantization_mode", None) is not None
+        or layer.bias is None
+        or not all(isinstance(size, int) for size in leading)
+    ):
+        # Keras sends a quantized layer to `quantized_call`, which
+        # this wrapper is not; `call` itself, called directly, gets
+        # here. The class's call as it is when the layer runs.
+        return type(layer).call(layer, inputs, *args, **kwargs)
+    kernel = layer.kernel  # with its LoRA update, if enabled
+    width, *axes = kernel.shape
+    flat = math.prod(axes)
+    x = ops.matmul(inputs, ops.reshape(kernel, (width, flat)))
+    x = ops.add(x, ops.reshape(layer.bias, (flat,)))
+    x = ops.reshape(x, leading + tuple(axes))
+    if layer.activation is not None:
+        x = layer.activation(x)
+    return x

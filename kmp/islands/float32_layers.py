@@ -18,9 +18,10 @@ from keras import ops
 from kmp.model_layers import swap_class
 
 
-class _Float32Compute:
+class _Float32Compute(keras.layers.Layer):
     """Mixin: run the parent's `call` on float32 inputs, return
-    `compute_dtype`."""
+    `compute_dtype`. A `Layer`, so that it can be swapped in under NNX
+    (`kmp.model_layers.swap_class`)."""
 
     def call(self, inputs, *args, **kwargs):
         outputs = super().call(ops.cast(inputs, "float32"), *args, **kwargs)

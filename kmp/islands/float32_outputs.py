@@ -113,20 +113,22 @@ def return_float32(layer) -> None:
         return
     # The class's call, whatever the class is when the layer runs
     # (pinning swaps an attention's), unless the instance had its own.
+    # The layer it runs on is the one running, an NNX transform's copy
+    # too (`kmp.backend.layer_call`), not this one.
     own = vars(layer).get("call")
-
-    # The bound call's signature, and the marks of kmp's wrappers in
-    # `own` (`attends_causally`): pinning applies this one last.
-    @functools.wraps(layer.call)
-    def call(*args, **kwargs):
-        if own is not None:
-            outputs = own(*args, **kwargs)
-        else:
-            outputs = type(layer).call(layer, *args, **kwargs)
-        return keras.tree.map_structure(_to_float32, outputs)
-
+    # With the bound call's signature, and the marks of kmp's wrappers
+    # in `own` (`attends_causally`): pinning applies this one last.
+    call = backend.layer_call(layer, _call_returning_float32, own)
     call._kmp_returns_float32 = True
     layer.call = call
+
+
+def _call_returning_float32(layer, own, *args, **kwargs):
+    if own is not None:
+        outputs = own(*args, **kwargs)
+    else:
+        outputs = type(layer).call(layer, *args, **kwargs)
+    return keras.tree.map_structure(_to_float32, outputs)
 
 
 def pins_whole(layer) -> bool:

@@ -47,8 +47,6 @@ again when it pins the loaded model. Deleting the instance's `call`
 (`del layer.call`) undoes it.
 """
 
-import functools
-
 import keras
 
 from kmp import backend
@@ -108,38 +106,42 @@ def recompute_gelu(layer):
     if recomputed is activation:  # not JAX: nothing to recompute
         return False
     # The class's call, whatever the class is when the layer runs
-    # (kmp.float8 swaps it), unless the instance already had its own.
+    # (kmp.float8 swaps it), unless the instance already had its own;
+    # on the layer running it, an NNX transform's copy too
+    # (`kmp.backend.layer_call`).
     own = vars(layer).get("call")
-
-    def stock(*args, **kwargs):
-        if own is not None:
-            return own(*args, **kwargs)
-        return type(layer).call(layer, *args, **kwargs)
-
-    @functools.wraps(layer.call)  # the bound call's signature
-    def call(*args, **kwargs):
-        if (
-            type(layer).call not in _STOCK_CALLS  # a class swapped in
-            or getattr(layer, "quantization_mode", None) is not None
-            or layer.activation is not activation
-        ):
-            # A quantized layer's matmul (float8, int8) is no 16-bit
-            # GEMM with an epilogue: recomputed after kmp's float8 GEMM
-            # the GELU makes the step write its input for the backward
-            # pass (a scratch compile for an H200, GPT-2 at width 1024,
-            # not kept: 0.13 GB more a decoder block), and after Keras's
-            # float8 pattern XLA fuses it into an FP8 GEMM whose
-            # epilogue it then cannot emit (a RET_CHECK,
-            # `!has_aux_output`, jaxlib 0.10.2). Keras sends a quantized
-            # layer to `quantized_call`, which this wrapper is not;
-            # `call` itself, called directly, gets here.
-            return stock(*args, **kwargs)
-        layer.activation = recomputed
-        try:
-            return stock(*args, **kwargs)
-        finally:
-            layer.activation = activation
-
+    call = backend.layer_call(
+        layer, _call_recomputing_gelu, own, activation, recomputed
+    )
     call._kmp_recomputes_gelu = True
     layer.call = call
     return True
+
+
+def _call_recomputing_gelu(layer, own, activation, recomputed, *args, **kw):
+    def stock():
+        if own is not None:
+            return own(*args, **kw)
+        return type(layer).call(layer, *args, **kw)
+
+    if (
+        type(layer).call not in _STOCK_CALLS  # a class swapped in
+        or getattr(layer, "quantization_mode", None) is not None
+        or layer.activation is not activation
+    ):
+        # A quantized layer's matmul (float8, int8) is no 16-bit
+        # GEMM with an epilogue: recomputed after kmp's float8 GEMM
+        # the GELU makes the step write its input for the backward
+        # pass (a scratch compile for an H200, GPT-2 at width 1024,
+        # not kept: 0.13 GB more a decoder block), and after Keras's
+        # float8 pattern XLA fuses it into an FP8 GEMM whose
+        # epilogue it then cannot emit (a RET_CHECK,
+        # `!has_aux_output`, jaxlib 0.10.2). Keras sends a quantized
+        # layer to `quantized_call`, which this wrapper is not;
+        # `call` itself, called directly, gets here.
+        return stock()
+    layer.activation = recomputed
+    try:
+        return stock()
+    finally:
+        layer.activation = activation

@@ -15,6 +15,8 @@ from keras import ops
 from util import JIT_COMPILE
 from util import classification_data
 from util import mlp
+from util import nnx_only
+from util import run_under_nnx
 from util import tf_only
 
 import kmp
@@ -444,3 +446,15 @@ def test_a_scaler_that_only_skipped_counts_as_applied():
     optimizer.apply([ops.convert_to_tensor([np.nan])], [variable])
     assert int(optimizer.iterations) == 0 and float(optimizer.loss_scale) == 1
     assert not loss_scale_monitor._never_applied(optimizer)
+
+
+@nnx_only
+def test_fit_logs_the_scale_under_nnx():
+    # Keras's compiled fit under NNX runs the class's train_step, not
+    # the instance's that carried the logs: History had "loss" only.
+    result = run_under_nnx("fit")
+    assert result["logs"]["loss_scale"] == [1024.0, 1024.0]
+    assert result["logs"]["skipped_steps"] == [0.0, 0.0]
+    assert "overflow_streak" not in result["logs"]
+    assert result["steps"]["batch"] == [0, 1, 2, 3] * 2
+    assert result["steps"]["loss_scale"] == [1024.0] * 8

@@ -5,6 +5,8 @@ output beside the logits), float32 without mixing dtypes inside it."""
 import keras
 import numpy as np
 import pytest
+from util import nnx_only
+from util import run_under_nnx
 
 import kmp
 from kmp import backend
@@ -259,3 +261,15 @@ def test_a_feature_extractor_s_inner_outputs_are_cast_not_pinned(tmp_path):
             keras.ops.convert_to_numpy(value),
             keras.ops.convert_to_numpy(features[name]),
         )
+
+
+@nnx_only
+def test_a_pinned_subclassed_model_trains_in_keras_io_s_nnx_loop():
+    # keras-io's NNX guide's loop: nnx.grad runs a copy of the model,
+    # whose cast-on-the-way-out ran the original layer (no weight
+    # moved in 200 steps). Now as float32: 0.0280 against 0.0281.
+    result = run_under_nnx("loop")
+    reference, pinned = result["float32"], result["mixed_float16"]
+    assert min(pinned["moved"].values()) > 0.03
+    assert abs(pinned["loss"] - reference["loss"]) < 1e-3
+    assert reference["loss"] < 0.03
