@@ -424,7 +424,8 @@ def test_stock_orbax_load_gives_a_subclassed_model_its_initial_weights(
     # outside: saved "subclassed/head/kernel", made "head/kernel", and
     # `set_state_tree` assigns by path, so nothing is restored, without a
     # word (keras-team/keras#23251, of a Sequential model, which
-    # 3.16.0.dev2026102704 loads whole). kmp's: checkpoint_dirs_test.
+    # 3.16.0.dev2026102704 loads whole on TensorFlow and torch). kmp's:
+    # checkpoint_dirs_test.
     keras.config.set_dtype_policy("float32")
     x = np.random.default_rng(0).normal(size=(32, 4)).astype("float32")
     model = Subclassed()

@@ -139,7 +139,8 @@ def mend_paths(model, path, checkpoint, optimizer=True) -> set:
     `adam/net_dense_kernel_momentum`, the load made `dense/kernel` and
     `adam/dense_kernel_momentum`, and `keras.saving.load_model` gave back
     the initial weights, without a word (keras-team/keras#23251;
-    Keras 3.15.1, and 3.16.0.dev2026102704 for a subclassed model). And
+    Keras 3.15.1, and 3.16.0.dev2026102704 for a subclassed model, or a
+    Sequential one on JAX). And
     on TensorFlow, Keras's own scaler saved its inner optimizer's slots
     under its scope (`loss_scale_optimizer/adam/...`, defect 42).
 
