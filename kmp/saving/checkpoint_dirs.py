@@ -23,8 +23,10 @@ dropped where it can tell their variable (`mend_paths`), and says in
 one line what is still lost (`unrestored`).
 """
 
+import contextlib
 import json
 import os
+import re
 import warnings
 from typing import NamedTuple
 
@@ -88,8 +90,8 @@ def read_checkpoint(path) -> Checkpoint:
             "orbax-checkpoint."
         ) from None
     checkpointer = ocp.training.Checkpointer(directory=path)
-    latest = checkpointer.latest
-    with ocp.Context():
+    with contextlib.closing(checkpointer), ocp.Context():
+        latest = checkpointer.latest
         saved = {}
         if latest is not None:
             found = checkpointer.checkpointables_metadata(latest.step)
@@ -169,8 +171,9 @@ def mend_paths(model, path, checkpoint, optimizer=True) -> set:
         return set()
     from orbax.checkpoint import v1 as ocp
 
-    with ocp.Context():
-        tree = ocp.training.Checkpointer(directory=path).load_checkpointables(
+    checkpointer = ocp.training.Checkpointer(directory=path)
+    with contextlib.closing(checkpointer), ocp.Context():
+        tree = checkpointer.load_checkpointables(
             checkpoint.step, {"pytree": None}
         )["pytree"]
     for group, matched in pairs.items():
@@ -268,6 +271,18 @@ def restore_dropped(model, filepath, checkpoint, optimizer):
             f"initial values. {_WHY}",
             stacklevel=3,
         )
+        suspect = _suspects(model, checkpoint, weights)
+        if suspect:
+            warnings.warn(
+                f"kmp.load_model: {filepath}: {len(suspect)} weights Keras's "
+                f"load did restore (first: {suspect[0]!r}) are of layers "
+                "named like those above, which took other names in this load"
+                " than in the run: Keras assigns by path, so they may hold "
+                "another layer's values. A checkpoint directory cannot tell;"
+                " a .keras file (kmp.callbacks.ModelCheckpoint) loads by the "
+                "model's structure.",
+                stacklevel=3,
+            )
     lost = dropped.get(_OPTIMIZER)
     if lost:
         warnings.warn(
@@ -279,6 +294,61 @@ def restore_dropped(model, filepath, checkpoint, optimizer):
             ': load with kmp.load_model(directory, policy="saved").',
             stacklevel=3,
         )
+
+
+def _suspects(model, checkpoint, dropped) -> list:
+    """The paths of the weights Keras's load assigned by path that sit
+    beside the ones it `dropped`, or the variables it left: in one
+    scope, of one class's Keras names (`block/dense_1` beside a dropped
+    `block/dense_2` and a left `block/dense`: the load named the block's
+    layers from `dense`, the run from `dense_1`, so the load's
+    `block/dense_1`, the block's second layer, took its first's values;
+    a reviewer, 2026-12-01)."""
+    saved = set()
+    for group in _GROUPS:
+        saved.update(checkpoint.paths[group])
+    variables = [*model.trainable_variables, *model.non_trainable_variables]
+    left = [v.path for v in variables if v.path not in saved]
+    shifted = {_layer_key(p) for p in [*dropped, *left]}
+    return [
+        v.path
+        for v in variables
+        if v.path in saved
+        and not v.path.endswith(_SEED_STATE)
+        and _layer_key(v.path) in shifted
+    ]
+
+
+def _layer_key(path):
+    """`(scope, name)` of a variable's layer, the name without Keras's
+    count: `block/dense_2/kernel` -> `("block", "dense")`."""
+    parts = path.split("/")
+    layer = parts[-2] if len(parts) > 1 else ""
+    scope = parts[-3] if len(parts) > 2 else ""
+    return scope, re.sub(r"_\d+$", "", layer)
+
+
+@contextlib.contextmanager
+def assigning_by_path(filepath):
+    """Keras's load of a checkpoint directory, a value it assigns to a
+    variable of another shape as an `InputError` that says why: the
+    layers a layer makes in code (keras-io's `TransformerBlock`) took
+    other names in this load than in the run."""
+    try:
+        yield
+    except ValueError as error:
+        if "variable.assign" not in str(error):
+            raise
+        raise InputError(
+            f"{filepath}: Keras's load assigns a checkpoint's values by "
+            "path, and the model it builds has variables of those paths "
+            "with other shapes: layers that a layer makes in code took "
+            "other names in this load than in the run (Keras names them "
+            "after what the process made before). Save .keras files "
+            "(kmp.callbacks.ModelCheckpoint), which load by the model's "
+            "structure, or name those layers in their code (name=...)."
+            f" Keras said: {str(error).splitlines()[0]}"
+        ) from None
 
 
 def unrestored(model, checkpoint, optimizer=True, mended=()) -> dict:

@@ -52,6 +52,7 @@ from kmp.islands import pin_float32
 from kmp.islands import pinned_in
 from kmp.model_layers import fed_outputs
 from kmp.model_layers import output_layers
+from kmp.saving.checkpoint_dirs import assigning_by_path
 from kmp.saving.checkpoint_dirs import is_checkpoint_dir
 from kmp.saving.checkpoint_dirs import read_checkpoint
 from kmp.saving.checkpoint_dirs import restore_dropped
@@ -177,7 +178,10 @@ def load_model(
     if policy == "saved":
         policy = saved_policy(config)
     unnamed = compile and _names_no_optimizer(config)
-    with _global_policy(policy), _damaged_archive(filepath):
+    by_path = contextlib.nullcontext()
+    if checkpoint is not None:
+        by_path = assigning_by_path(filepath)
+    with _global_policy(policy), _damaged_archive(filepath), by_path:
         model = _keras_load(
             filepath, custom_objects, compile, safe_mode, unnamed
         )

@@ -261,3 +261,66 @@ def test_a_weights_only_checkpoint_says_how_to_load_it(tmp_path):
         kmp.InputError, match=r"model.load_weights\(directory\)"
     ):
         kmp.load_model(directory)
+
+
+@keras.saving.register_keras_serializable(package="kmp_tests")
+class TwoDense(keras.layers.Layer):
+    """A layer that makes two layers in code, named by Keras."""
+
+    def __init__(self, width=4, **kwargs):
+        super().__init__(**kwargs)
+        self.width = width
+        self.first = keras.layers.Dense(width)
+        self.second = keras.layers.Dense(4)
+
+    def call(self, x):
+        return self.second(self.first(x))
+
+    def get_config(self):
+        return {**super().get_config(), "width": self.width}
+
+
+def _with_block(width):
+    # The run names the block's layers dense_1 and dense_2 (the Dense
+    # before it took "dense"); a load builds the outer layers from their
+    # config's names, and the block's from "dense" again.
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(4)(inputs)
+    outputs = TwoDense(width, name="block")(hidden)
+    return keras.Model(inputs, keras.layers.Dense(2)(outputs))
+
+
+def test_weights_keras_s_load_may_have_crossed_are_said(tmp_path):
+    # Keras gives the load's block/dense_1 (the block's second layer)
+    # the run's block/dense_1 (its first): no path tells, and kmp
+    # assigns nothing more, but says which restored weights are suspect
+    # (a reviewer).
+    kmp.enable("mixed_float16")
+    directory = str(tmp_path / "ckpt")
+    _trained(_with_block(4), directory)
+    keras.utils.clear_session()
+    kmp.enable("mixed_float16")
+    with pytest.warns(UserWarning) as caught:
+        kmp.load_model(directory)
+    said = [
+        str(w.message) for w in caught if "kmp.load_model" in str(w.message)
+    ]
+    assert any(
+        "2 saved weights (first: 'block/dense_2/bias')" in s for s in said
+    )
+    suspect = [s for s in said if "may hold another layer's values" in s]
+    assert len(suspect) == 1 and "'block/dense_1/" in suspect[0]
+
+
+def test_a_value_of_another_shape_is_one_input_error(tmp_path):
+    # keras-io's TransformerBlock shape: the block's layers of two widths
+    # swap names on load, and Keras's load raised its own ValueError.
+    kmp.enable("mixed_float16")
+    directory = str(tmp_path / "ckpt")
+    _trained(_with_block(8), directory)
+    keras.utils.clear_session()
+    kmp.enable("mixed_float16")
+    with pytest.raises(
+        kmp.InputError, match="load by the model's\\s+structure"
+    ):
+        kmp.load_model(directory)
