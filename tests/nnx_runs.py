@@ -1,12 +1,13 @@
 """kmp under Keras's NNX mode (JAX, Keras's layers Flax NNX modules).
 
-    python tests/nnx_runs.py swap|loop|block|fit
+    python tests/nnx_runs.py swap|loop|block|fit|gpt2|llama
 
 Prints one JSON line (prefix RESULT). A helper for the tests that check
 kmp under NNX (`util.run_under_nnx`): Keras reads `KERAS_NNX_ENABLED`
 when it is imported, so each runs in its own process.
 """
 
+import functools
 import json
 import os
 import sys
@@ -67,17 +68,23 @@ class _Regression(keras.Model):
         return self.dense_layer(inputs)
 
 
-def _train_in_nnx_loop(model, x, y, steps, learning_rate):
+def _squared_error(y, outputs):
+    return jnp.mean((y - outputs.astype("float32")) ** 2)
+
+
+def _train_in_nnx_loop(model, x, y, steps, learning_rate, loss=_squared_error):
     """keras-io's NNX guide's loop (`nnx.jit`, `nnx.grad`,
-    `nnx.Optimizer`); returns the largest change of each trainable
-    weight, by path."""
+    `nnx.Optimizer`), on batches of 10 of `x` (arrays, or a dict of
+    them) and `y`; returns the largest change of each trainable weight,
+    by path."""
     trainable = nnx.All(keras.Variable, lambda path, v: v.trainable)
     optimizer = nnx.Optimizer(model, optax.sgd(learning_rate), wrt=trainable)
+    objective = loss
 
     @nnx.jit
     def train_step(model, optimizer, x, y):
         def loss(model_):
-            return jnp.mean((y - model_(x).astype("float32")) ** 2)
+            return objective(y, model_(x))
 
         grads = nnx.grad(loss, argnums=nnx.DiffState(0, trainable))(model)
         optimizer.update(model, grads)
@@ -85,8 +92,9 @@ def _train_in_nnx_loop(model, x, y, steps, learning_rate):
     before = [np.array(v) for v in model.trainable_weights]
     rng = np.random.default_rng(1)
     for _ in range(steps):
-        batch = rng.choice(len(x), size=10)
-        train_step(model, optimizer, x[batch], y[batch])
+        batch = rng.choice(len(y), size=10)
+        x_batch = keras.tree.map_structure(lambda a, b=batch: a[b], x)
+        train_step(model, optimizer, x_batch, y[batch])
     return {
         v.path: float(np.abs(np.array(v) - b).max())
         for v, b in zip(model.trainable_weights, before)
@@ -161,8 +169,124 @@ def fit():
     return {"logs": history.history, "steps": monitor.history}
 
 
+def _next_token_loss(y, logits):
+    return jnp.mean(
+        keras.losses.sparse_categorical_crossentropy(
+            y, logits.astype("float32"), from_logits=True
+        )
+    )
+
+
+def _causal_lm(name):
+    """A tiny KerasHub GPT-2 (a position embedding, Keras's attention in
+    KerasHub's `TransformerDecoder`) or Llama (KerasHub's own decoder
+    and attention), a CausalLM without a preprocessor."""
+    import keras_hub
+
+    if name == "gpt2":
+        backbone = keras_hub.models.GPT2Backbone(
+            vocabulary_size=64,
+            num_layers=1,
+            num_heads=2,
+            hidden_dim=16,
+            intermediate_dim=32,
+            max_sequence_length=16,
+        )
+        model = keras_hub.models.GPT2CausalLM(backbone, preprocessor=None)
+    else:
+        backbone = keras_hub.models.LlamaBackbone(
+            vocabulary_size=64,
+            num_layers=1,
+            num_query_heads=2,
+            num_key_value_heads=1,
+            hidden_dim=16,
+            intermediate_dim=32,
+        )
+        model = keras_hub.models.LlamaCausalLM(backbone, preprocessor=None)
+    # KerasHub's task compiles itself, and Keras 3.15's compiled model
+    # keeps a dict keyed by layers, which NNX's flatten cannot sort
+    # (KerasHub's vLLM wrapper keeps the backbone alone for it); a
+    # hand-written loop has no use for it.
+    del vars(model)["_compiled_trainable_state"]
+    return model
+
+
+def _spied_attention():
+    """The `is_causal` each JAX attention call gets and the
+    `use_causal_mask` each Keras `_compute_attention` call gets, as
+    lists by name."""
+    import jax
+
+    told = {"is_causal": [], "use_causal_mask": []}
+    stock = jax.nn.dot_product_attention
+    keras_stock = keras.layers.MultiHeadAttention._compute_attention
+
+    def spy(*args, **kwargs):
+        told["is_causal"].append(kwargs.get("is_causal"))
+        return stock(*args, **kwargs)
+
+    @functools.wraps(keras_stock)  # its signature: attend_causally reads it
+    def keras_spy(*args, **kwargs):
+        told["use_causal_mask"].append(kwargs.get("use_causal_mask"))
+        return keras_stock(*args, **kwargs)
+
+    jax.nn.dot_product_attention = spy
+    keras.layers.MultiHeadAttention._compute_attention = keras_spy
+    return told
+
+
+def _hub(name):
+    """KerasHub's GPT-2 or Llama (`_causal_lm`), 20 steps of the guide's
+    loop on next tokens, unpinned in float32 and pinned under kmp's
+    bfloat16 (XLA's CPU dot has no float16 attention): each weight's
+    change (or the error the loop raised), the loss after, whether a
+    position embedding broadcasts once and a decoder attends causally,
+    and what the attention calls in the loop were told
+    (`_spied_attention`; told, the attention running is the one its
+    decoder told)."""
+    from kmp.islands import attends_causally
+    from kmp.islands import broadcasts_once
+
+    told = _spied_attention()
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(1, 64, size=(16, 9)).astype("int32")
+    x = {"token_ids": tokens[:, :-1], "padding_mask": tokens[:, :-1] > 0}
+    y = tokens[:, 1:]
+    results = {}
+    for mode in ("float32", "mixed_bfloat16"):
+        kmp.enable(mode)
+        keras.utils.set_random_seed(0)
+        model = _causal_lm(name)
+        model(x)
+        if mode != "float32":
+            kmp.pin_float32(model)
+        layers = list(model._flatten_layers())
+        for calls in told.values():
+            calls.clear()
+        result = results[mode] = {
+            "broadcast_once": any(map(broadcasts_once, layers)),
+            "attend_causally": any(map(attends_causally, layers)),
+        }
+        try:
+            result["moved"] = _train_in_nnx_loop(
+                model, x, y, 20, 0.1, loss=_next_token_loss
+            )
+        except Exception as e:  # a wrapper running the original's layers
+            result["error"] = f"{type(e).__name__}: {e}"[:300]
+            continue
+        for key, calls in told.items():
+            result[key] = sorted(set(map(str, calls)))
+        result["loss"] = float(_next_token_loss(y, model(x)))
+    return results
+
+
 if __name__ == "__main__":
-    result = {"swap": swap, "loop": loop, "block": block, "fit": fit}[
-        sys.argv[1]
-    ]()
+    result = {
+        "swap": swap,
+        "loop": loop,
+        "block": block,
+        "fit": fit,
+        "gpt2": lambda: _hub("gpt2"),
+        "llama": lambda: _hub("llama"),
+    }[sys.argv[1]]()
     print("RESULT " + json.dumps(result))

@@ -21,15 +21,18 @@ from typing import Callable
 from kmp.backend._current import is_nnx
 
 
-def layer_call(layer, function: Callable, *held) -> Callable:
-    """A call to set as `layer.call` in place of the one it has now:
-    `call(*args, **kwargs)` returns `function(layer, *held, *args,
-    **kwargs)`, where `layer` (and any layer or `layer_call` among
-    `held`: the instance's call it wraps) is the one the call runs on, a
-    copy's under an NNX transform. It has the signature of the call it
-    replaces (`functools.wraps`), and its marks (kmp's `_kmp_...`
-    attributes); more can be set on it as on a function."""
-    wrapped = layer.call
+def layer_call(
+    layer, function: Callable, *held, method: str = "call"
+) -> Callable:
+    """A call to set as `layer.call` (or as the layer's `method`) in
+    place of the one it has now: `call(*args, **kwargs)` returns
+    `function(layer, *held, *args, **kwargs)`, where `layer` (and any
+    layer or `layer_call` among `held`: the instance's call it wraps, a
+    layer the call uses) is the one the call runs on, a copy's under an
+    NNX transform. It has the signature of the method it replaces
+    (`functools.wraps`), and its marks (kmp's `_kmp_...` attributes);
+    more can be set on it as on a function."""
+    wrapped = getattr(layer, method)
     if not is_nnx():
 
         @functools.wraps(wrapped)

@@ -47,24 +47,39 @@ mask type instead of `NO_MASK`, the same bytes outside the matmuls.
 How: an instance-level `call` on the decoder marks its calls that build
 a causal mask, and an instance-level `_compute_attention` on its
 self-attention adds `use_causal_mask=True` (Keras's attention) or
-`is_causal=True` (KerasHub's own attentions) inside them. `get_config`
-and `.keras` files are unchanged; `kmp.pin_float32` applies it on JAX
+`is_causal=True` (KerasHub's own attentions) inside them. Both run on
+the layer running them (`kmp.backend.layer_call`): under Keras's NNX
+mode, a transform's copies of the decoder and its attention, the copy
+told by the copied decoder. `get_config` and `.keras` files are
+unchanged; `kmp.pin_float32` applies it on JAX
 and `kmp.load_model` again. `del decoder.call` undoes it (the attention's
 wrapper then adds nothing, and applying it again reuses it).
 """
 
 import contextvars
-import functools
 import inspect
 import sys
 
 import keras
 
+from kmp import backend
 from kmp.islands import hub_attention
 
 # The self-attention layer whose mask is causal in the decoder call now
-# running, if any (set by the decoder's wrapper for the call only).
+# running and the sliding window cut into that mask (None: none), as
+# `(attention, window)`, if any (set by the decoder's wrapper for the
+# call only).
 _CAUSAL = contextvars.ContextVar("kmp_causal_attention", default=None)
+
+
+def _causal_window(attention):
+    """None outside a causal call of `attention`'s decoder, else
+    `(window,)`: `attention` is the one running, compared with the one
+    the decoder running told (NNX's transforms run copies of both)."""
+    told = _CAUSAL.get()
+    if told is None or told[0] is not attention:
+        return None
+    return told[1:]
 
 
 def is_keras_hub_decoder(layer):
@@ -105,11 +120,13 @@ def attends_causally(layer):
 
 
 def _hosts(decoder):
-    """`(attention, causal, telling)` for a decoder `attend_causally` can
-    change, else None: its self-attention, `causal(arguments)` (whether a
-    call with those bound arguments builds a causal mask), and
-    `telling(attention)`, the instance `_compute_attention` that adds the
-    flag in those calls."""
+    """`(attention, causal, window, telling)` for a decoder
+    `attend_causally` can change, else None: its self-attention,
+    `causal(decoder, arguments)` (whether a call with those bound
+    arguments builds a causal mask), `window(decoder)` (the sliding
+    window cut into it), and `telling(attention, causal_window)`, the
+    instance `_compute_attention` that adds the flag in those calls.
+    Each is given the layer running (`kmp.backend.layer_call`)."""
     if is_keras_hub_decoder(decoder):
         attention = getattr(decoder, "_self_attention_layer", None)
         stock = keras.layers.MultiHeadAttention._compute_attention
@@ -119,50 +136,52 @@ def _hosts(decoder):
             or "use_causal_mask" not in inspect.signature(stock).parameters
         ):
             return None
-
-        def causal(arguments):
-            return (
-                arguments.get("use_causal_mask", True) is True
-                # (With a cache index and no cache, KerasHub's attention
-                # raises.)
-                and arguments.get("self_attention_cache") is None
-            )
-
-        return attention, causal, _telling_keras
+        return attention, _keras_causal, _no_window, _telling_keras
     hosted = hub_attention.host(decoder)
     if hosted is None:
         return None
-    attention, causal, window = hosted
-
-    def telling(attention):
-        return hub_attention.telling(
-            attention, lambda: _CAUSAL.get() is attention, window
-        )
-
-    return attention, causal, telling
+    return (*hosted, hub_attention.telling)
 
 
-def _telling_keras(attention):
+def _keras_causal(decoder, arguments):
+    return (
+        arguments.get("use_causal_mask", True) is True
+        # (With a cache index and no cache, KerasHub's attention raises.)
+        and arguments.get("self_attention_cache") is None
+    )
+
+
+def _no_window(decoder):
+    return None
+
+
+def _telling_keras(attention, causal_window):
     """Keras's `_compute_attention`, given `use_causal_mask=True` in a
     causal call of its decoder."""
+    return backend.layer_call(
+        attention,
+        _compute_telling_keras,
+        causal_window,
+        method="_compute_attention",
+    )
 
-    @functools.wraps(attention._compute_attention)
-    def compute_attention(query, key, value, *args, **kwargs):
-        if (
-            _CAUSAL.get() is attention
-            and query.shape[1] == key.shape[1]  # a square mask
-            # Not given already (after attention_mask, training and
-            # return_attention_scores, it is the fourth of `args`).
-            and "use_causal_mask" not in kwargs
-            and len(args) < 4
-        ):
-            kwargs["use_causal_mask"] = True
-        # The class's `_compute_attention` as it is when the layer runs.
-        return type(attention)._compute_attention(
-            attention, query, key, value, *args, **kwargs
-        )
 
-    return compute_attention
+def _compute_telling_keras(
+    attention, causal_window, query, key, value, *args, **kwargs
+):
+    if (
+        causal_window(attention) is not None
+        and query.shape[1] == key.shape[1]  # a square mask
+        # Not given already (after attention_mask, training and
+        # return_attention_scores, it is the fourth of `args`).
+        and "use_causal_mask" not in kwargs
+        and len(args) < 4
+    ):
+        kwargs["use_causal_mask"] = True
+    # The class's `_compute_attention` as it is when the layer runs.
+    return type(attention)._compute_attention(
+        attention, query, key, value, *args, **kwargs
+    )
 
 
 def attend_causally(decoder):
@@ -190,36 +209,50 @@ def attend_causally(decoder):
     hosts = _hosts(decoder)
     if hosts is None:
         return False
-    attention, causal, telling = hosts
+    attention, causal, window, telling = hosts
     own = vars(attention).get("_compute_attention")
     # Someone else's instance method; kmp's (left by an undo) is used
     # again.
     if not (own is None or getattr(own, "_kmp_causal_for", None) is True):
         return False
-    stock_call = decoder.call
-    signature = inspect.signature(stock_call)
+    signature = inspect.signature(decoder.call)
     # A call that takes its cache in `**kwargs` (SmolLM3's).
-    extra = [
+    extra = tuple(
         p.name
         for p in signature.parameters.values()
         if p.kind is inspect.Parameter.VAR_KEYWORD
-    ]
-
-    @functools.wraps(stock_call)
-    def call(*args, **kwargs):
-        arguments = dict(signature.bind(*args, **kwargs).arguments)
-        for name in extra:
-            arguments.update(arguments.pop(name, {}))
-        token = _CAUSAL.set(attention if causal(arguments) else None)
-        try:
-            return stock_call(*args, **kwargs)
-        finally:
-            _CAUSAL.reset(token)
-
+    )
+    # On the decoder and attention running, an NNX transform's copies
+    # too (`kmp.backend.layer_call`), which `_causal_window` compares.
+    call = backend.layer_call(
+        decoder,
+        _call_telling,
+        attention,
+        causal,
+        window,
+        signature,
+        extra,
+    )
     call._kmp_attends_causally = True
     decoder.call = call
     if own is None:
-        compute_attention = telling(attention)
+        compute_attention = telling(attention, _causal_window)
         compute_attention._kmp_causal_for = True
         attention._compute_attention = compute_attention
     return True
+
+
+def _call_telling(
+    decoder, attention, causal, window, signature, extra, *args, **kwargs
+):
+    """The decoder's class's call, telling `attention` whether its mask
+    is causal (`_CAUSAL`) while it runs."""
+    arguments = dict(signature.bind(*args, **kwargs).arguments)
+    for name in extra:
+        arguments.update(arguments.pop(name, {}))
+    told = (attention, window(decoder)) if causal(decoder, arguments) else None
+    token = _CAUSAL.set(told)
+    try:
+        return type(decoder).call(decoder, *args, **kwargs)
+    finally:
+        _CAUSAL.reset(token)

@@ -334,9 +334,10 @@ def digest(function):
 def host(decoder):
     """`(attention, causal, window)` for a decoder of `DECODERS` whose
     attention is one of `ATTENTIONS` running the method read, else None:
-    `causal(arguments)` says whether a call with those bound arguments
-    builds a causal mask, and `window()` the sliding window cut into it
-    (None: none)."""
+    `causal(decoder, arguments)` says whether a call of the decoder with
+    those bound arguments builds a causal mask, and `window(decoder)`
+    the sliding window cut into it (None: none); each is given the
+    decoder running (an NNX transform's copy, `kmp.backend.layer_call`)."""
     attribute, test, window = DECODERS.get(
         name(type(decoder)), (None, None, None)
     )
@@ -347,48 +348,71 @@ def host(decoder):
     _, digests = ATTENTIONS.get(name(type(attention)), (None, ()))
     if digest(compute) not in digests:
         return None
-    return (
+    return attention, test, window
+
+
+def telling(attention, causal_window):
+    """The instance `_compute_attention` for `attention` (one of
+    `ATTENTIONS`): in a causal call of its decoder, on JAX, where the
+    attention's gate passes, its fused call with `is_causal=True` and
+    the decoder's sliding window told to cuDNN where it takes it (the
+    module docstring); KerasHub's own everywhere else.
+    `causal_window(attention)`, given the attention running (an NNX
+    transform's copy, `kmp.backend.layer_call`), says None outside a
+    causal call, else `(window,)` (None: no window)."""
+    cls = type(attention)
+    operands, _ = ATTENTIONS[name(cls)]
+    gate = GATES.get(name(cls), _open)
+    signature = inspect.signature(cls._compute_attention)
+    return backend.layer_call(
         attention,
-        functools.partial(test, decoder),
-        functools.partial(window, decoder),
+        _compute_telling,
+        operands,
+        gate,
+        signature,
+        causal_window,
+        method="_compute_attention",
     )
 
 
-def telling(attention, causal_now, window=lambda: None):
-    """The instance `_compute_attention` for `attention` (one of
-    `ATTENTIONS`): while `causal_now()`, on JAX, where the attention's
-    gate passes, its fused call with `is_causal=True` and the decoder's
-    `window()` told to cuDNN where it takes it (the module docstring);
-    KerasHub's own everywhere else."""
-    cls = type(attention)
-    operands, _ = ATTENTIONS[name(cls)]
-    gate = GATES.get(name(cls), lambda attention: True)
-    signature = inspect.signature(cls._compute_attention)
+def _open(attention):
+    return True
 
-    @functools.wraps(attention._compute_attention)
-    def compute_attention(query, key, value, attention_mask=None, *a, **k):
-        if (
-            causal_now()
-            and attention_mask is not None
-            and query.shape[1] == key.shape[1]  # a square mask
-            and backend.name() == "jax"
-            and gate(attention)
-        ):
-            arguments = signature.bind(
-                attention, query, key, value, attention_mask, *a, **k
-            ).arguments
-            fused = operands(
-                attention, query, key, value, attention_mask, arguments
-            )
-            if fused is not None:
-                query, key, value, mask, scale = fused
-                mask = ops.cast(ops.expand_dims(mask, axis=1), "bool")
-                return backend.causal_attention(
-                    query, key, value, mask, scale, window()
-                )
-        # The class's `_compute_attention` as it is when the layer runs.
-        return type(attention)._compute_attention(
+
+def _compute_telling(
+    attention,
+    operands,
+    gate,
+    signature,
+    causal_window,
+    query,
+    key,
+    value,
+    attention_mask=None,
+    *a,
+    **k,
+):
+    told = causal_window(attention)
+    if (
+        told is not None
+        and attention_mask is not None
+        and query.shape[1] == key.shape[1]  # a square mask
+        and backend.name() == "jax"
+        and gate(attention)
+    ):
+        arguments = signature.bind(
             attention, query, key, value, attention_mask, *a, **k
+        ).arguments
+        fused = operands(
+            attention, query, key, value, attention_mask, arguments
         )
-
-    return compute_attention
+        if fused is not None:
+            query, key, value, mask, scale = fused
+            mask = ops.cast(ops.expand_dims(mask, axis=1), "bool")
+            return backend.causal_attention(
+                query, key, value, mask, scale, told[0]
+            )
+    # The class's `_compute_attention` as it is when the layer runs.
+    return type(attention)._compute_attention(
+        attention, query, key, value, attention_mask, *a, **k
+    )

@@ -20,7 +20,6 @@ layer runs, not what it is: a `.keras` file does not keep it, and
 `kmp.load_model` applies it again when it pins the loaded model.
 """
 
-import functools
 import inspect
 import sys
 
@@ -61,30 +60,37 @@ def broadcast_once(layer):
     """
     if broadcasts_once(layer):
         return
-    stock = layer.call
-    signature = inspect.signature(stock)
-
-    @functools.wraps(stock)
-    def call(inputs, *args, **kwargs):
-        shape = ops.shape(inputs)
-        positions = signature.bind(inputs, *args, **kwargs).arguments.get(
-            "positions"
-        )
-        if (
-            len(shape) < 3  # one unbatched sequence
-            or not isinstance(shape[0], int)  # unknown until run
-            or shape[0] == 0
-            or positions is not None
-            or _serving(layer)
-        ):
-            return stock(inputs, *args, **kwargs)
-        # KerasHub's call broadcasts to its input's shape: given one
-        # example, it returns that example's (1, length, features).
-        one = stock(inputs[:1], *args, **kwargs)
-        return backend.broadcast_over_batch(one[0], shape[0])
-
+    # KerasHub's call (the instance's own, if it had one) on the layer
+    # running, an NNX transform's copy too (`kmp.backend.layer_call`).
+    own = vars(layer).get("call")
+    signature = inspect.signature(layer.call)
+    call = backend.layer_call(layer, _call_broadcasting_once, own, signature)
     call._kmp_broadcast_once = True
     layer.call = call
+
+
+def _call_broadcasting_once(layer, own, signature, inputs, *args, **kwargs):
+    def stock(inputs):
+        if own is not None:
+            return own(inputs, *args, **kwargs)
+        return type(layer).call(layer, inputs, *args, **kwargs)
+
+    shape = ops.shape(inputs)
+    positions = signature.bind(inputs, *args, **kwargs).arguments.get(
+        "positions"
+    )
+    if (
+        len(shape) < 3  # one unbatched sequence
+        or not isinstance(shape[0], int)  # unknown until run
+        or shape[0] == 0
+        or positions is not None
+        or _serving(layer)
+    ):
+        return stock(inputs)
+    # KerasHub's call broadcasts to its input's shape: given one example,
+    # it returns that example's (1, length, features).
+    one = stock(inputs[:1])
+    return backend.broadcast_over_batch(one[0], shape[0])
 
 
 def _serving(layer):

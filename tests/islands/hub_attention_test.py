@@ -371,7 +371,7 @@ def test_qwen_moe_s_further_arguments_keep_keras_hub_s_path(
     told_call = attention._compute_attention
     x = np.ones((2, 4, 2, 16), "float32")
     mask = np.tril(np.ones((2, 4, 4), bool))
-    token = causal_attention._CAUSAL.set(attention)  # a causal call
+    token = causal_attention._CAUSAL.set((attention, None))  # a causal call
     try:
         told_call(x, x, x, mask)
         told_call(x, x, x, mask, is_causal=False)
@@ -423,11 +423,11 @@ def test_gemma_3_s_and_4_s_causal_calls_are_text_ones(
     for name in ("Gemma3Backbone", "Gemma4Backbone"):
         (decoder,) = told(kmp.pin_float32(family_backbone(name)))
         _, causal, _ = hub_attention.host(decoder)
-        assert causal({"cache": None})
-        assert not causal({"cache": np.zeros(1)})
-        assert not causal({"cache": None, "vision_mask": np.zeros(1)})
+        assert causal(decoder, {"cache": None})
+        assert not causal(decoder, {"cache": np.zeros(1)})
+        assert not causal(decoder, {"vision_mask": np.zeros(1)})
         decoder.use_bidirectional_attention = True
-        assert not causal({"cache": None})
+        assert not causal(decoder, {"cache": None})
     embedding = family_backbone(
         "Gemma3Backbone", use_bidirectional_attention=True
     )

@@ -3,7 +3,8 @@ example's embedding over the batch (what `kmp.pin_float32` does to it on
 JAX): KerasHub's values and gradients, on JAX no sum over the batch;
 explicit and serving positions, unbatched and empty input left to
 KerasHub; a subclass left alone; a `.keras` file does not keep it and
-`kmp.load_model` applies it again."""
+`kmp.load_model` applies it again; under Keras's NNX mode the table
+trains in keras-io's NNX loop."""
 
 import sys
 from unittest import mock
@@ -13,6 +14,8 @@ import keras_hub
 import numpy as np
 import pytest
 from keras import ops
+from util import nnx_only
+from util import run_under_nnx
 from util import small_gpt2_backbone
 
 import kmp
@@ -251,3 +254,20 @@ def test_keras_hub_s_token_and_position_embedding_trains_with_it():
     assert np.isfinite(history.history["loss"]).all()
     after = numpy(embed.position_embedding.position_embeddings)
     assert (before != after).any(axis=1).all()  # every position learned
+
+
+@nnx_only
+def test_gpt2_s_table_trains_in_keras_io_s_nnx_loop():
+    # nnx.grad runs a copy of the model, whose call closed over the
+    # original layer: the table got no gradient (moved 0 in 20 steps,
+    # with the decoder's wrapper fixed). Now as in float32.
+    result = run_under_nnx("gpt2")
+    reference, pinned = result["float32"], result["mixed_bfloat16"]
+    assert "error" not in pinned, pinned.get("error")
+    assert pinned["broadcast_once"] and not reference["broadcast_once"]
+    table = "position_embedding/embeddings"
+    assert pinned["moved"][table] > 0.01
+    assert pinned["moved"][table] == pytest.approx(
+        reference["moved"][table], rel=0.05
+    )
+    assert pinned["loss"] == pytest.approx(reference["loss"], abs=1e-3)
