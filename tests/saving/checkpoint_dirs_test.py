@@ -280,6 +280,16 @@ class TwoDense(keras.layers.Layer):
         return {**super().get_config(), "width": self.width}
 
 
+def _saved_in_another_session(model, tmp_path):
+    """The directory of `model`'s checkpoint (`_trained`), Keras's names
+    counted afresh after it, as in a new process."""
+    directory = str(tmp_path / "ckpt")
+    _trained(model, directory)
+    keras.utils.clear_session()
+    kmp.enable("mixed_float16")
+    return directory
+
+
 def _with_block(width):
     # The run names the block's layers dense_1 and dense_2 (the Dense
     # before it took "dense"); a load builds the outer layers from their
@@ -296,10 +306,7 @@ def test_weights_keras_s_load_may_have_crossed_are_said(tmp_path):
     # assigns nothing more, but says which restored weights are suspect
     # (a reviewer).
     kmp.enable("mixed_float16")
-    directory = str(tmp_path / "ckpt")
-    _trained(_with_block(4), directory)
-    keras.utils.clear_session()
-    kmp.enable("mixed_float16")
+    directory = _saved_in_another_session(_with_block(4), tmp_path)
     with pytest.warns(UserWarning) as caught:
         kmp.load_model(directory)
     said = [
@@ -316,10 +323,7 @@ def test_a_value_of_another_shape_is_one_input_error(tmp_path):
     # keras-io's TransformerBlock shape: the block's layers of two widths
     # swap names on load, and Keras's load raised its own ValueError.
     kmp.enable("mixed_float16")
-    directory = str(tmp_path / "ckpt")
-    _trained(_with_block(8), directory)
-    keras.utils.clear_session()
-    kmp.enable("mixed_float16")
+    directory = _saved_in_another_session(_with_block(8), tmp_path)
     with pytest.raises(
         kmp.InputError, match="load by the model's\\s+structure"
     ):
