@@ -142,9 +142,9 @@ def mend_paths(model, path, checkpoint, optimizer=True) -> set:
     `adam/dense_kernel_momentum`, and `keras.saving.load_model` gave back
     the initial weights, without a word (keras-team/keras#23251;
     Keras 3.15.1, and 3.16.0.dev2026102704 for a subclassed model, or a
-    Sequential one on JAX). And
-    on TensorFlow, Keras's own scaler saved its inner optimizer's slots
-    under its scope (`loss_scale_optimizer/adam/...`, defect 42).
+    Sequential one on JAX). And on TensorFlow, Keras's own scaler saved
+    its inner optimizer's slots under its scope
+    (`loss_scale_optimizer/adam/...`, defect 42).
 
     The weights first, all or none: each saved value the load dropped
     must fit one variable it left unassigned, and each such variable one
@@ -154,9 +154,10 @@ def mend_paths(model, path, checkpoint, optimizer=True) -> set:
     load's `dense` and `dense_1`) fits in part, and in part wrongly: it
     is left, and said (`restore_dropped`). Then the optimizer's
     (`optimizer`), each variable one at a time: a slot is named after
-    its variable's path, so the one the saved variable's path names, under
-    the same optimizer (in an outer scope, or none), with its shape.
-    A dropout's seed state need not fit: a fresh one loses nothing."""
+    its variable's path, so it takes the saved value named after the
+    saved variable's path, under the same optimizer (in an outer scope,
+    or none), with its shape. A dropout's seed state need not fit: a
+    fresh one loses nothing."""
     weights = _weight_pairs(model, checkpoint)
     pairs = {
         group: {
