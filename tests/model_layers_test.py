@@ -155,11 +155,11 @@ def test_held_models_are_a_trainer_s_and_has_own_call_tells_one():
 
 
 @nnx_only
-def test_kmp_s_classes_swap_in_under_nnx():
+def test_kmp_s_classes_swap_in_under_nnx(tmp_path_factory):
     # Under NNX a Keras layer's root class is Flax's Pytree, not
     # `object`: a plain mixin first among a kmp class's bases made
     # Python refuse the swap ("object layout differs").
-    result = run_under_nnx("swap")
+    result = run_under_nnx("swap", tmp_path_factory)
     assert result["refused"] == {}
     assert result["classes"][2] == "Float32Softmax"
     assert result["attention_softmax"] == "Float32Softmax"

@@ -1,6 +1,6 @@
 """kmp under Keras's NNX mode (JAX, Keras's layers Flax NNX modules).
 
-    python tests/nnx_runs.py swap|loop|block|fit|gpt2|llama
+    python tests/nnx_runs.py swap|loop|block|fit|gpt2|llama|all
 
 Prints one JSON line (prefix RESULT). A helper for the tests that check
 kmp under NNX (`util.run_under_nnx`): Keras reads `KERAS_NNX_ENABLED`
@@ -280,13 +280,34 @@ def _hub(name):
     return results
 
 
+CASES = {
+    "swap": swap,
+    "loop": loop,
+    "block": block,
+    "fit": fit,
+    "gpt2": lambda: _hub("gpt2"),
+    "llama": lambda: _hub("llama"),
+}
+
+
+def every_case():
+    """Each case's result, in one process (the tests' way: one start of
+    JAX, Flax and KerasHub instead of six); a case that raises gives its
+    error, and the others run on."""
+    import traceback
+
+    results = {"nnx": keras.config.is_nnx_enabled()}
+    for name, case in CASES.items():
+        keras.utils.clear_session()
+        kmp.disable()
+        try:
+            results[name] = case()
+        except Exception:
+            results[name] = {"raised": traceback.format_exc()}
+    return results
+
+
 if __name__ == "__main__":
-    result = {
-        "swap": swap,
-        "loop": loop,
-        "block": block,
-        "fit": fit,
-        "gpt2": lambda: _hub("gpt2"),
-        "llama": lambda: _hub("llama"),
-    }[sys.argv[1]]()
+    name = sys.argv[1]
+    result = every_case() if name == "all" else CASES[name]()
     print("RESULT " + json.dumps(result))

@@ -153,11 +153,23 @@ nnx_only = pytest.mark.skipif(
 )
 
 
-def run_under_nnx(name):
+_NNX_RUNS = {}
+
+
+def run_under_nnx(name, tmp_path_factory):
     """`tests/nnx_runs.py NAME`'s result: kmp under Keras's NNX mode, in
-    a process of its own (Keras reads `KERAS_NNX_ENABLED` when imported)."""
-    result = run_script("nnx_runs.py", name, backend="jax")
-    assert result.pop("nnx", True)
+    a process of its own (Keras reads `KERAS_NNX_ENABLED` when imported),
+    one for every case, once per pytest run (`once_per_session`)."""
+
+    def run():
+        if "all" not in _NNX_RUNS:  # one process (-n 0): once in it too
+            result = run_script("nnx_runs.py", "all", backend="jax")
+            assert result.pop("nnx")
+            _NNX_RUNS["all"] = result
+        return _NNX_RUNS["all"]
+
+    result = once_per_session(tmp_path_factory, "nnx_runs", run)[name]
+    assert "raised" not in result, result["raised"]
     return result
 
 

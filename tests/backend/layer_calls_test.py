@@ -30,12 +30,12 @@ def test_the_call_runs_its_function_on_the_layer_with_what_it_holds():
 
 
 @nnx_only
-def test_wrapped_layers_train_under_nnx_transforms():
+def test_wrapped_layers_train_under_nnx_transforms(tmp_path_factory):
     # A pinned attention's projections (`flatten_bias`) and a GELU Dense
     # (`recompute_gelu`): their calls closed over the layer, so the copy
     # nnx.grad runs ran the original (the GELU's, mutating it across
     # traces, raised Flax's TraceContextError).
-    result = run_under_nnx("block")
+    result = run_under_nnx("block", tmp_path_factory)
     # One wrapper over another: the einsum's GELU over its flat bias.
     assert result["wrapped"] == {
         "attention/key": ["_kmp_flattens_bias"],

@@ -449,10 +449,10 @@ def test_a_scaler_that_only_skipped_counts_as_applied():
 
 
 @nnx_only
-def test_fit_logs_the_scale_under_nnx():
+def test_fit_logs_the_scale_under_nnx(tmp_path_factory):
     # Keras's compiled fit under NNX runs the class's train_step, not
     # the instance's that carried the logs: History had "loss" only.
-    result = run_under_nnx("fit")
+    result = run_under_nnx("fit", tmp_path_factory)
     assert result["logs"]["loss_scale"] == [1024.0, 1024.0]
     assert result["logs"]["skipped_steps"] == [0.0, 0.0]
     assert "overflow_streak" not in result["logs"]

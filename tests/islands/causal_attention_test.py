@@ -259,14 +259,16 @@ def test_gpt2_trains_with_it():
     "name, flag",
     [("gpt2", "use_causal_mask"), ("llama", "is_causal")],
 )
-def test_keras_hub_s_decoders_train_in_keras_io_s_nnx_loop(name, flag):
+def test_keras_hub_s_decoders_train_in_keras_io_s_nnx_loop(
+    name, flag, tmp_path_factory
+):
     # nnx.grad runs a copy of the model, whose decoder's call closed
     # over the original: GPT-2's GELU raised Flax's TraceContextError,
     # and Llama's decoder weights got no gradient in 20 steps (loss
     # 3.706 against 3.693 in float32). Now as in float32, the copied
     # attention told by the copied decoder (Keras's `use_causal_mask`,
     # KerasHub's fused call's `is_causal`).
-    result = run_under_nnx(name)
+    result = run_under_nnx(name, tmp_path_factory)
     reference, pinned = result["float32"], result["mixed_bfloat16"]
     assert "error" not in pinned, pinned.get("error")
     assert pinned["attend_causally"] and not reference["attend_causally"]

@@ -264,11 +264,13 @@ def test_a_feature_extractor_s_inner_outputs_are_cast_not_pinned(tmp_path):
 
 
 @nnx_only
-def test_a_pinned_subclassed_model_trains_in_keras_io_s_nnx_loop():
+def test_a_pinned_subclassed_model_trains_in_keras_io_s_nnx_loop(
+    tmp_path_factory,
+):
     # keras-io's NNX guide's loop: nnx.grad runs a copy of the model,
     # whose cast-on-the-way-out ran the original layer (no weight
     # moved in 200 steps). Now as float32: 0.0280 against 0.0281.
-    result = run_under_nnx("loop")
+    result = run_under_nnx("loop", tmp_path_factory)
     reference, pinned = result["float32"], result["mixed_float16"]
     assert min(pinned["moved"].values()) > 0.03
     assert abs(pinned["loss"] - reference["loss"]) < 1e-3

@@ -257,11 +257,11 @@ def test_keras_hub_s_token_and_position_embedding_trains_with_it():
 
 
 @nnx_only
-def test_gpt2_s_table_trains_in_keras_io_s_nnx_loop():
+def test_gpt2_s_table_trains_in_keras_io_s_nnx_loop(tmp_path_factory):
     # nnx.grad runs a copy of the model, whose call closed over the
     # original layer: the table got no gradient (moved 0 in 20 steps,
     # with the decoder's wrapper fixed). Now as in float32.
-    result = run_under_nnx("gpt2")
+    result = run_under_nnx("gpt2", tmp_path_factory)
     reference, pinned = result["float32"], result["mixed_bfloat16"]
     assert "error" not in pinned, pinned.get("error")
     assert pinned["broadcast_once"] and not reference["broadcast_once"]
