@@ -21,6 +21,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 from keras.src.saving import object_registration  # noqa: E402
+from util import small_gpt2_backbone  # noqa: E402
 
 import kmp  # noqa: E402
 
@@ -184,15 +185,9 @@ def _causal_lm(name):
     import keras_hub
 
     if name == "gpt2":
-        backbone = keras_hub.models.GPT2Backbone(
-            vocabulary_size=64,
-            num_layers=1,
-            num_heads=2,
-            hidden_dim=16,
-            intermediate_dim=32,
-            max_sequence_length=16,
+        model = keras_hub.models.GPT2CausalLM(
+            small_gpt2_backbone(), preprocessor=None
         )
-        model = keras_hub.models.GPT2CausalLM(backbone, preprocessor=None)
     else:
         backbone = keras_hub.models.LlamaBackbone(
             vocabulary_size=64,

@@ -187,10 +187,8 @@ def mend_paths(model, path, checkpoint, optimizer=True) -> set:
 def _weight_pairs(model, checkpoint) -> dict:
     """`{saved path: variable}` for the weights Keras's load dropped, where
     every one of them pairs (`mend_paths`); `{}` where any does not."""
-    saved = {}
-    for group in _GROUPS:
-        saved.update(checkpoint.paths[group])
-    variables = [*model.trainable_variables, *model.non_trainable_variables]
+    saved = _saved_weights(checkpoint)
+    variables = _weights(model)
     have = {v.path for v in variables}
     left = [v for v in variables if v.path not in saved]
     dropped = [p for p in saved if p not in have]
@@ -305,10 +303,8 @@ def _suspects(model, checkpoint, dropped) -> list:
     layers from `dense`, the run from `dense_1`, so the load's
     `block/dense_1`, the block's second layer, took its first's values;
     a reviewer, 2026-12-01)."""
-    saved = set()
-    for group in _GROUPS:
-        saved.update(checkpoint.paths[group])
-    variables = [*model.trainable_variables, *model.non_trainable_variables]
+    saved = _saved_weights(checkpoint)
+    variables = _weights(model)
     left = [v.path for v in variables if v.path not in saved]
     shifted = {_layer_key(p) for p in [*dropped, *left]}
     return [
@@ -318,6 +314,21 @@ def _suspects(model, checkpoint, dropped) -> list:
         and not v.path.endswith(_SEED_STATE)
         and _layer_key(v.path) in shifted
     ]
+
+
+def _saved_weights(checkpoint) -> dict:
+    """`{path: shape}` of the weights the checkpoint saved, trainable or
+    not."""
+    return {
+        path: shape
+        for group in _GROUPS
+        for path, shape in checkpoint.paths[group].items()
+    }
+
+
+def _weights(model) -> list:
+    """The loaded model's weights, trainable or not."""
+    return [*model.trainable_variables, *model.non_trainable_variables]
 
 
 def _layer_key(path):
