@@ -170,18 +170,46 @@ def mend_paths(model, path, checkpoint, optimizer=True) -> set:
         pairs[_OPTIMIZER] = _slot_pairs(model.optimizer, checkpoint, renamed)
     if not any(pairs.values()):
         return set()
+    values = _read_values(
+        path,
+        checkpoint.step,
+        {f"{group}/{s}" for group, matched in pairs.items() for s in matched},
+    )
+    for group, matched in pairs.items():
+        for saved_path, variable in matched.items():
+            variable.assign(values[f"{group}/{saved_path}"])
+    return {p for matched in pairs.values() for p in matched}
+
+
+def _read_values(path, step, wanted) -> dict:
+    """`{group/path: value}` of the `wanted` saved values of `step`, and
+    of no other: Keras's load has read the whole tree once already, and a
+    second whole read would hold the model and its optimizer state twice
+    in host memory, where `mend_paths` needs the few values it dropped."""
     from orbax.checkpoint import v1 as ocp
 
-    checkpointer = ocp.training.Checkpointer(directory=path)
-    with contextlib.closing(checkpointer), ocp.Context():
+    context = ocp.Context()
+    context.pytree.loading.partial_load = True
+    checkpointer = ocp.training.Checkpointer(directory=path, context=context)
+    with contextlib.closing(checkpointer), context:
+        saved = checkpointer.checkpointables_metadata(step).metadata["pytree"]
         tree = checkpointer.load_checkpointables(
-            checkpoint.step, {"pytree": None}
+            step, {"pytree": _pruned(saved, wanted)}
         )["pytree"]
-    for group, matched in pairs.items():
-        values = dict(_leaves(tree.get(group) or {}))
-        for saved_path, variable in matched.items():
-            variable.assign(values[saved_path])
-    return {p for matched in pairs.values() for p in matched}
+    return dict(_leaves(tree))
+
+
+def _pruned(tree, wanted, prefix=""):
+    """The nested `tree` with only the leaves whose paths are `wanted`."""
+    kept = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            below = _pruned(value, wanted, f"{prefix}{key}/")
+            if below:
+                kept[key] = below
+        elif f"{prefix}{key}" in wanted:
+            kept[key] = value
+    return kept
 
 
 def _weight_pairs(model, checkpoint) -> dict:

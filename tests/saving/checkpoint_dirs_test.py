@@ -7,6 +7,7 @@ import pytest
 from keras import ops
 
 import kmp
+from kmp.saving.checkpoint_dirs import _leaves
 from kmp.saving.checkpoint_dirs import is_checkpoint_dir
 from kmp.saving.checkpoint_dirs import read_checkpoint
 
@@ -98,6 +99,45 @@ def test_a_sequential_model_s_checkpoint_comes_back_whole(tmp_path):
     went_on = model.fit(x, y, batch_size=16, shuffle=False, verbose=0)
     resumed = restored.fit(x, y, batch_size=16, shuffle=False, verbose=0)
     assert went_on.history["loss"] == resumed.history["loss"]
+
+
+def test_only_the_values_keras_s_load_dropped_are_read_again(
+    tmp_path, monkeypatch
+):
+    # Keras's load read the whole tree once; a second whole read would
+    # hold the model and its optimizer state twice in host memory. The
+    # metrics' saved variables are neither dropped nor read.
+    from orbax.checkpoint import v1 as ocp
+
+    kmp.enable("mixed_float16")
+    directory = str(tmp_path / "ckpt")
+    model = _trained(_sequential(), directory)
+    load = ocp.training.Checkpointer.load_checkpointables
+    asked = []
+
+    def recorded(self, step, abstract=None):
+        asked.append(abstract)
+        return load(self, step, abstract)
+
+    monkeypatch.setattr(
+        ocp.training.Checkpointer, "load_checkpointables", recorded
+    )
+    restored = kmp.load_model(directory)
+    _assert_same_state(restored, model)
+    trees = [a["pytree"] for a in asked if a and "pytree" in a]
+    read = [p for t in trees if t for p, _ in _leaves(t)]
+    # The weights ("sequential/dense/kernel") and Adam's moments
+    # ("adam/sequential_dense_kernel_momentum"): not the scaler's state
+    # nor Adam's iteration, which the load restored.
+    paths = read_checkpoint(directory).paths
+    assert sorted(read) == sorted(
+        [f"trainable_variables/{p}" for p in paths["trainable_variables"]]
+        + [
+            f"optimizer_variables/{p}"
+            for p in paths["optimizer_variables"]
+            if p.startswith("adam/sequential_")
+        ]
+    )
 
 
 def test_a_subclassed_model_with_named_layers_comes_back_whole(tmp_path):
