@@ -219,12 +219,15 @@ def build() -> argparse.ArgumentParser:
     audit_parser = commands.add_parser(
         "audit",
         help="mixed-precision hazards in a saved .keras model",
-        description="Loads a .keras model (with its compiled loss and "
-        "optimizer) and prints kmp.audit's findings.",
+        description="Loads a .keras model or the latest step of an "
+        "OrbaxCheckpoint directory (with its compiled loss and optimizer) "
+        "and prints kmp.audit's findings.",
         epilog=AUDIT_EPILOG,
         formatter_class=raw,
     )
-    audit_parser.add_argument("path", help="a .keras file")
+    audit_parser.add_argument(
+        "path", help="a .keras file or an OrbaxCheckpoint directory"
+    )
     audit_parser.add_argument(
         "--import",
         dest="imports",
@@ -260,10 +263,13 @@ def parse(argv) -> argparse.Namespace:
                 "kmp audit",
                 f"{args.path} does not exist (no such file); check the path.",
             )
-        if not args.path.endswith(".keras") or not os.path.isfile(args.path):
+        # A directory: an OrbaxCheckpoint's, which kmp.load_model checks.
+        keras_file = args.path.endswith(".keras") and os.path.isfile(args.path)
+        if not keras_file and not os.path.isdir(args.path):
             fail(
                 "kmp audit",
-                f"{args.path!r} is not a .keras file. Save the model with "
+                f"{args.path!r} is neither a .keras file nor an "
+                "OrbaxCheckpoint directory. Save the model with "
                 "model.save('model.keras') first.",
             )
     return args

@@ -9,6 +9,7 @@ import pathlib
 import socket
 import subprocess
 import sys
+import zipfile
 
 import keras
 import numpy as np
@@ -649,3 +650,15 @@ def torch_calls(run):
     with Record():
         run()
     return calls
+
+
+def damage(path, member="model.weights.h5"):
+    """Flips one byte in the middle of `member`'s data in the `.keras`
+    archive at `path`: its zip checksum no longer matches."""
+    with zipfile.ZipFile(path) as archive:
+        info = archive.getinfo(member)
+    data = bytearray(pathlib.Path(path).read_bytes())
+    # The local header: 30 bytes, then the name and the extra field.
+    start = info.header_offset + 30 + len(info.filename) + len(info.extra)
+    data[start + info.compress_size // 2] ^= 0xFF
+    pathlib.Path(path).write_bytes(bytes(data))

@@ -4,11 +4,15 @@ of its own). Each imports what it needs (the examples, TensorFlow's data
 pipelines, plotting) when it runs.
 """
 
+import contextlib
 import json
 import os
 
 from kmp_config.errors import fail
 from kmp_config.names import MIXED_POLICY
+
+# kmp.pin_float32's mark: `kmp.islands.pin_mark.MARK` (`_pinned_file`).
+_MARK = "kmp_pinned.json"
 
 
 def info(as_json: bool = False) -> dict:
@@ -90,8 +94,9 @@ def demo(args) -> dict:
 
 
 def audit(args) -> list:
-    """Loads a `.keras` model (`kmp_cli` checked that the file is there)
-    and prints `kmp.audit`'s findings; returns them."""
+    """Loads a `.keras` model or an Orbax checkpoint directory's (`kmp_cli`
+    checked that the path is there) and prints `kmp.audit`'s findings;
+    returns them."""
     import kmp
 
     # Keras rebuilds the compiled optimizer under the global policy: a
@@ -119,14 +124,25 @@ def audit(args) -> list:
 
 
 def _pinned_file(path) -> bool:
-    """Whether a `.keras` file that loaded holds kmp.pin_float32's mark
-    (`kmp.islands.pin_mark.MARK`, at the archive's root of assets: the
-    app reads the library's public API only, so the name is written
-    here too, and commands_test holds the two to each other)."""
+    """Whether a `.keras` file or a checkpoint directory that loaded holds
+    kmp.pin_float32's mark (`kmp.islands.pin_mark.MARK`, at the root of
+    its assets: the app reads the library's public API only, so the name
+    is written here too; commands_test's pinned-file tests fail where the
+    two part).
+    A directory's latest step tells by its assets' metadata: no value is
+    read."""
     import zipfile
 
+    if os.path.isdir(path):
+        from orbax.checkpoint import v1 as ocp
+
+        checkpointer = ocp.training.Checkpointer(directory=path)
+        with contextlib.closing(checkpointer), ocp.Context():
+            step = checkpointer.latest.step
+            saved = checkpointer.checkpointables_metadata(step).metadata
+        return _MARK in (saved.get("assets") or {})
     with zipfile.ZipFile(path) as archive:
-        return "assets/kmp_pinned.json" in archive.namelist()
+        return f"assets/{_MARK}" in archive.namelist()
 
 
 def load_saved(command, path, imports=(), pin=None):

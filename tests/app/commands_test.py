@@ -7,6 +7,7 @@ import math
 import pytest
 from util import FIXTURES
 from util import TRANSFORMER
+from util import damage
 from util import fails_in_one_line
 from util import saved_keras_io_transformer
 
@@ -85,6 +86,42 @@ def test_audit_of_a_pinned_file_says_kmp_load_model_pins_it_again(
 
 
 @pytest.mark.backend_independent
+def test_audit_reads_an_orbax_checkpoint_directory(tmp_path, capsys):
+    # The latest step of kmp.callbacks.OrbaxCheckpoint's directory, as
+    # kmp.load_model loads it; a pinned model's mark read from its
+    # assets' metadata.
+    import keras
+    import numpy as np
+
+    import kmp
+
+    kmp.enable("mixed_float16")
+    model = kmp.pin_float32(
+        keras.Sequential(
+            [
+                keras.Input((8,)),
+                keras.layers.Dense(8, activation="relu"),
+                keras.layers.Dense(2, activation="softmax"),
+            ]
+        )
+    )
+    model.compile(
+        optimizer=kmp.wrap(keras.optimizers.Adam()),
+        loss="sparse_categorical_crossentropy",
+    )
+    directory = str(tmp_path / "ckpt")
+    saving = kmp.callbacks.OrbaxCheckpoint(directory, save_on_background=False)
+    x, y = np.ones((8, 8), "float32"), np.zeros((8,), "int32")
+    model.fit(x, y, epochs=1, verbose=0, callbacks=[saving])
+    status = kmp_cli.main(["audit", directory])
+    said = capsys.readouterr().out
+    assert f"kmp audit: {directory}, loaded under mixed_float16" in said
+    assert "the file records that kmp.pin_float32 pinned its model" in said
+    assert "float16 softmax" not in said
+    assert status == 0
+
+
+@pytest.mark.backend_independent
 def test_audit_exits_0_when_no_finding_is_an_error(tmp_path, capsys):
     import keras
 
@@ -115,7 +152,11 @@ def test_audit_command_rejects_a_path_that_is_not_a_keras_file(
     text = tmp_path / "model.txt"
     text.write_text("")
     argv = ["audit", str(text)]
-    assert fails_in_one_line(argv, "is not a .keras file", capsys) == 2
+    assert fails_in_one_line(argv, "is neither a .keras file", capsys) == 2
+    # A directory is let through to kmp.load_model, which reads
+    # OrbaxCheckpoint directories and says what else is not one.
+    argv = ["audit", str(tmp_path)]
+    assert fails_in_one_line(argv, "reads .keras files and Orbax", capsys) == 2
     garbage = tmp_path / "garbage.keras"
     garbage.write_text("not a zip")
     argv = ["audit", str(garbage)]
@@ -129,7 +170,6 @@ def test_a_damaged_keras_file_is_one_line_for_audit_and_doctor(
     # Keras's load, 73 lines of traceback before issue 40.
     import keras
     import numpy as np
-    from loading_test import damage
 
     path = str(tmp_path / "damaged.keras")
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])

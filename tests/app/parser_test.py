@@ -58,7 +58,7 @@ def test_doctor_of_a_saved_model_takes_its_own_flags(tmp_path):
         (["doctor", "model.h5"], "neither an example"),
         (["doctor", "cifar10", "--data=x.npz"], "a .npz file is for saved"),
         (["doctor", "MODEL", "--data=missing.npz"], "--data must name a .npz"),
-        (["audit", "NOT_KERAS"], "is not a .keras file"),
+        (["audit", "NOT_KERAS"], "is neither a .keras file nor an"),
     ],
 )
 def test_files_are_checked_before_keras(argv, phrase, tmp_path, capsys):

@@ -1,7 +1,6 @@
 """kmp.load_model: what Keras's load leaves out, put back."""
 
 import json
-import pathlib
 import warnings
 import zipfile
 
@@ -9,6 +8,7 @@ import keras
 import keras_hub
 import numpy as np
 import pytest
+from util import damage
 from util import saved_under_keras_s_scaler
 from util import small_gpt2_backbone
 
@@ -213,18 +213,6 @@ def test_other_files_are_refused_with_keras_s_loader_named(tmp_path):
     junk.write_text("not a zip")
     with pytest.raises(kmp.InputError, match="is not a Keras archive"):
         kmp.load_model(str(junk))
-
-
-def damage(path, member="model.weights.h5"):
-    """Flips one byte in the middle of `member`'s data in the `.keras`
-    archive at `path`: its zip checksum no longer matches."""
-    with zipfile.ZipFile(path) as archive:
-        info = archive.getinfo(member)
-    data = bytearray(pathlib.Path(path).read_bytes())
-    # The local header: 30 bytes, then the name and the extra field.
-    start = info.header_offset + 30 + len(info.filename) + len(info.extra)
-    data[start + info.compress_size // 2] ^= 0xFF
-    pathlib.Path(path).write_bytes(bytes(data))
 
 
 @pytest.mark.parametrize("member", ["model.weights.h5", "config.json"])
