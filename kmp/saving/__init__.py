@@ -6,6 +6,8 @@
     checkpoint_dirs  an `OrbaxCheckpoint` directory: its config, pin mark
                      and saved paths, and the values Keras's load of it
                      drops by path, put back
+    keras_names      Keras's generated layer names ranked, so that a
+                     run's saved paths and a load's variables pair
     loading          `load_model`: Keras's load of a `.keras` file or a
                      checkpoint directory, then the float32 islands of a
                      model that was pinned, the compile and state above,

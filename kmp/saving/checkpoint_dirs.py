@@ -19,8 +19,9 @@ scaler under mixed_float16 only) loses its state the same way.
 latest step's config, whether the saved model was pinned, and the paths
 of the saved variables (from the arrays' metadata: no array is read).
 After the load, `restore_dropped` puts back the values Keras's load
-dropped where it can tell their variable (`mend_paths`), and says in
-one line what is still lost (`unrestored`).
+dropped, or gave another layer, where it can tell their variable
+(`mend_paths`, by the ranks of `keras_names`), and says in one line
+what is still lost (`unrestored`).
 """
 
 import contextlib
@@ -32,19 +33,21 @@ from typing import NamedTuple
 
 from kmp.errors import InputError
 from kmp.islands.pin_mark import MARK
+from kmp.saving.keras_names import SEED_STATE
+from kmp.saving.keras_names import pair_weights
 
 # The parts of the state tree the model's load assigns (Keras's
 # `set_state_tree`). Metrics are left out: a loaded model makes its
 # metrics' variables at its first step, after the load.
 _GROUPS = ("trainable_variables", "non_trainable_variables")
 _OPTIMIZER = "optimizer_variables"
-# A dropout's random state, named by Keras (`seed_generator_3`).
-_SEED_STATE = "/seed_generator_state"
 # Why a saved value fits no variable, when `mend_paths` cannot tell.
 _WHY = (
     "A path is made of layer names, and a layer Keras names (dense_3) is "
-    "named after what the process made before it: load in a new process, "
-    "or name the model's layers in its code (name=...)."
+    "named after what the process made before it; kmp pairs those by "
+    "their order, and here the model the config builds has other layers "
+    "than the run's (its code changed?): load in a new process with the "
+    "run's code, or name the model's layers in its code (name=...)."
 )
 
 
@@ -132,8 +135,9 @@ def read_checkpoint(path) -> Checkpoint:
 
 def mend_paths(model, path, checkpoint, optimizer=True) -> set:
     """Assigns the saved values that Keras's load dropped for want of a
-    variable with their path to the variables they belong to; returns
-    the paths of the values it assigned.
+    variable with their path, or gave a variable of another layer, to
+    the variables they belong to; returns the paths of the values it
+    assigned.
 
     A model that Keras builds in `fit` (a Sequential or subclassed one)
     made its variables inside its own name scope, and a load builds it
@@ -146,22 +150,28 @@ def mend_paths(model, path, checkpoint, optimizer=True) -> set:
     its inner optimizer's slots under its scope
     (`loss_scale_optimizer/adam/...`, defect 42).
 
-    The weights first, all or none: each saved value the load dropped
-    must fit one variable it left unassigned, and each such variable one
-    value, where a value fits a variable whose path ends its own (after
-    a `/`) with its shape. A model whose layers Keras named after what
-    the process made before (the run's `dense_1` and `dense_2`, the
-    load's `dense` and `dense_1`) fits in part, and in part wrongly: it
-    is left, and said (`restore_dropped`). Then the optimizer's
+    And Keras names a layer made without `name=` after what the process
+    made before it: the run's `dense_1` and `dense_2` are the load's
+    `dense` and `dense_1`, so the load dropped the first and gave the
+    second the first's values (`keras_names`).
+
+    The weights first, all or none (`keras_names.pair_weights`): every
+    saved weight must pair with one variable, and each variable with
+    one, by their paths with Keras's counts as ranks, in any outer scope,
+    and by shape; where they do not (the model's code made other layers
+    in the run), nothing more is assigned, and what is lost is said
+    (`restore_dropped`). Then the optimizer's
     (`optimizer`), each variable one at a time: a slot is named after
     its variable's path, so it takes the saved value named after the
     saved variable's path, under the same optimizer (in an outer scope,
     or none), with its shape. A dropout's seed state need not fit: a
     fresh one loses nothing."""
-    weights = _weight_pairs(model, checkpoint)
+    weights = pair_weights(_saved_weights(checkpoint), _weights(model))
     pairs = {
         group: {
-            s: v for s, v in weights.items() if s in checkpoint.paths[group]
+            s: v
+            for s, v in weights.items()
+            if s in checkpoint.paths[group] and s != v.path
         }
         for group in _GROUPS
     }
@@ -212,46 +222,14 @@ def _pruned(tree, wanted, prefix=""):
     return kept
 
 
-def _weight_pairs(model, checkpoint) -> dict:
-    """`{saved path: variable}` for the weights Keras's load dropped, where
-    every one of them pairs (`mend_paths`); `{}` where any does not."""
-    saved = _saved_weights(checkpoint)
-    variables = _weights(model)
-    have = {v.path for v in variables}
-    left = [v for v in variables if v.path not in saved]
-    dropped = [p for p in saved if p not in have]
-    fits = {}
-    for variable in left:
-        found = [
-            p
-            for p in dropped
-            if p.endswith("/" + variable.path)
-            and tuple(saved[p]) == tuple(variable.shape)
-        ]
-        if len(found) == 1:
-            fits.setdefault(found[0], []).append(variable)
-    pairs = {p: found[0] for p, found in fits.items() if len(found) == 1}
-    paired = {id(v) for v in pairs.values()}
-    unpaired = [p for p in dropped if p not in pairs] + [
-        v.path for v in left if id(v) not in paired
-    ]
-    if any(not p.endswith(_SEED_STATE) for p in unpaired):
-        return {}
-    return pairs
-
-
 def _slot_pairs(optimizer, checkpoint, renamed) -> dict:
-    """`{saved path: variable}` for the optimizer's variables Keras's load
-    dropped, through the weights' new paths (`renamed`: the loaded path
-    of each weight `_weight_pairs` paired -> its saved path)."""
+    """`{saved path: variable}` for the optimizer's variables whose saved
+    values Keras's load dropped or gave another variable, through the
+    weights' saved paths (`renamed`: the loaded path of each weight
+    `pair_weights` paired -> its saved path)."""
     saved = checkpoint.paths[_OPTIMIZER]
-    dropped = [
-        p for p in saved if p not in {v.path for v in optimizer.variables}
-    ]
     pairs = {}
     for variable in optimizer.variables:
-        if variable.path in saved:
-            continue
         owner, _, name = variable.path.partition("/")
         # A slot's name is its variable's path with `_` for `/`: the
         # longest such prefix names the variable.
@@ -263,9 +241,11 @@ def _slot_pairs(optimizer, checkpoint, renamed) -> dict:
         if prefix is not None:
             name = renamed[prefix].replace("/", "_") + name[len(prefix) :]
         wanted = f"{owner}/{name}"
+        if wanted == variable.path and wanted in saved:
+            continue  # Keras's load assigned it
         found = [
             p
-            for p in dropped
+            for p in saved
             if (p == wanted or p.endswith("/" + wanted))
             and tuple(saved[p]) == tuple(variable.shape)
             and p not in pairs
@@ -288,7 +268,7 @@ def restore_dropped(model, filepath, checkpoint, optimizer):
         for group in _GROUPS
         for path in dropped.get(group, ())
         # A fresh dropout state draws other masks, and loses nothing.
-        if not path.endswith(_SEED_STATE)
+        if not path.endswith(SEED_STATE)
     ]
     if weights:
         warnings.warn(
@@ -330,7 +310,8 @@ def _suspects(model, checkpoint, dropped) -> list:
     `block/dense_2` and a left `block/dense`: the load named the block's
     layers from `dense`, the run from `dense_1`, so the load's
     `block/dense_1`, the block's second layer, took its first's values;
-    a reviewer, 2026-12-01)."""
+    a reviewer, 2026-12-01), where `mend_paths` could not pair them all
+    by rank and assigned nothing."""
     saved = _saved_weights(checkpoint)
     variables = _weights(model)
     left = [v.path for v in variables if v.path not in saved]
@@ -339,7 +320,7 @@ def _suspects(model, checkpoint, dropped) -> list:
         v.path
         for v in variables
         if v.path in saved
-        and not v.path.endswith(_SEED_STATE)
+        and not v.path.endswith(SEED_STATE)
         and _layer_key(v.path) in shifted
     ]
 
