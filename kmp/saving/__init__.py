@@ -8,6 +8,8 @@
                      drops by path, put back
     keras_names      Keras's generated layer names ranked, so that a
                      run's saved paths and a load's variables pair
+    held_values      Keras's load of a directory, the values whose path
+                     names a variable of another shape held back
     loading          `load_model`: Keras's load of a `.keras` file or a
                      checkpoint directory, then the float32 islands of a
                      model that was pinned, the compile and state above,

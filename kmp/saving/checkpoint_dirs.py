@@ -255,14 +255,15 @@ def _slot_pairs(optimizer, checkpoint, renamed) -> dict:
     return pairs
 
 
-def restore_dropped(model, filepath, checkpoint, optimizer):
+def restore_dropped(model, filepath, checkpoint, optimizer, held=()):
     """After Keras's load of a checkpoint directory: puts back the saved
     values it dropped where their variable is known (`mend_paths`), and
     says in one line each what is still lost: weights, the optimizer's
     state (`optimizer`: the load compiled the model, with the optimizer
-    the checkpoint names)."""
+    the checkpoint names); `held`: the values the load held back for
+    another shape (`held_values`)."""
     mended = mend_paths(model, filepath, checkpoint, optimizer)
-    dropped = unrestored(model, checkpoint, optimizer, mended)
+    dropped = unrestored(model, checkpoint, optimizer, mended, held)
     weights = [
         path
         for group in _GROUPS
@@ -278,7 +279,7 @@ def restore_dropped(model, filepath, checkpoint, optimizer):
             f"initial values. {_WHY}",
             stacklevel=3,
         )
-        suspect = _suspects(model, checkpoint, weights)
+        suspect = _suspects(model, checkpoint, weights, held)
         if suspect:
             warnings.warn(
                 f"kmp.load_model: {filepath}: {len(suspect)} weights Keras's "
@@ -303,7 +304,7 @@ def restore_dropped(model, filepath, checkpoint, optimizer):
         )
 
 
-def _suspects(model, checkpoint, dropped) -> list:
+def _suspects(model, checkpoint, dropped, held) -> list:
     """The paths of the weights Keras's load assigned by path that sit
     beside the ones it `dropped`, or the variables it left: in one
     scope, of one class's Keras names (`block/dense_1` beside a dropped
@@ -311,15 +312,18 @@ def _suspects(model, checkpoint, dropped) -> list:
     layers from `dense`, the run from `dense_1`, so the load's
     `block/dense_1`, the block's second layer, took its first's values;
     a reviewer, 2026-12-01), where `mend_paths` could not pair them all
-    by rank and assigned nothing."""
+    by rank and assigned nothing; not those it `held` back for another
+    shape, which it assigned none."""
     saved = _saved_weights(checkpoint)
     variables = _weights(model)
     left = [v.path for v in variables if v.path not in saved]
     shifted = {_layer_key(p) for p in [*dropped, *left]}
+    held = {path for _, path in held}
     return [
         v.path
         for v in variables
         if v.path in saved
+        and v.path not in held
         and not v.path.endswith(SEED_STATE)
         and _layer_key(v.path) in shifted
     ]
@@ -349,37 +353,16 @@ def _layer_key(path):
     return scope, re.sub(r"_\d+$", "", layer)
 
 
-@contextlib.contextmanager
-def assigning_by_path(filepath):
-    """Keras's load of a checkpoint directory, a value it assigns to a
-    variable of another shape as an `InputError` that says why: the
-    layers a layer makes in code (keras-io's `TransformerBlock`) took
-    other names in this load than in the run."""
-    try:
-        yield
-    except ValueError as error:
-        if "variable.assign" not in str(error):
-            raise
-        raise InputError(
-            f"{filepath}: Keras's load assigns a checkpoint's values by "
-            "path, and the model it builds has variables of those paths "
-            "with other shapes: layers that a layer makes in code took "
-            "other names in this load than in the run (Keras names them "
-            "after what the process made before). Save .keras files "
-            "(kmp.callbacks.ModelCheckpoint), which load by the model's "
-            "structure, or name those layers in their code (name=...)."
-            f" Keras said: {str(error).splitlines()[0]}"
-        ) from None
-
-
-def unrestored(model, checkpoint, optimizer=True, mended=()) -> dict:
+def unrestored(model, checkpoint, optimizer=True, mended=(), held=()) -> dict:
     """`{group: [paths]}`: the values `checkpoint` saved that no variable of
     the loaded `model` has the path of, so that the load dropped them,
-    but for those `mend_paths` assigned (`mended`); `optimizer`: its
-    optimizer's too. Groups with none are left out."""
+    and those it held back for another shape (`held`: `(group, path)`,
+    `held_values`), but for those `mend_paths` assigned (`mended`);
+    `optimizer`: its optimizer's too. Groups with none are left out."""
     dropped = {}
     for group, variables in _groups(model, optimizer).items():
         have = {variable.path for variable in variables}
+        have -= {path for g, path in held if g == group}
         missing = sorted(set(checkpoint.paths[group]) - have - set(mended))
         if missing:
             dropped[group] = missing

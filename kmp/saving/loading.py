@@ -52,10 +52,10 @@ from kmp.islands import pin_float32
 from kmp.islands import pinned_in
 from kmp.model_layers import fed_outputs
 from kmp.model_layers import output_layers
-from kmp.saving.checkpoint_dirs import assigning_by_path
 from kmp.saving.checkpoint_dirs import is_checkpoint_dir
 from kmp.saving.checkpoint_dirs import read_checkpoint
 from kmp.saving.checkpoint_dirs import restore_dropped
+from kmp.saving.held_values import assigning_by_path
 from kmp.saving.saved_compile import SKIPPED_OPTIMIZER
 from kmp.saving.saved_compile import compile_as_saved
 from kmp.saving.saved_compile import lost_optimizer
@@ -178,9 +178,9 @@ def load_model(
     if policy == "saved":
         policy = saved_policy(config)
     unnamed = compile and _names_no_optimizer(config)
-    by_path = contextlib.nullcontext()
+    by_path, held = contextlib.nullcontext(), set()
     if checkpoint is not None:
-        by_path = assigning_by_path(filepath)
+        by_path = assigning_by_path(filepath, held)
     with _global_policy(policy), _damaged_archive(filepath), by_path:
         model = _keras_load(
             filepath, custom_objects, compile, safe_mode, unnamed
@@ -190,7 +190,9 @@ def load_model(
                 model, config, filepath, custom_objects, safe_mode, unnamed
             )
     if checkpoint is not None:
-        restore_dropped(model, filepath, checkpoint, compile and not unnamed)
+        restore_dropped(
+            model, filepath, checkpoint, compile and not unnamed, held
+        )
     if unnamed:
         warnings.warn(_no_optimizer(filepath, model), stacklevel=2)
     if pin is not False:

@@ -355,7 +355,14 @@ def test_layers_keras_s_load_crosses_come_back_each_its_own(tmp_path):
     _assert_same_state(restored, model)
 
 
-def test_what_no_variable_fits_is_said_in_one_line_each(tmp_path):
+@pytest.mark.parametrize(
+    "width, lost",
+    # Of width 8, the run's block/dense_1 (its first layer, 4 -> 8) meets
+    # the load's second (8 -> 4): held back from Keras's assignment, and
+    # counted as lost with the dropped ones, none restored beside them.
+    [(4, "4 saved weights (first: 'block/dense_2/bias')"), (8, "6 saved")],
+)
+def test_what_no_variable_fits_is_said_in_one_line_each(tmp_path, width, lost):
     # The block's code made three layers in the run and makes two now:
     # ranks cannot pair every weight, so kmp assigns nothing more. It
     # says what was dropped (weights; the optimizer's values), and which
@@ -370,7 +377,7 @@ def test_what_no_variable_fits_is_said_in_one_line_each(tmp_path):
     TwoDense.__init__ = init
     TwoDense.call = lambda self, x: self.third(two[1](self, x))
     try:
-        directory = _saved_in_another_session(_with_block(4), tmp_path)
+        directory = _saved_in_another_session(_with_block(width), tmp_path)
     finally:
         TwoDense.__init__, TwoDense.call = two
     with pytest.warns(UserWarning) as caught:
@@ -378,21 +385,28 @@ def test_what_no_variable_fits_is_said_in_one_line_each(tmp_path):
     said = [
         str(w.message) for w in caught if "kmp.load_model" in str(w.message)
     ]
-    assert len(said) == 3, said
-    assert "4 saved weights (first: 'block/dense_2/bias')" in said[0]
+    assert lost in said[0]
     assert "initial values" in said[0] and "name=..." in said[0]
-    assert "'block/dense_1/" in said[1]
-    assert "may hold another layer's values" in said[1]
-    assert "of the optimizer's saved values" in said[2]
-    assert 'policy="saved"' in said[2]
+    if width == 4:
+        assert "'block/dense_1/" in said[1]
+        assert "may hold another layer's values" in said[1]
+    assert "of the optimizer's saved values" in said[-1]
+    assert 'policy="saved"' in said[-1]
+    assert len(said) == (3 if width == 4 else 2), said
 
 
-def test_a_value_of_another_shape_is_one_input_error(tmp_path):
+def test_layers_of_two_widths_keras_s_load_crosses_come_back_whole(tmp_path):
     # keras-io's TransformerBlock shape: the block's layers of two widths
-    # swap names on load, and Keras's load raised its own ValueError.
+    # swap names on load, and Keras's load raised its own ValueError from
+    # `variable.assign`, no model back (then an InputError of kmp's).
+    # The values of another shape are held back, and paired by rank.
     kmp.enable("mixed_float16")
-    directory = _saved_in_another_session(_with_block(8), tmp_path)
-    with pytest.raises(
-        kmp.InputError, match="load by the model's\\s+structure"
-    ):
-        kmp.load_model(directory)
+    model = _with_block(8)
+    directory = _saved_in_another_session(model, tmp_path)
+    with pytest.raises(ValueError, match="variable.assign"):
+        keras.saving.load_model(directory)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        restored = kmp.load_model(directory)
+    assert not [w for w in caught if "kmp.load_model" in str(w.message)]
+    _assert_same_state(restored, model)
