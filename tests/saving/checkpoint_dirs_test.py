@@ -5,6 +5,8 @@ import keras
 import numpy as np
 import pytest
 from keras import ops
+from util import jax_only
+from util import run_script
 
 import kmp
 from kmp.saving.checkpoint_dirs import _leaves
@@ -410,3 +412,27 @@ def test_layers_of_two_widths_keras_s_load_crosses_come_back_whole(tmp_path):
         restored = kmp.load_model(directory)
     assert not [w for w in caught if "kmp.load_model" in str(w.message)]
     _assert_same_state(restored, model)
+
+
+@pytest.mark.slow
+@jax_only
+def test_keras_io_s_orbax_guide_s_layouts_under_kmp(tmp_path):
+    # Its model parallel and cross-layout sections (tests/orbax_layouts.py):
+    # trained with both kernels split over a 2 x 2 mesh, loaded with one.
+    # A subclassed model: Keras's load gives back its initial weights,
+    # kmp's the run's, in the new layout.
+    out = run_script(
+        "orbax_layouts.py", tmp_path / "ckpt", backend="jax", timeout=600
+    )
+    assert out["paths"][0] == "regressor/dense_1/kernel"
+    assert not out["stock_weights_equal"]
+    assert out["weights_equal"] and out["optimizer_equal"], out
+    assert out["prediction_gap"] == 0.0
+    assert out["loss_scale"] == 2.0**15
+    assert out["said"] == []
+    assert out["parts"] == {
+        "dense_1/kernel": 1,
+        "dense_1/bias": 1,
+        "dense_2/kernel": 2,
+        "dense_2/bias": 1,
+    }
