@@ -68,8 +68,13 @@ TRAIN_EPILOG = f"""examples:
 example's CPU sizes (the command says which). Rerun an interrupted
 command to resume it from --output_dir; --restart starts over."""
 
+SAVED = [
+    ("PATH.keras", "a saved model, with --data=PATH.npz"),
+    ("DIRECTORY", "an OrbaxCheckpoint's latest step, with --data=PATH.npz"),
+]
+
 DOCTOR_EPILOG = f"""targets:
-{_listed([*CLASSIFIERS, ("PATH.keras", "a saved model, with --data=PATH.npz")])}
+{_listed([*CLASSIFIERS, *SAVED])}
 
 `kmp doctor cifar10 --help` (or imdb, or PATH.keras) lists the flags:
 an example's that bear on the model and data, with the doctor's
@@ -210,7 +215,9 @@ def build() -> argparse.ArgumentParser:
         formatter_class=raw,
     )
     doctor_parser.add_argument(
-        "target", metavar="TARGET", help="an example or PATH.keras (below)"
+        "target",
+        metavar="TARGET",
+        help="an example, PATH.keras or an OrbaxCheckpoint DIRECTORY (below)",
     )
     doctor_parser.add_argument(
         "flags", nargs=argparse.REMAINDER, help="the target's flags"

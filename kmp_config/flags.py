@@ -200,8 +200,8 @@ POLICY_HELP = "The mixed policy to test: mixed_float16 or mixed_bfloat16."
 
 @dataclasses.dataclass
 class SavedModelDoctor:
-    """The flags of `kmp doctor PATH.keras` (an example's are its
-    config's)."""
+    """The flags of `kmp doctor PATH.keras` or `kmp doctor DIRECTORY` (an
+    OrbaxCheckpoint's; an example's are its config's)."""
 
     data: str = configs.flag("", "A .npz file with arrays x and y.")
     policy: str = configs.flag(
@@ -284,10 +284,13 @@ def parse_doctor(command, target, argv):
     config (`None` for a saved model) and every parsed flag, checked as
     far as that takes no Keras."""
     example = target in configs.CLASSIFIERS
-    if not example and not target.endswith(".keras"):
+    # A directory: an OrbaxCheckpoint's, which kmp.load_model checks.
+    saved = target.endswith(".keras") or os.path.isdir(target)
+    if not example and not saved:
         raise flags.Error(
             f"{target!r} is neither an example "
-            f"({', '.join(configs.CLASSIFIERS)}) nor a .keras file."
+            f"({', '.join(configs.CLASSIFIERS)}) nor a .keras file or an "
+            "OrbaxCheckpoint directory."
         )
     values = doctor_flags(target)
     try:
@@ -324,7 +327,7 @@ def parse_doctor(command, target, argv):
             )
         config_class = configs.EXAMPLES[target]
         return _checked(config_from_flags(config_class, values)), values
-    if not os.path.isfile(target):
+    if not os.path.isfile(target) and not os.path.isdir(target):
         raise flags.Error(f"{target} does not exist (no such file).")
     if not values.data or not os.path.isfile(values.data):
         raise flags.Error(

@@ -38,7 +38,9 @@ def test_doctor_runs_an_example_and_writes_json_and_png(tmp_path, capsys):
     assert (tmp_path / "doctor.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_doctor_reads_a_saved_model_and_npz(tmp_path, capsys):
+@pytest.mark.parametrize("saved", ["file", "directory"])
+def test_doctor_reads_a_saved_model_and_npz(tmp_path, capsys, saved):
+    # A .keras file, or an OrbaxCheckpoint directory's latest step.
     import keras
     import numpy as np
 
@@ -49,10 +51,18 @@ def test_doctor_reads_a_saved_model_and_npz(tmp_path, capsys):
             [keras.Input((4,)), keras.layers.Dense(2, name="head")]
         )
     model.compile(optimizer=kmp.wrap("sgd"), loss="mse")
-    path = str(tmp_path / "m.keras")
-    model.save(path)
     data = str(tmp_path / "d.npz")
     np.savez(data, x=np.ones((8, 4), "float32"), y=np.zeros((8, 2)))
+    path = str(tmp_path / "m.keras")
+    if saved == "file":
+        model.save(path)
+    else:
+        path = str(tmp_path / "ckpt")
+        checkpoint = kmp.callbacks.OrbaxCheckpoint(
+            path, save_on_background=False
+        )
+        x, y = np.ones((8, 4), "float32"), np.zeros((8, 2), "float32")
+        model.fit(x, y, verbose=0, callbacks=[checkpoint])
     kmp_cli.main(
         [
             "doctor",
@@ -75,7 +85,8 @@ def test_doctor_reads_a_saved_model_and_npz(tmp_path, capsys):
     "argv, phrase",
     [
         (["nothing.keras", "--data=x.npz"], "nothing.keras does not exist"),
-        (["nothing.h5"], "neither an example"),
+        (["nothing.h5"], "nor a .keras file or an OrbaxCheckpoint"),
+        (["EMPTY", "--data=XY"], "reads .keras files and OrbaxCheckpoint"),
         (["cifar10", "--policy=float32"], "--policy must be one of"),
         (["cifar10", "--batches=0"], "--batches=0"),
         (["cifar10", "--data=x.npz"], "a .npz file is for saved models"),
@@ -102,6 +113,7 @@ def test_doctor_bad_input_is_one_line(tmp_path, argv, phrase, capsys):
         "--data=XY": "--data=" + str(tmp_path / "xy.npz"),
         "MODEL": str(tmp_path / "m.keras"),
         "JUNK": str(tmp_path / "junk.keras"),
+        "EMPTY": str(tmp_path),  # a directory, but no checkpoint
         "--data=BAD": "--data=" + str(tmp_path / "missing.npz"),
         "--data=NPZ": "--data=" + str(tmp_path / "d.npz"),
     }
