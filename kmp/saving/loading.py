@@ -56,6 +56,7 @@ from kmp.saving.checkpoint_dirs import is_checkpoint_dir
 from kmp.saving.checkpoint_dirs import read_checkpoint
 from kmp.saving.checkpoint_dirs import restore_dropped
 from kmp.saving.held_values import assigning_by_path
+from kmp.saving.keras_names import names_made
 from kmp.saving.saved_compile import SKIPPED_OPTIMIZER
 from kmp.saving.saved_compile import compile_as_saved
 from kmp.saving.saved_compile import lost_optimizer
@@ -178,9 +179,10 @@ def load_model(
     if policy == "saved":
         policy = saved_policy(config)
     unnamed = compile and _names_no_optimizer(config)
-    by_path, held = contextlib.nullcontext(), set()
+    by_path, held, made = contextlib.ExitStack(), set(), set()
     if checkpoint is not None:
-        by_path = assigning_by_path(filepath, held)
+        by_path.enter_context(assigning_by_path(filepath, held))
+        by_path.enter_context(names_made(made))
     with _global_policy(policy), _damaged_archive(filepath), by_path:
         model = _keras_load(
             filepath, custom_objects, compile, safe_mode, unnamed
@@ -191,7 +193,7 @@ def load_model(
             )
     if checkpoint is not None:
         restore_dropped(
-            model, filepath, checkpoint, compile and not unnamed, held
+            model, filepath, checkpoint, compile and not unnamed, held, made
         )
     if unnamed:
         warnings.warn(_no_optimizer(filepath, model), stacklevel=2)

@@ -569,6 +569,24 @@ def test_keras_lists_a_variable_made_in_a_deferring_scope():
     assert variable._initializer is not None
 
 
+def test_keras_counts_the_names_it_makes_up_in_a_global_attribute():
+    # kmp.saving.keras_names.names_made reads the counts before and after
+    # a load: the n-th name of a class is `dense_n`, the first `dense`.
+    from keras.src.backend.common import global_state
+
+    def counts():
+        found = global_state.get_global_attribute("object_name_uids") or {}
+        return found.get("dense", 0)
+
+    before = counts()
+    layer = keras.layers.Dense(1)
+    assert counts() == before + 1, _broken(
+        'a layer made without a name no longer adds to "object_name_uids"',
+        "kmp.load_model of a checkpoint directory (kmp/saving/keras_names.py)",
+    )
+    assert layer.name == ("dense" if before == 0 else f"dense_{before}")
+
+
 def test_stock_optimizers_live_in_keras_src_optimizers():
     # kmp.memory finds the public class a stock optimizer is (on torch an
     # instance of its torch twin) by this module prefix.

@@ -357,6 +357,68 @@ def test_layers_keras_s_load_crosses_come_back_each_its_own(tmp_path):
     _assert_same_state(restored, model)
 
 
+@keras.saving.register_keras_serializable(package="kmp_tests")
+class BuiltAtOnce(keras.layers.Layer):
+    """Builds its Dense as it is made: the Dense's variables sit at the
+    root, beside the model's own layers."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.proj = keras.layers.Dense(6)
+        self.proj.build((None, 6))
+
+    def call(self, x):
+        return self.proj(x)
+
+
+@keras.saving.register_keras_serializable(package="kmp_tests")
+class NamedLikeKeras(keras.layers.Layer):
+    """A Dense named by Keras beside one its code names "dense_1"."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.auto = keras.layers.Dense(6)
+        self.named = keras.layers.Dense(6, name="dense_1")
+
+    def call(self, x):
+        return self.named(self.auto(x))
+
+
+def _between_dense(block):
+    """`block` made between two Dense layers."""
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(6)(inputs)
+    hidden = block(name="block")(hidden)
+    return keras.Model(inputs, keras.layers.Dense(2)(hidden))
+
+
+@pytest.mark.parametrize("block", [BuiltAtOnce, NamedLikeKeras])
+def test_names_keras_did_not_make_up_keep_their_place(tmp_path, block):
+    # A reviewer's two cases, each in a run that made Dense layers before
+    # its model: the root holds the config's dense_2 and dense_4 beside
+    # BuiltAtOnce's (the run's dense_3, the load's dense); or the block
+    # holds NamedLikeKeras's "dense_1", named in its code, beside the
+    # Dense Keras named (the run's dense_2, the load's dense). Ranked with
+    # the names Keras did not make up, two layers traded values,
+    # silently, where Keras's load left one at its initial values.
+    kmp.enable("mixed_float16")
+    keras.layers.Dense(1), keras.layers.Dense(1)
+    model = _between_dense(block)
+    directory = _saved_in_another_session(model, tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        restored = kmp.load_model(directory)
+    assert not [w for w in caught if "kmp.load_model" in str(w.message)]
+    _assert_same_state(restored, model)
+    keras.utils.clear_session()  # names counted afresh, as in a new process
+    kmp.enable("mixed_float16")
+    stock = keras.saving.load_model(directory)
+    assert not all(
+        np.array_equal(a, b)
+        for a, b in zip(_numpy(stock.weights), _numpy(model.weights))
+    )
+
+
 @pytest.mark.parametrize(
     "width, lost",
     # Of width 8, the run's block/dense_1 (its first layer, 4 -> 8) meets

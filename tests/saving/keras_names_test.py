@@ -3,9 +3,11 @@ saved paths and a load's variables paired by order, not by count."""
 
 from types import SimpleNamespace
 
+import keras
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kmp.saving.keras_names import names_made
 from kmp.saving.keras_names import pair_weights
 from kmp.saving.keras_names import ranked
 
@@ -35,6 +37,17 @@ def test_ranks_are_counts_in_order_within_a_scope_and_name():
     }
 
 
+def test_kept_names_take_no_rank_from_their_siblings():
+    # A config's dense_1 and dense_3 beside a made-up dense_2: only the
+    # made-up one is ranked, among the made-up ones.
+    paths = ["dense_1/kernel", "dense_2/kernel", "dense_3/kernel"]
+    assert ranked(paths, lambda scope, part: part != "dense_2") == {
+        "dense_1/kernel": "dense_1/kernel",
+        "dense_2/kernel": "dense#0/kernel",
+        "dense_3/kernel": "dense_3/kernel",
+    }
+
+
 @given(
     counts=st.lists(
         st.integers(0, 50), min_size=1, max_size=6, unique=True
@@ -55,23 +68,27 @@ def test_shifted_counts_rank_alike(counts, shift):
     assert list(run.values()) == list(load.values())
 
 
+def _pairs(saved, variables, made, scope=""):
+    pairs = pair_weights(saved, _variables(variables), made, scope)
+    return {s: v.path for s, v in pairs.items()}
+
+
 def test_a_run_s_names_one_apart_pair_in_order():
+    # A subclassed model built in `fit`, in its scope "net"; the load's
+    # names made up from "dense".
     saved = {
         "net/dense_1/kernel": (4, 4),
         "net/dense_1/bias": (4,),
         "net/dense_2/kernel": (4, 4),
         "net/dense_2/bias": (4,),
     }
-    variables = _variables(
-        {
-            "dense/kernel": (4, 4),
-            "dense/bias": (4,),
-            "dense_1/kernel": (4, 4),
-            "dense_1/bias": (4,),
-        }
-    )
-    pairs = {s: v.path for s, v in pair_weights(saved, variables).items()}
-    assert pairs == {
+    variables = {
+        "dense/kernel": (4, 4),
+        "dense/bias": (4,),
+        "dense_1/kernel": (4, 4),
+        "dense_1/bias": (4,),
+    }
+    assert _pairs(saved, variables, {"dense", "dense_1"}, "net") == {
         "net/dense_1/kernel": "dense/kernel",
         "net/dense_1/bias": "dense/bias",
         "net/dense_2/kernel": "dense_1/kernel",
@@ -79,36 +96,71 @@ def test_a_run_s_names_one_apart_pair_in_order():
     }
 
 
-def test_the_nearest_outer_scope_wins():
-    # `dense#0/kernel#0` ends both saved paths; the one with one outer
-    # scope, not two, is the load's top-level dense.
-    saved = {"net/dense/kernel": (2, 2), "net/block/dense/kernel": (2, 2)}
-    variables = _variables(
-        {"dense/kernel": (2, 2), "block/dense/kernel": (2, 2)}
-    )
-    pairs = {s: v.path for s, v in pair_weights(saved, variables).items()}
-    assert pairs == {
-        "net/dense/kernel": "dense/kernel",
-        "net/block/dense/kernel": "block/dense/kernel",
+def test_a_made_up_name_among_a_config_s_keeps_its_own_rank():
+    # A reviewer's first case: a Functional model's dense_1 and dense_3
+    # (its config's names) and a layer's own Dense, built in its
+    # constructor, so at the root: the run's dense_2, the load's dense.
+    # Ranked together, dense_2 came second in the run and dense first in
+    # the load, and two layers of one shape traded values.
+    shape = (6, 6)
+    saved = {"dense_1/kernel": shape, "dense_2/kernel": shape}
+    saved["dense_3/kernel"] = shape
+    variables = dict.fromkeys(["dense_1/kernel", "dense/kernel"], shape)
+    variables["dense_3/kernel"] = shape
+    assert _pairs(saved, variables, {"dense"}) == {
+        "dense_1/kernel": "dense_1/kernel",
+        "dense_2/kernel": "dense/kernel",
+        "dense_3/kernel": "dense_3/kernel",
     }
 
 
+def test_a_name_given_in_code_keeps_its_place():
+    # A reviewer's second case: a block's Dense named "dense_1" in its
+    # code beside a Dense Keras names (the run's dense_2, the load's
+    # dense).
+    shape = (6, 6)
+    saved = dict.fromkeys(
+        ["block/dense_1/kernel", "block/dense_2/kernel"], shape
+    )
+    variables = dict.fromkeys(
+        ["block/dense/kernel", "block/dense_1/kernel"], shape
+    )
+    assert _pairs(saved, variables, {"dense"}) == {
+        "block/dense_1/kernel": "block/dense_1/kernel",
+        "block/dense_2/kernel": "block/dense/kernel",
+    }
+
+
+def test_only_the_model_s_own_scope_is_read_off():
+    # `fit` builds a subclassed model inside its name scope: the model's
+    # name. Another outer scope pairs nothing (so kmp says what is lost).
+    saved = {"net/dense/kernel": (2, 2), "net/block/dense/kernel": (2, 2)}
+    variables = {"dense/kernel": (2, 2), "block/dense/kernel": (2, 2)}
+    assert _pairs(saved, variables, {"dense"}, "net") == {
+        "net/dense/kernel": "dense/kernel",
+        "net/block/dense/kernel": "block/dense/kernel",
+    }
+    assert _pairs(saved, variables, {"dense"}, "other") == {}
+
+
 def test_all_or_none():
+    made = {"dense", "dense_1", "dense_2"}
     saved = {"dense/kernel": (2, 2), "dense_1/kernel": (2, 2)}
     # One more layer than the run had: which is which is a guess.
-    three = _variables(
-        {
-            "dense/kernel": (2, 2),
-            "dense_1/kernel": (2, 2),
-            "dense_2/kernel": (2, 2),
-        }
-    )
-    assert pair_weights(saved, three) == {}
+    three = {
+        "dense/kernel": (2, 2),
+        "dense_1/kernel": (2, 2),
+        "dense_2/kernel": (2, 2),
+    }
+    assert _pairs(saved, three, made) == {}
     # A shape that differs.
-    other = _variables({"dense/kernel": (2, 2), "dense_1/kernel": (2, 3)})
-    assert pair_weights(saved, other) == {}
+    other = {"dense/kernel": (2, 2), "dense_1/kernel": (2, 3)}
+    assert _pairs(saved, other, made) == {}
     # One saved value fewer.
-    assert pair_weights({"dense/kernel": (2, 2)}, other) == {}
+    assert _pairs({"dense/kernel": (2, 2)}, other, made) == {}
+    # A path saved both in the model's scope and outside it.
+    both = {"net/dense/kernel": (2, 2), "dense/kernel": (2, 2)}
+    assert _pairs(both, {"dense/kernel": (2, 2)}, made, "net") == {}
 
 
 def test_a_random_state_need_not_pair():
@@ -116,8 +168,17 @@ def test_a_random_state_need_not_pair():
         "dense/kernel": (2, 2),
         "seed_generator_3/seed_generator_state": (2,),
     }
-    variables = _variables({"dense_4/kernel": (2, 2)})
-    pairs = pair_weights(saved, variables)
-    assert {s: v.path for s, v in pairs.items()} == {
+    assert _pairs(saved, {"dense_4/kernel": (2, 2)}, {"dense_4"}) == {
         "dense/kernel": "dense_4/kernel"
     }
+
+
+def test_names_made_are_the_names_keras_gave_meanwhile():
+    keras.layers.Dense(1)  # "dense" at least, before
+    made = set()
+    with names_made(made):
+        first = keras.layers.Dense(1)
+        named = keras.layers.Dense(1, name="head")
+        second = keras.layers.Dense(1)
+    assert {first.name, second.name} <= made
+    assert named.name not in made and "dense" not in made
