@@ -133,7 +133,7 @@ def read_checkpoint(path) -> Checkpoint:
     )
 
 
-def mend_paths(model, path, checkpoint, optimizer=True, made=()) -> set:
+def mend_paths(model, path, checkpoint, optimizer=True, names=None) -> set:
     """Assigns the saved values that Keras's load dropped for want of a
     variable with their path, or gave a variable of another layer, to
     the variables they belong to; returns the paths of the values it
@@ -158,17 +158,17 @@ def mend_paths(model, path, checkpoint, optimizer=True, made=()) -> set:
     The weights first, all or none (`keras_names.pair_weights`): every
     saved weight must pair with one variable, and each variable with
     one, by their paths with the counts of the names Keras made up in
-    the load (`made`) as ranks, in the model's scope or not, and by
-    shape; where they do not (the model's code made other layers
-    in the run), nothing more is assigned, and what is lost is said
-    (`restore_dropped`). Then the optimizer's
+    the load (`names`, `keras_names.names_made`) as ranks, in the
+    model's scope or not, and by shape; where they do not (the model's
+    code made other layers in the run), nothing more is assigned, and
+    what is lost is said (`restore_dropped`). Then the optimizer's
     (`optimizer`), each variable one at a time: a slot is named after
     its variable's path, so it takes the saved value named after the
     saved variable's path, under the same optimizer (in an outer scope,
     or none), with its shape. A dropout's seed state need not fit: a
     fresh one loses nothing."""
     weights = pair_weights(
-        _saved_weights(checkpoint), _weights(model), made, model.name
+        _saved_weights(checkpoint), _weights(model), names, model.name
     )
     pairs = {
         group: {
@@ -258,15 +258,17 @@ def _slot_pairs(optimizer, checkpoint, renamed) -> dict:
     return pairs
 
 
-def restore_dropped(model, filepath, checkpoint, optimizer, held=(), made=()):
+def restore_dropped(
+    model, filepath, checkpoint, optimizer, held=(), names=None
+):
     """After Keras's load of a checkpoint directory: puts back the saved
     values it dropped where their variable is known (`mend_paths`), and
     says in one line each what is still lost: weights, the optimizer's
     state (`optimizer`: the load compiled the model, with the optimizer
     the checkpoint names); `held`: the values the load held back for
-    another shape (`held_values`); `made`: the names Keras made up in
-    the load (`keras_names.names_made`)."""
-    mended = mend_paths(model, filepath, checkpoint, optimizer, made)
+    another shape (`held_values`); `names`: the load's
+    (`keras_names.names_made`)."""
+    mended = mend_paths(model, filepath, checkpoint, optimizer, names)
     dropped = unrestored(model, checkpoint, optimizer, mended, held)
     weights = [
         path

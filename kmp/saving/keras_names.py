@@ -25,12 +25,20 @@ must keep their place: a made-up `dense` ranked beside a config's
 load, and two layers of one shape would trade values (a reviewer,
 2026-12-01). So the load counts the names Keras makes up while it runs
 (`names_made`), and every other part of its paths, and the run's parts
-at the same paths, are kept as they are.
+at the same paths, are kept as they are. A name both made up for one
+layer and given to another (a config's `dense` at the root, a made-up
+`dense` in a block) is tried both ways at each place it is at; where
+two choices pair differently, nothing is paired, and the load says what
+is lost.
 """
 
 import contextlib
+import itertools
 import re
 from collections import defaultdict
+from typing import NamedTuple
+
+import keras
 
 from kmp.backend import private_import
 
@@ -39,16 +47,29 @@ _COUNTED = re.compile(r"^(.*?)_(\d+)$")
 # A dropout's random state (`seed_generator_3/seed_generator_state`): a
 # fresh one draws other masks and loses nothing, so it need not pair.
 SEED_STATE = "/seed_generator_state"
+# The most places of names both made up and given that `pair_weights`
+# tells apart, each by trying both (a model with more loads as Keras's
+# load leaves it, and says what is lost).
+_MOST_PLACES = 8
+
+
+class Names(NamedTuple):
+    """The names of a load (`names_made`)."""
+
+    made: set  # those Keras made up (`dense_3`, for a layer without one)
+    given: set  # those layers (or other `keras.Operation`s) were given
 
 
 @contextlib.contextmanager
-def names_made(made):
-    """Adds to the set `made` each name Keras makes up (`dense_3`, for a
-    layer made without `name=`) while the block runs.
+def names_made(names):
+    """Adds to `names` (a `Names`) each name Keras makes up while the
+    block runs, and each name a layer is given.
 
-    Keras counts the names it gives per class in a global attribute and
-    writes the `n`-th as `dense_n` (the first as `dense`), so the counts
-    before and after tell every name given in between.
+    Keras counts the names it makes up per class in a global attribute
+    and writes the `n`-th as `dense_n` (the first as `dense`), so the
+    counts before and after tell every name it made up in between. A
+    name in both sets is one layer's own and another's made up: which is
+    which, no path tells (`pair_weights`).
     """
     counts = private_import(
         "keras.src.backend.common.global_state",
@@ -56,15 +77,24 @@ def names_made(made):
         "kmp.load_model of a checkpoint directory",
     )
     before = dict(counts("object_name_uids") or {})
+    stock = keras.Operation.__init__
+
+    def init(operation, name=None, *args, **kwargs):
+        if name is not None:
+            names.given.add(name)
+        stock(operation, name, *args, **kwargs)
+
+    keras.Operation.__init__ = init
     try:
         yield
     finally:
+        keras.Operation.__init__ = stock
         for prefix, count in (counts("object_name_uids") or {}).items():
             for k in range(before.get(prefix, 0), count):
-                made.add(prefix if k == 0 else f"{prefix}_{k}")
+                names.made.add(prefix if k == 0 else f"{prefix}_{k}")
 
 
-def ranked(paths, keeps=lambda scope, part: False) -> dict:
+def ranked(paths, keeps=lambda raw, scope, part: False) -> dict:
     """`{path: ranked path}`: each part of each path written as its rank
     among the parts of `paths` in the same scope with the same name but
     for Keras's count, but for the parts that `keeps`, which stay as
@@ -72,15 +102,16 @@ def ranked(paths, keeps=lambda scope, part: False) -> dict:
 
     Args:
         paths: variable paths (`"block/dense_2/kernel"`).
-        keeps: `keeps(scope, part)`: whether `part` keeps its name, where
-            `scope` is the ranked path of the scope it is in.
+        keeps: `keeps(raw, scope, part)`: whether `part` keeps its name,
+            where `raw` is the path of the scope it is in, and `scope`
+            that path ranked.
 
     Example:
 
     ```python
     ranked(
         ["block/dense_1/kernel", "block/dense_2/kernel"],
-        keeps=lambda scope, part: part in ("block", "kernel"),
+        keeps=lambda raw, scope, part: part in ("block", "kernel"),
     )
     # {"block/dense_1/kernel": "block/dense#0/kernel",
     #  "block/dense_2/kernel": "block/dense#1/kernel"}
@@ -95,7 +126,7 @@ def ranked(paths, keeps=lambda scope, part: False) -> dict:
         for scope, part in {
             (p[:depth], p[depth]) for p in parts if len(p) > depth
         }:
-            if keeps(ranks[scope], part):
+            if keeps("/".join(scope), ranks[scope], part):
                 ranks[(*scope, part)] = _joined(ranks[scope], part)
             else:
                 name, count = _uncounted(part)
@@ -118,48 +149,94 @@ def _uncounted(part):
     return found.group(1), int(found.group(2))
 
 
-def pair_weights(saved, variables, made=(), scope="") -> dict:
+def pair_weights(saved, variables, names=None, scope="") -> dict:
     """`{saved path: variable}` pairing every weight a run saved with the
     loaded model's variable of the same ranked path (`ranked`) and
     shape, or `{}` where one of either pairs with none or with several.
 
     The parts of the load's paths whose names Keras did not make up in
-    the load (`made`) are kept as they are, on both sides. The run may
-    have made its variables inside the model's own name scope (`fit`
-    builds a subclassed or Sequential model so, a load does not: the
-    run's `net/dense/kernel`, the load's `dense/kernel`): a saved path
-    in `scope` (the model's name) is read without it. A dropout's random
-    state pairs where it can, and need not.
+    the load (`names.made`) are kept as they are, on both sides. A name
+    both made up and given in the load (a config's `dense` at the root,
+    a made-up `dense` in a block) is one or the other at each place it
+    is at: every choice is tried, and where two pair differently,
+    nothing is paired.
+    The run may have made its variables inside the model's own name
+    scope (`fit` builds a subclassed or Sequential model so, a load does
+    not: the run's `net/dense/kernel`, the load's `dense/kernel`): a
+    saved path in `scope` (the model's name) is read without it. A
+    dropout's random state pairs where it can, and need not.
 
     Args:
         saved: `{path: shape}` of the weights a checkpoint holds.
         variables: the loaded model's weights.
-        made: the names Keras made up in the load (`names_made`).
+        names: the load's `Names` (`names_made`); none: every name
+            made up.
         scope: the model's name.
     """
-    own = [v.path for v in variables]
-    kept = set()
-
-    def ours_keeps(scope, part):
-        if part in made:
-            return False
-        kept.add((scope, part))
-        return True
-
-    ours = ranked(own, ours_keeps)
     inner = {
         p: p[len(scope) + 1 :] if scope and p.startswith(scope + "/") else p
         for p in saved
     }
     if len(set(inner.values())) < len(inner):
         return {}  # a path saved both in the model's scope and outside
+    if names is None:  # every name made up
+        return _pairs(saved, inner, variables, lambda raw, part: False)
+    # Where a name was both made up and given, each place it is at is
+    # one or the other: every choice is tried (up to 2 ** 8 of them).
+    both = sorted(
+        {
+            (raw, part)
+            for v in variables
+            for raw, part in _places(v.path)
+            if part in names.made and part in names.given
+        }
+    )
+    if len(both) > _MOST_PLACES:
+        return {}
+    found = []
+    for choice in itertools.product((False, True), repeat=len(both)):
+        given = {place for place, kept in zip(both, choice) if kept}
+        pairs = _pairs(saved, inner, variables, _keeps(names.made, given))
+        if pairs and all(_ids(pairs) != _ids(other) for other in found):
+            found.append(pairs)
+    return found[0] if len(found) == 1 else {}
+
+
+def _keeps(made, given):
+    """Whether a load's part keeps its name: not made up, or given at
+    that place (`(raw scope, part)` in `given`)."""
+    return lambda raw, part: part not in made or (raw, part) in given
+
+
+def _ids(pairs):
+    return {saved: id(variable) for saved, variable in pairs.items()}
+
+
+def _places(path):
+    """`(scope, part)` of each part of `path`."""
+    parts = path.split("/")
+    return [("/".join(parts[:i]), part) for i, part in enumerate(parts)]
+
+
+def _pairs(saved, inner, variables, keeps) -> dict:
+    """`pair_weights` where the load's parts that `keeps(raw scope, part)`
+    keep their names: `inner` holds each saved path without the model's
+    scope."""
+    kept = set()
+
+    def ours_keeps(raw, at, part):
+        if not keeps(raw, part):
+            return False
+        kept.add((at, part))
+        return True
+
+    ours = ranked([v.path for v in variables], ours_keeps)
     # A part of the run's keeps its name where the load's at that ranked
     # path kept its own.
-    ranks = ranked(list(inner.values()), lambda *at: at in kept)
-    theirs = {p: ranks[inner[p]] for p in inner}
+    ranks = ranked(list(inner.values()), lambda raw, *at: at in kept)
     by_rank = defaultdict(list)
-    for path, rank in theirs.items():
-        by_rank[rank].append(path)
+    for path in inner:
+        by_rank[ranks[inner[path]]].append(path)
     pairs = {}
     for variable in variables:
         found = [

@@ -56,6 +56,7 @@ from kmp.saving.checkpoint_dirs import is_checkpoint_dir
 from kmp.saving.checkpoint_dirs import read_checkpoint
 from kmp.saving.checkpoint_dirs import restore_dropped
 from kmp.saving.held_values import assigning_by_path
+from kmp.saving.keras_names import Names
 from kmp.saving.keras_names import names_made
 from kmp.saving.saved_compile import SKIPPED_OPTIMIZER
 from kmp.saving.saved_compile import compile_as_saved
@@ -179,10 +180,10 @@ def load_model(
     if policy == "saved":
         policy = saved_policy(config)
     unnamed = compile and _names_no_optimizer(config)
-    by_path, held, made = contextlib.ExitStack(), set(), set()
+    by_path, held, names = contextlib.ExitStack(), set(), Names(set(), set())
     if checkpoint is not None:
         by_path.enter_context(assigning_by_path(filepath, held))
-        by_path.enter_context(names_made(made))
+        by_path.enter_context(names_made(names))
     with _global_policy(policy), _damaged_archive(filepath), by_path:
         model = _keras_load(
             filepath, custom_objects, compile, safe_mode, unnamed
@@ -193,7 +194,7 @@ def load_model(
             )
     if checkpoint is not None:
         restore_dropped(
-            model, filepath, checkpoint, compile and not unnamed, held, made
+            model, filepath, checkpoint, compile and not unnamed, held, names
         )
     if unnamed:
         warnings.warn(_no_optimizer(filepath, model), stacklevel=2)

@@ -7,6 +7,7 @@ import keras
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kmp.saving.keras_names import Names
 from kmp.saving.keras_names import names_made
 from kmp.saving.keras_names import pair_weights
 from kmp.saving.keras_names import ranked
@@ -41,7 +42,7 @@ def test_kept_names_take_no_rank_from_their_siblings():
     # A config's dense_1 and dense_3 beside a made-up dense_2: only the
     # made-up one is ranked, among the made-up ones.
     paths = ["dense_1/kernel", "dense_2/kernel", "dense_3/kernel"]
-    assert ranked(paths, lambda scope, part: part != "dense_2") == {
+    assert ranked(paths, lambda raw, scope, part: part != "dense_2") == {
         "dense_1/kernel": "dense_1/kernel",
         "dense_2/kernel": "dense#0/kernel",
         "dense_3/kernel": "dense_3/kernel",
@@ -68,8 +69,9 @@ def test_shifted_counts_rank_alike(counts, shift):
     assert list(run.values()) == list(load.values())
 
 
-def _pairs(saved, variables, made, scope=""):
-    pairs = pair_weights(saved, _variables(variables), made, scope)
+def _pairs(saved, variables, made, scope="", given=()):
+    names = Names(set(made), set(given))
+    pairs = pair_weights(saved, _variables(variables), names, scope)
     return {s: v.path for s, v in pairs.items()}
 
 
@@ -173,12 +175,40 @@ def test_a_random_state_need_not_pair():
     }
 
 
+def test_a_name_made_up_and_given_beside_a_made_up_sibling_pairs_nothing():
+    # The block's Dense named "dense_1" in its code, a Dense Keras named
+    # "dense" beside it, and "dense_1" made up elsewhere in the same load:
+    # which block/dense_1 is the made-up one, no path tells.
+    shape = (6, 6)
+    saved = dict.fromkeys(
+        ["block/dense_1/kernel", "block/dense_4/kernel"], shape
+    )
+    saved["other/dense_3/kernel"] = shape
+    variables = dict.fromkeys(
+        ["block/dense/kernel", "block/dense_1/kernel"], shape
+    )
+    variables["other/dense_1/kernel"] = shape
+    made = {"dense", "dense_1"}
+    assert _pairs(saved, variables, made, given={"dense_1"}) == {}
+    # Alone in its scope, its rank is its own.
+    alone = {"block/dense_1/kernel": shape, "other/dense_3/kernel": shape}
+    ours = {"block/dense_1/kernel": shape, "other/dense_1/kernel": shape}
+    assert _pairs(alone, ours, made, given={"dense_1"}) == {
+        "block/dense_1/kernel": "block/dense_1/kernel",
+        "other/dense_3/kernel": "other/dense_1/kernel",
+    }
+
+
 def test_names_made_are_the_names_keras_gave_meanwhile():
     keras.layers.Dense(1)  # "dense" at least, before
-    made = set()
-    with names_made(made):
+    names = Names(set(), set())
+    with names_made(names):
         first = keras.layers.Dense(1)
         named = keras.layers.Dense(1, name="head")
         second = keras.layers.Dense(1)
-    assert {first.name, second.name} <= made
-    assert named.name not in made and "dense" not in made
+    assert {first.name, second.name} <= names.made
+    assert named.name not in names.made and "dense" not in names.made
+    assert "head" in names.given and first.name not in names.given
+    # Keras's own constructor again after the block.
+    assert keras.layers.Dense(1, name="later").name == "later"
+    assert "later" not in names.given
