@@ -15,7 +15,7 @@
                      model that was pinned, the compile and state above,
                      and kmp's float8 matmul
 
-Imports from kmp: errors, fp8, islands, model_layers, scaling.
+Imports from kmp: backend, errors, fp8, islands, model_layers, scaling.
 """
 
 from kmp.saving.loading import load_model

@@ -34,6 +34,7 @@ from typing import NamedTuple
 from kmp.errors import InputError
 from kmp.islands.pin_mark import MARK
 from kmp.saving.keras_names import SEED_STATE
+from kmp.saving.keras_names import known_places
 from kmp.saving.keras_names import pair_weights
 
 # The parts of the state tree the model's load assigns (Keras's
@@ -167,8 +168,9 @@ def mend_paths(model, path, checkpoint, optimizer=True, names=None) -> set:
     saved variable's path, under the same optimizer (in an outer scope,
     or none), with its shape. A dropout's seed state need not fit: a
     fresh one loses nothing."""
+    known = known_places(model, names) if names is not None else None
     weights = pair_weights(
-        _saved_weights(checkpoint), _weights(model), names, model.name
+        _saved_weights(checkpoint), _weights(model), names, model.name, known
     )
     pairs = {
         group: {

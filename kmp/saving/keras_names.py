@@ -58,6 +58,8 @@ class Names(NamedTuple):
 
     made: set  # those Keras made up (`dense_3`, for a layer without one)
     given: set  # those layers (or other `keras.Operation`s) were given
+    made_up: dict  # id of each Operation made in the load -> whether
+    # Keras made its name up
 
 
 @contextlib.contextmanager
@@ -82,6 +84,7 @@ def names_made(names):
     def init(operation, name=None, *args, **kwargs):
         if name is not None:
             names.given.add(name)
+        names.made_up[id(operation)] = name is None
         stock(operation, name, *args, **kwargs)
 
     keras.Operation.__init__ = init
@@ -149,7 +152,34 @@ def _uncounted(part):
     return found.group(1), int(found.group(2))
 
 
-def pair_weights(saved, variables, names=None, scope="") -> dict:
+def known_places(model, names) -> dict:
+    """`{(scope, part): whether Keras made its name up}` for the parts of
+    `model`'s variable paths whose layer the load made (`names.made_up`):
+    a variable's innermost scope is its own layer's, each outer one the
+    nearest layer of that name holding it."""
+    parents, owners = {}, {}
+    for layer in model._flatten_layers(include_self=True):
+        for child in layer._flatten_layers(include_self=False, recursive=False):
+            parents.setdefault(id(child), layer)
+        for variable in layer.weights:  # the last, innermost, holds it
+            owners[id(variable)] = layer
+    found = {}
+    for variable in model.weights:
+        layer = owners.get(id(variable))
+        places = _places(variable.path)[:-1]
+        for place in reversed(places):
+            while layer is not None and layer.name != place[1]:
+                layer = parents.get(id(layer))
+            if layer is None or id(layer) not in names.made_up:
+                break
+            made = names.made_up[id(layer)]
+            if found.setdefault(place, made) != made:
+                found[place] = None  # two layers: no telling
+            layer = parents.get(id(layer))
+    return {place: made for place, made in found.items() if made is not None}
+
+
+def pair_weights(saved, variables, names=None, scope="", known=None) -> dict:
     """`{saved path: variable}` pairing every weight a run saved with the
     loaded model's variable of the same ranked path (`ranked`) and
     shape, or `{}` where one of either pairs with none or with several.
@@ -172,6 +202,8 @@ def pair_weights(saved, variables, names=None, scope="") -> dict:
         names: the load's `Names` (`names_made`); none: every name
             made up.
         scope: the model's name.
+        known: `known_places`: where it tells, whether a part's name was
+            made up, whatever the strings.
     """
     inner = {
         p: p[len(scope) + 1 :] if scope and p.startswith(scope + "/") else p
@@ -183,12 +215,15 @@ def pair_weights(saved, variables, names=None, scope="") -> dict:
         return _pairs(saved, inner, variables, lambda raw, part: False)
     # Where a name was both made up and given, each place it is at is
     # one or the other: every choice is tried (up to 2 ** 8 of them).
+    known = known or {}
     both = sorted(
         {
             (raw, part)
             for v in variables
             for raw, part in _places(v.path)
-            if part in names.made and part in names.given
+            if part in names.made
+            and part in names.given
+            and (raw, part) not in known
         }
     )
     if len(both) > _MOST_PLACES:
@@ -196,16 +231,24 @@ def pair_weights(saved, variables, names=None, scope="") -> dict:
     found = []
     for choice in itertools.product((False, True), repeat=len(both)):
         given = {place for place, kept in zip(both, choice) if kept}
-        pairs = _pairs(saved, inner, variables, _keeps(names.made, given))
+        keeps = _keeps(names.made, given, known)
+        pairs = _pairs(saved, inner, variables, keeps)
         if pairs and all(_ids(pairs) != _ids(other) for other in found):
             found.append(pairs)
     return found[0] if len(found) == 1 else {}
 
 
-def _keeps(made, given):
-    """Whether a load's part keeps its name: not made up, or given at
+def _keeps(made, given, known):
+    """Whether a load's part keeps its name: its layer's name was not
+    made up (`known`), or else the name is not one made up, or given at
     that place (`(raw scope, part)` in `given`)."""
-    return lambda raw, part: part not in made or (raw, part) in given
+
+    def keeps(raw, part):
+        if (raw, part) in known:
+            return not known[raw, part]
+        return part not in made or (raw, part) in given
+
+    return keeps
 
 
 def _ids(pairs):

@@ -180,7 +180,8 @@ def load_model(
     if policy == "saved":
         policy = saved_policy(config)
     unnamed = compile and _names_no_optimizer(config)
-    by_path, held, names = contextlib.ExitStack(), set(), Names(set(), set())
+    by_path, held = contextlib.ExitStack(), set()
+    names = Names(made=set(), given=set(), made_up={})
     if checkpoint is not None:
         by_path.enter_context(assigning_by_path(filepath, held))
         by_path.enter_context(names_made(names))

@@ -384,6 +384,30 @@ class NamedLikeKeras(keras.layers.Layer):
         return self.named(self.auto(x))
 
 
+@keras.saving.register_keras_serializable(package="kmp_tests")
+class OneDense(keras.layers.Layer):
+    """A Dense named by Keras, built in `call`: in the layer's scope."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(6)
+
+    def call(self, x):
+        return self.dense(x)
+
+
+def _config_name_made_up_elsewhere():
+    """A second reviewer's: a Dense made before the hidden one and called
+    after it (the run's `dense_1` after one Dense made before the model,
+    6 x 6), BuiltAtOnce's Dense at the root beside it, and OneDense's,
+    whose name the load makes up as `dense_1`: the config's string."""
+    later = keras.layers.Dense(6)
+    inputs = keras.Input((4,))
+    hidden = later(keras.layers.Dense(6)(inputs))
+    hidden = OneDense(name="block")(BuiltAtOnce(name="at_once")(hidden))
+    return keras.Model(inputs, keras.layers.Dense(2)(hidden))
+
+
 def _between_dense(block):
     """`block` made between two Dense layers."""
     inputs = keras.Input((4,))
@@ -392,18 +416,30 @@ def _between_dense(block):
     return keras.Model(inputs, keras.layers.Dense(2)(hidden))
 
 
-@pytest.mark.parametrize("block", [BuiltAtOnce, NamedLikeKeras])
-def test_names_keras_did_not_make_up_keep_their_place(tmp_path, block):
+@pytest.mark.parametrize(
+    "build, before",
+    [
+        (lambda: _between_dense(BuiltAtOnce), 2),
+        (lambda: _between_dense(NamedLikeKeras), 2),
+        (_config_name_made_up_elsewhere, 1),
+    ],
+    ids=["built_at_once", "named_like_keras", "config_name_made_up"],
+)
+def test_names_keras_did_not_make_up_keep_their_place(tmp_path, build, before):
     # A reviewer's two cases, each in a run that made Dense layers before
     # its model: the root holds the config's dense_2 and dense_4 beside
     # BuiltAtOnce's (the run's dense_3, the load's dense); or the block
     # holds NamedLikeKeras's "dense_1", named in its code, beside the
     # Dense Keras named (the run's dense_2, the load's dense). Ranked with
     # the names Keras did not make up, two layers traded values,
-    # silently, where Keras's load left one at its initial values.
+    # silently, where Keras's load left one at its initial values. And a
+    # second reviewer's: a name Keras made up in one place (OneDense's
+    # dense_1) that is the config's own in another, told apart by the
+    # layer that holds it.
     kmp.enable("mixed_float16")
-    keras.layers.Dense(1), keras.layers.Dense(1)
-    model = _between_dense(block)
+    for _ in range(before):  # a notebook's layers, made before
+        keras.layers.Dense(1)
+    model = build()
     directory = _saved_in_another_session(model, tmp_path)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -417,6 +453,49 @@ def test_names_keras_did_not_make_up_keep_their_place(tmp_path, block):
         np.array_equal(a, b)
         for a, b in zip(_numpy(stock.weights), _numpy(model.weights))
     )
+
+
+@keras.saving.register_keras_serializable(package="kmp_tests")
+class CountedBlock(keras.layers.Layer):
+    """Layers named `dense_0`, `dense_1` in code, and one named by Keras."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden = [keras.layers.Dense(6, name=f"dense_{i}") for i in (0, 1)]
+        self.proj = keras.layers.Dense(6)
+
+    def call(self, x):
+        for layer in self.hidden:
+            x = layer(x)
+        return self.proj(x)
+
+
+@keras.saving.register_keras_serializable(package="kmp_tests")
+class CountedNet(keras.Model):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.block = CountedBlock(name="mlp")
+        self.head = keras.layers.Dense(2)
+
+    def call(self, x):
+        return self.head(self.block(x))
+
+
+def test_a_name_given_in_code_and_made_up_elsewhere_keeps_its_place(
+    tmp_path,
+):
+    # A second reviewer's: the load makes up the head's `dense_1`, the
+    # string of the block's own `dense_1`; the block's `dense` (the run's
+    # `dense_4`) ranked beside it swapped the two, silently.
+    kmp.enable("mixed_float16")
+    keras.layers.Dense(1), keras.layers.Dense(1)
+    model = CountedNet()
+    directory = _saved_in_another_session(model, tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        restored = kmp.load_model(directory)
+    assert not [w for w in caught if "kmp.load_model" in str(w.message)]
+    _assert_same_state(restored, model)
 
 
 @pytest.mark.parametrize(

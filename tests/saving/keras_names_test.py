@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kmp.saving.keras_names import Names
+from kmp.saving.keras_names import known_places
 from kmp.saving.keras_names import names_made
 from kmp.saving.keras_names import pair_weights
 from kmp.saving.keras_names import ranked
@@ -70,7 +71,7 @@ def test_shifted_counts_rank_alike(counts, shift):
 
 
 def _pairs(saved, variables, made, scope="", given=()):
-    names = Names(set(made), set(given))
+    names = Names(set(made), set(given), {})
     pairs = pair_weights(saved, _variables(variables), names, scope)
     return {s: v.path for s, v in pairs.items()}
 
@@ -201,7 +202,7 @@ def test_a_name_made_up_and_given_beside_a_made_up_sibling_pairs_nothing():
 
 def test_names_made_are_the_names_keras_gave_meanwhile():
     keras.layers.Dense(1)  # "dense" at least, before
-    names = Names(set(), set())
+    names = Names(set(), set(), {})
     with names_made(names):
         first = keras.layers.Dense(1)
         named = keras.layers.Dense(1, name="head")
@@ -212,3 +213,35 @@ def test_names_made_are_the_names_keras_gave_meanwhile():
     # Keras's own constructor again after the block.
     assert keras.layers.Dense(1, name="later").name == "later"
     assert "later" not in names.given
+
+
+def test_known_places_tell_a_layer_s_name_by_the_layer_that_holds_it():
+    # The root's "dense_1" is given; the block's "dense_1", made up, is
+    # the same string: each place is told by the layer there.
+    @keras.saving.register_keras_serializable(package="kmp_tests")
+    class Block(keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.first = keras.layers.Dense(2)
+            self.second = keras.layers.Dense(2)
+
+        def call(self, x):
+            return self.second(self.first(x))
+
+    keras.utils.clear_session()
+    names = Names(set(), set(), {})
+    with names_made(names):
+        inputs = keras.Input((2,))
+        hidden = keras.layers.Dense(2, name="dense_1")(inputs)
+        model = keras.Model(inputs, Block(name="block")(hidden))
+    assert [v.path for v in model.weights if "kernel" in v.path] == [
+        "dense_1/kernel",
+        "block/dense/kernel",
+        "block/dense_1/kernel",
+    ]
+    assert "dense_1" in names.made and "dense_1" in names.given
+    known = known_places(model, names)
+    assert known[("", "dense_1")] is False
+    assert known[("block", "dense_1")] is True
+    assert known[("", "block")] is False
+    keras.utils.clear_session()
