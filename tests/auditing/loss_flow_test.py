@@ -246,28 +246,33 @@ def test_what_cannot_be_read_is_no_loss_and_no_crash():
     kmp.audit(Registered(), verbose=False)
 
 
-def test_a_step_too_deep_to_walk_is_left_unread(tmp_path, monkeypatch):
-    # One expression of 600 terms: past Python's default recursion limit
-    # of 1000, which the test holds: torch's inductor raises it to 2000
-    # for good in a process that compiled, and a CI run whose worker had
-    # compiled before walked the step whole.
+@pytest.fixture
+def default_recursion_limit():
+    """Python's default recursion limit, 1000, for the test: torch's
+    inductor raises it to 2000 for good in a process that compiled, and
+    a CI run whose worker had compiled before walked a deep step whole."""
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(1000)
-    try:
-        terms = " + ".join(["scores"] * 600)
-        (tmp_path / "deep_step.py").write_text(
-            "def train_step(self, data):\n"
-            "    scores = self.discriminator(data)\n"
-            f"    return self.loss_fn(data, {terms})\n"
-        )
-        monkeypatch.syspath_prepend(str(tmp_path))
-        deep_step = importlib.import_module("deep_step")
-        deep = type("Deep", (Trainer,), {"train_step": deep_step.train_step})
-        assert trainer_losses(deep()) == {}
-        # The audit's other reading of the step (`ast.unparse`) crashed.
-        kmp.audit(deep(), optimizer=kmp.wrap("adam"), verbose=False)
-    finally:
-        sys.setrecursionlimit(limit)
+    yield
+    sys.setrecursionlimit(limit)
+
+
+def test_a_step_too_deep_to_walk_is_left_unread(
+    tmp_path, monkeypatch, default_recursion_limit
+):
+    # One expression of 600 terms: past Python's default recursion limit.
+    terms = " + ".join(["scores"] * 600)
+    (tmp_path / "deep_step.py").write_text(
+        "def train_step(self, data):\n"
+        "    scores = self.discriminator(data)\n"
+        f"    return self.loss_fn(data, {terms})\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    deep_step = importlib.import_module("deep_step")
+    deep = type("Deep", (Trainer,), {"train_step": deep_step.train_step})
+    assert trainer_losses(deep()) == {}
+    # The audit's other reading of the step (`ast.unparse`) crashed.
+    kmp.audit(deep(), optimizer=kmp.wrap("adam"), verbose=False)
 
 
 class Torch(Trainer):
